@@ -1,0 +1,24 @@
+# The two commands of the README. Both install what they need and can be run again.
+SHELL := /bin/bash
+LAB_DIR ?= $(CURDIR)/.lab
+
+.PHONY: demo test lab-down lint
+
+## demo: start the local lab (real control plane + vSphere simulator) and show that it is ready.
+demo:
+	@tools=$$(hack/setup.sh) && cargo build --quiet --bin ferry && \
+	FERRY_TOOLS_BIN=$$tools ./target/debug/ferry lab up --dir $(LAB_DIR) && \
+	. $(LAB_DIR)/env && echo "kube-apiserver /readyz: $$(kubectl get --raw /readyz)" && \
+	kubectl get namespaces && \
+	echo "stop it with: ./target/debug/ferry lab down --dir $(LAB_DIR)"
+
+## test: formatting, lints, then every unit and integration test against real components.
+test: lint
+	@tools=$$(hack/setup.sh) && FERRY_TOOLS_BIN=$$tools cargo test --workspace
+
+lint:
+	cargo fmt --all -- --check
+	cargo clippy --workspace --all-targets --quiet -- -D warnings
+
+lab-down:
+	@cargo build --quiet --bin ferry && ./target/debug/ferry lab down --dir $(LAB_DIR)

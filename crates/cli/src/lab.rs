@@ -1,0 +1,100 @@
+//! `ferry lab up | down | status`.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::Result;
+use clap::{Args, Subcommand};
+use ferry_lab::{LabOptions, LabState, Lifetime, UpOutcome};
+
+#[derive(Args)]
+pub struct LabArgs {
+    #[command(subcommand)]
+    command: LabCommand,
+}
+
+#[derive(Subcommand)]
+enum LabCommand {
+    /// Start the lab (or report that it already runs) and write DIR/env.
+    Up(DirArg),
+    /// Stop every lab process and check that its ports are closed.
+    Down(DirArg),
+    /// Say whether the lab runs, and where.
+    Status(DirArg),
+}
+
+#[derive(Args)]
+struct DirArg {
+    /// The lab's directory: state, logs, certificates and kubeconfig live here.
+    #[arg(long, default_value = ".lab", env = "FERRY_LAB_DIR")]
+    dir: PathBuf,
+}
+
+pub async fn run(args: LabArgs) -> Result<()> {
+    match args.command {
+        LabCommand::Up(DirArg { dir }) => {
+            let started = Instant::now();
+            let options = LabOptions {
+                dir,
+                tools: ferry_lab::tools::bin_dir()?,
+                lifetime: Lifetime::Detached,
+            };
+            let outcome = ferry_lab::up(&options).await?;
+            let verb = match outcome {
+                UpOutcome::Started(_) => "started",
+                UpOutcome::AlreadyRunning(_) => "already running",
+            };
+            let state = outcome.state();
+            println!("lab {verb} in {:.1}s", started.elapsed().as_secs_f64());
+            print_summary(state);
+            println!(
+                "\nuse it:  . {}/env && kubectl get --raw /readyz",
+                state.dir.display()
+            );
+            Ok(())
+        }
+        LabCommand::Down(DirArg { dir }) => {
+            let report = ferry_lab::down(&dir)?;
+            if report.stopped.is_empty() {
+                println!("no lab process was running in {}", dir.display());
+            } else {
+                println!(
+                    "stopped {}; ports {:?} closed",
+                    report.stopped.join(", "),
+                    report.ports
+                );
+            }
+            Ok(())
+        }
+        LabCommand::Status(DirArg { dir }) => {
+            match LabState::load(&dir.canonicalize().unwrap_or(dir.clone()))? {
+                Some(state) if state.all_alive() => {
+                    println!("lab running");
+                    print_summary(&state);
+                }
+                Some(_) => println!(
+                    "lab in {} is partly down: run `ferry lab up` again",
+                    dir.display()
+                ),
+                None => println!("no lab in {}", dir.display()),
+            }
+            Ok(())
+        }
+    }
+}
+
+fn print_summary(state: &LabState) {
+    println!("  dir                      {}", state.dir.display());
+    println!("  kube-apiserver           {}", state.api_url);
+    if let Some(v) = &state.vcsim {
+        println!(
+            "  vcsim                    {} (user {}, password in {})",
+            v.url,
+            v.username,
+            v.password_file.display()
+        );
+    }
+    for p in &state.processes {
+        println!("  {:<24} pid {:<8} log {}", p.name, p.pid, p.log.display());
+    }
+}

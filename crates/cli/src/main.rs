@@ -1,0 +1,32 @@
+//! The `ferry` command line: one binary for the controller, the lab and the tools around them.
+
+mod lab;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "ferry", version, about = "Migrate VMware VMs to KubeVirt")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the local lab: a real control plane and vSphere simulator on this machine.
+    Lab(lab::LabArgs),
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "info,kube=warn,kube_client=off".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    match Cli::parse().command {
+        Command::Lab(args) => lab::run(args).await,
+    }
+}

@@ -1,0 +1,265 @@
+//! The command lines of the lab's real components, and how each tells that it is ready.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::Result;
+
+use crate::pki::{CertFiles, Pki, write_private};
+use crate::probe::{Probe, Ready};
+use crate::process::{ProcessSpec, free_port};
+
+pub const VCSIM_USER: &str = "ferry";
+
+/// Controllers of kube-controller-manager that the lab relies on: owner-reference cascades, namespace
+/// deletion, Jobs, and PersistentVolume binding. Node lifecycle is left out: the lab's node has no kubelet.
+const KCM_CONTROLLERS: &str = "garbage-collector-controller,namespace-controller,job-controller,\
+persistentvolume-binder-controller";
+
+/// Free loopback ports handed to one component attempt.
+pub struct Ports([u16; 2]);
+
+impl Ports {
+    pub fn allocate() -> Result<Self> {
+        let first = free_port()?;
+        let mut second = free_port()?;
+        while second == first {
+            second = free_port()?;
+        }
+        Ok(Self([first, second]))
+    }
+}
+
+/// A process to start, the ports it will own, and its readiness probe.
+pub struct Component {
+    pub spec: ProcessSpec,
+    pub ports: Vec<u16>,
+    pub probe: Probe,
+}
+
+/// Paths and credentials shared by the components of one lab.
+pub struct Context {
+    dir: PathBuf,
+    tools: PathBuf,
+    ca: PathBuf,
+    serving: CertFiles,
+    admin: CertFiles,
+    sa_key: PathBuf,
+    sa_pub: PathBuf,
+    audit_policy: PathBuf,
+}
+
+impl Context {
+    pub fn prepare(dir: &Path, tools: &Path, pki: &Pki) -> Result<Self> {
+        let audit_policy = dir.join("audit-policy.yaml");
+        // Metadata level: who did what to which object, never request bodies (which may hold Secret data).
+        std::fs::write(
+            &audit_policy,
+            "apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStages: [RequestReceived]\nrules:\n- level: Metadata\n",
+        )?;
+        let password_file = dir.join("vcsim-password");
+        if !password_file.exists() {
+            write_private(&password_file, &random_hex(16)?)?;
+        }
+        let (sa_key, sa_pub) = pki.service_account_keys()?;
+        Ok(Self {
+            dir: dir.to_path_buf(),
+            tools: tools.to_path_buf(),
+            ca: pki.ca_cert(),
+            serving: pki.issue_server("ferry-lab")?,
+            admin: pki.issue_client("admin", &["system:masters"])?,
+            sa_key,
+            sa_pub,
+            audit_policy,
+        })
+    }
+
+    fn tool(&self, name: &str) -> PathBuf {
+        self.tools.join(name)
+    }
+
+    fn path(&self, name: &str) -> String {
+        self.dir.join(name).display().to_string()
+    }
+
+    pub fn vcsim_password_file(&self) -> PathBuf {
+        self.dir.join("vcsim-password")
+    }
+
+    pub fn etcd(&self, ports: &Ports) -> Result<Component> {
+        let [client, peer] = ports.0;
+        let client_url = format!("http://127.0.0.1:{client}");
+        let peer_url = format!("http://127.0.0.1:{peer}");
+        Ok(Component {
+            spec: ProcessSpec {
+                name: "etcd".into(),
+                program: self.tool("etcd"),
+                args: vec![
+                    "--name=lab".into(),
+                    format!("--data-dir={}", self.path("etcd")),
+                    "--unsafe-no-fsync".into(),
+                    format!("--listen-client-urls={client_url}"),
+                    format!("--advertise-client-urls={client_url}"),
+                    format!("--listen-peer-urls={peer_url}"),
+                    format!("--initial-advertise-peer-urls={peer_url}"),
+                    format!("--initial-cluster=lab={peer_url}"),
+                    "--log-level=warn".into(),
+                ],
+                env: vec![],
+            },
+            ports: vec![client, peer],
+            probe: Probe::EtcdHealth { port: client },
+        })
+    }
+
+    pub fn kube_apiserver(&self, ports: &Ports, etcd: &Ready) -> Result<Component> {
+        let port = ports.0[0];
+        let etcd_url = etcd.url.clone().unwrap_or_default();
+        let url = format!("https://127.0.0.1:{port}");
+        // The kubeconfig names this attempt's port, so the probe and every later client use it.
+        self.write_admin_kubeconfig(&url)?;
+        Ok(Component {
+            spec: ProcessSpec {
+                name: "kube-apiserver".into(),
+                program: self.tool("kube-apiserver"),
+                args: vec![
+                    format!("--etcd-servers={etcd_url}"),
+                    "--bind-address=127.0.0.1".into(),
+                    "--advertise-address=127.0.0.1".into(),
+                    format!("--secure-port={port}"),
+                    format!("--cert-dir={}", self.path("apiserver-certs")),
+                    format!("--tls-cert-file={}", self.serving.cert.display()),
+                    format!("--tls-private-key-file={}", self.serving.key.display()),
+                    format!("--client-ca-file={}", self.ca.display()),
+                    format!("--service-account-issuer={url}"),
+                    format!("--service-account-key-file={}", self.sa_pub.display()),
+                    format!(
+                        "--service-account-signing-key-file={}",
+                        self.sa_key.display()
+                    ),
+                    "--service-cluster-ip-range=10.0.0.0/24".into(),
+                    "--authorization-mode=RBAC".into(),
+                    // No node-lifecycle controller runs to lift the taint, and nothing makes default ServiceAccounts.
+                    "--disable-admission-plugins=ServiceAccount,TaintNodesByCondition".into(),
+                    "--allow-privileged=true".into(),
+                    "--endpoint-reconciler-type=none".into(),
+                    format!("--audit-policy-file={}", self.audit_policy.display()),
+                    format!("--audit-log-path={}", self.path("audit.log")),
+                    "--audit-log-maxsize=512".into(),
+                    "--v=1".into(),
+                ],
+                env: vec![],
+            },
+            ports: vec![port],
+            probe: Probe::Https {
+                url: url.clone(),
+                path: "/readyz".into(),
+                kubeconfig: self.dir.join("kubeconfig"),
+            },
+        })
+    }
+
+    /// Writes `DIR/kubeconfig` for the admin identity (group system:masters).
+    pub fn write_admin_kubeconfig(&self, api_url: &str) -> Result<()> {
+        write_kubeconfig(
+            &self.dir.join("kubeconfig"),
+            api_url,
+            &self.ca,
+            &self.admin,
+            "admin",
+        )
+    }
+
+    pub fn kube_controller_manager(&self, ports: &Ports) -> Result<Component> {
+        let port = ports.0[0];
+        let kubeconfig = self.path("kubeconfig");
+        Ok(Component {
+            spec: ProcessSpec {
+                name: "kube-controller-manager".into(),
+                program: self.tool("kube-controller-manager"),
+                args: vec![
+                    format!("--kubeconfig={kubeconfig}"),
+                    format!("--authentication-kubeconfig={kubeconfig}"),
+                    format!("--authorization-kubeconfig={kubeconfig}"),
+                    format!("--controllers={KCM_CONTROLLERS}"),
+                    "--leader-elect=false".into(),
+                    "--use-service-account-credentials=false".into(),
+                    "--bind-address=127.0.0.1".into(),
+                    format!("--secure-port={port}"),
+                    format!("--tls-cert-file={}", self.serving.cert.display()),
+                    format!("--tls-private-key-file={}", self.serving.key.display()),
+                    "--kube-api-qps=1000".into(),
+                    "--kube-api-burst=1000".into(),
+                    "--v=1".into(),
+                ],
+                env: vec![],
+            },
+            ports: vec![port],
+            probe: Probe::Https {
+                url: format!("https://127.0.0.1:{port}"),
+                path: "/healthz".into(),
+                kubeconfig: self.dir.join("kubeconfig"),
+            },
+        })
+    }
+
+    pub fn vcsim(&self) -> Result<Component> {
+        Ok(Component {
+            spec: ProcessSpec {
+                name: "vcsim".into(),
+                program: self.tool("vcsim"),
+                args: vec![
+                    "-l=127.0.0.1:0".into(),
+                    format!("-username={VCSIM_USER}"),
+                    format!("-password-file={}", self.vcsim_password_file().display()),
+                ],
+                env: vec![],
+            },
+            // vcsim picks its own port and prints it; the URL is recorded instead.
+            ports: vec![],
+            probe: Probe::LogLine {
+                prefix: "GOVC_URL=".into(),
+            },
+        })
+    }
+}
+
+fn write_kubeconfig(
+    path: &Path,
+    server: &str,
+    ca: &Path,
+    identity: &CertFiles,
+    user: &str,
+) -> Result<()> {
+    let yaml = format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: ferry-lab\n  cluster:\n    server: {server}\n    \
+         certificate-authority: {ca}\nusers:\n- name: {user}\n  user:\n    client-certificate: {cert}\n    \
+         client-key: {key}\ncontexts:\n- name: ferry-lab\n  context:\n    cluster: ferry-lab\n    user: {user}\n\
+         current-context: ferry-lab\n",
+        ca = ca.display(),
+        cert = identity.cert.display(),
+        key = identity.key.display(),
+    );
+    std::fs::write(path, yaml)?;
+    Ok(())
+}
+
+/// Writes a kubeconfig for another identity of the same lab (for RBAC tests).
+pub fn write_identity_kubeconfig(
+    lab_dir: &Path,
+    api_url: &str,
+    user: &str,
+    groups: &[&str],
+) -> Result<PathBuf> {
+    let pki = Pki::open_or_create(&lab_dir.join("pki"))?;
+    let identity = pki.issue_client(user, groups)?;
+    let path = lab_dir.join(format!("kubeconfig-{}", user.replace(':', "_")));
+    write_kubeconfig(&path, api_url, &pki.ca_cert(), &identity, user)?;
+    Ok(path)
+}
+
+fn random_hex(bytes: usize) -> Result<String> {
+    use std::io::Read;
+    let mut buf = vec![0u8; bytes];
+    std::fs::File::open("/dev/urandom")?.read_exact(&mut buf)?;
+    Ok(buf.iter().map(|b| format!("{b:02x}")).collect())
+}

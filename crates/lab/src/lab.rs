@@ -1,0 +1,264 @@
+//! The lab: a real etcd, kube-apiserver, kube-controller-manager and vcsim on free loopback ports, all under one
+//! directory. `up` is idempotent, and `down` leaves no process behind.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use serde::{Deserialize, Serialize};
+
+use crate::components::{self, Component, Ports};
+use crate::pki::Pki;
+use crate::probe;
+use crate::process::{self, Lifetime, ProcessRecord};
+
+const STATE_FILE: &str = "lab.json";
+const STOP_GRACE: Duration = Duration::from_secs(10);
+/// Attempts per component: a free port can be taken by someone else between our probe and the bind.
+const START_ATTEMPTS: usize = 3;
+
+/// What `up` needs.
+#[derive(Clone, Debug)]
+pub struct LabOptions {
+    pub dir: PathBuf,
+    pub tools: PathBuf,
+    pub lifetime: Lifetime,
+}
+
+/// vSphere simulator endpoint and the lab credentials for it.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct VcsimEndpoint {
+    /// The SDK URL, without credentials.
+    pub url: String,
+    pub username: String,
+    /// The password lives in this file only (mode 0600), never in argv or the environment.
+    pub password_file: PathBuf,
+}
+
+/// Everything a client of the lab needs, kept in `DIR/lab.json`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct LabState {
+    pub dir: PathBuf,
+    pub tools: PathBuf,
+    pub kubeconfig: PathBuf,
+    pub api_url: String,
+    pub vcsim: Option<VcsimEndpoint>,
+    pub ports: Vec<u16>,
+    pub processes: Vec<ProcessRecord>,
+}
+
+impl LabState {
+    fn empty(dir: &Path, tools: &Path) -> Self {
+        Self {
+            dir: dir.to_path_buf(),
+            tools: tools.to_path_buf(),
+            kubeconfig: dir.join("kubeconfig"),
+            api_url: String::new(),
+            vcsim: None,
+            ports: Vec::new(),
+            processes: Vec::new(),
+        }
+    }
+
+    pub fn load(dir: &Path) -> Result<Option<Self>> {
+        match std::fs::read(dir.join(STATE_FILE)) {
+            Ok(bytes) => Ok(Some(serde_json::from_slice(&bytes).with_context(|| {
+                format!("reading {}", dir.join(STATE_FILE).display())
+            })?)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    fn save(&self) -> Result<()> {
+        let tmp = self.dir.join(format!("{STATE_FILE}.tmp"));
+        std::fs::write(&tmp, serde_json::to_vec_pretty(self)?)?;
+        std::fs::rename(tmp, self.dir.join(STATE_FILE))?;
+        Ok(())
+    }
+
+    /// True when every recorded process is still running.
+    pub fn all_alive(&self) -> bool {
+        !self.processes.is_empty() && self.processes.iter().all(|p| p.is_alive(&self.dir))
+    }
+
+    /// A client with the admin identity.
+    pub async fn client(&self) -> Result<kube::Client> {
+        probe::client_for(&self.kubeconfig, None).await
+    }
+
+    /// Shell exports for `. DIR/env`.
+    pub fn env_file(&self) -> String {
+        let mut out = format!(
+            "# Written by `ferry lab up`; source it: . {dir}/env\n\
+             export FERRY_LAB_DIR={dir}\nexport KUBECONFIG={kc}\nexport PATH={tools}:\"$PATH\"\n",
+            dir = shell_quote(&self.dir),
+            kc = shell_quote(&self.kubeconfig),
+            tools = shell_quote(&self.tools),
+        );
+        if let Some(v) = &self.vcsim {
+            out.push_str(&format!(
+                "export VCSIM_URL={}\nexport VCSIM_USERNAME={}\nexport VCSIM_PASSWORD_FILE={}\n",
+                v.url,
+                v.username,
+                shell_quote(&v.password_file)
+            ));
+        }
+        out
+    }
+}
+
+fn shell_quote(path: &Path) -> String {
+    format!("'{}'", path.display().to_string().replace('\'', r"'\''"))
+}
+
+/// How `up` went.
+pub enum UpOutcome {
+    Started(LabState),
+    AlreadyRunning(LabState),
+}
+
+impl UpOutcome {
+    pub fn state(&self) -> &LabState {
+        match self {
+            UpOutcome::Started(s) | UpOutcome::AlreadyRunning(s) => s,
+        }
+    }
+    pub fn into_state(self) -> LabState {
+        match self {
+            UpOutcome::Started(s) | UpOutcome::AlreadyRunning(s) => s,
+        }
+    }
+}
+
+/// Starts the lab in `options.dir`, unless it already runs there.
+pub async fn up(options: &LabOptions) -> Result<UpOutcome> {
+    std::fs::create_dir_all(&options.dir)?;
+    let dir = options.dir.canonicalize()?;
+    if let Some(existing) = LabState::load(&dir)? {
+        if existing.all_alive() {
+            return Ok(UpOutcome::AlreadyRunning(existing));
+        }
+        // A half-dead lab is stopped whole and started afresh.
+        stop_all(&existing)?;
+    }
+    let mut state = LabState::empty(&dir, &options.tools);
+    match start_all(&mut state, options.lifetime).await {
+        Ok(()) => {
+            std::fs::write(dir.join("env"), state.env_file())?;
+            Ok(UpOutcome::Started(state))
+        }
+        Err(e) => {
+            if let Err(stop_error) = stop_all(&state) {
+                tracing::warn!("cleaning up after a failed start: {stop_error:#}");
+            }
+            Err(e)
+        }
+    }
+}
+
+async fn start_all(state: &mut LabState, lifetime: Lifetime) -> Result<()> {
+    let dir = state.dir.clone();
+    let pki = Pki::open_or_create(&dir.join("pki"))?;
+    let ctx = components::Context::prepare(&dir, &state.tools, &pki)?;
+
+    let etcd = start_component(state, lifetime, |ports| ctx.etcd(ports)).await?;
+    let api = start_component(state, lifetime, |ports| ctx.kube_apiserver(ports, &etcd)).await?;
+    state.api_url = api.url.clone().unwrap_or_default();
+    start_component(state, lifetime, |ports| ctx.kube_controller_manager(ports)).await?;
+    let vcsim = start_component(state, lifetime, |_| ctx.vcsim()).await?;
+    let vcsim_url = vcsim.url.context("vcsim printed no URL")?;
+    state.ports.push(port_of(&vcsim_url)?);
+    state.vcsim = Some(VcsimEndpoint {
+        url: vcsim_url,
+        username: components::VCSIM_USER.to_string(),
+        password_file: ctx.vcsim_password_file(),
+    });
+    state.save()
+}
+
+fn port_of(url: &str) -> Result<u16> {
+    let authority = url.split("://").nth(1).unwrap_or(url);
+    let host_port = authority.split('/').next().unwrap_or(authority);
+    host_port
+        .rsplit_once(':')
+        .and_then(|(_, port)| port.parse().ok())
+        .with_context(|| format!("no port in {url}"))
+}
+
+/// Starts one component and waits until its probe passes, retrying on fresh ports if it dies on start.
+async fn start_component(
+    state: &mut LabState,
+    lifetime: Lifetime,
+    make: impl Fn(&Ports) -> Result<Component>,
+) -> Result<probe::Ready> {
+    let mut last_error = None;
+    for _ in 0..START_ATTEMPTS {
+        let ports = Ports::allocate()?;
+        let component = make(&ports)?;
+        let log = state.dir.join(format!("{}.log", component.spec.name));
+        let record = process::start(&component.spec, &log, lifetime)?;
+        state.processes.push(record.clone());
+        state.ports.extend(component.ports.iter().copied());
+        state.save()?;
+        match probe::wait_ready(&component.probe, &record, &state.dir).await {
+            Ok(ready) => return Ok(ready),
+            Err(e) => {
+                tracing::warn!("{} did not become ready: {e:#}", component.spec.name);
+                process::stop(&record, STOP_GRACE)?;
+                state.processes.retain(|p| p != &record);
+                state.ports.retain(|p| !component.ports.contains(p));
+                state.save()?;
+                last_error = Some(e);
+            }
+        }
+    }
+    Err(last_error.expect("at least one attempt"))
+}
+
+/// What `down` found and did.
+#[derive(Debug)]
+pub struct DownReport {
+    pub stopped: Vec<String>,
+    pub ports: Vec<u16>,
+}
+
+/// Stops every process of the lab in `dir`, newest first, and checks that its ports are closed.
+pub fn down(dir: &Path) -> Result<DownReport> {
+    let dir = dir
+        .canonicalize()
+        .with_context(|| format!("no lab at {}", dir.display()))?;
+    let Some(state) = LabState::load(&dir)? else {
+        return Ok(DownReport {
+            stopped: vec![],
+            ports: vec![],
+        });
+    };
+    let stopped = stop_all(&state)?;
+    std::fs::remove_file(dir.join(STATE_FILE))?;
+    let _ = std::fs::remove_file(dir.join("env"));
+    Ok(DownReport {
+        stopped,
+        ports: state.ports,
+    })
+}
+
+fn stop_all(state: &LabState) -> Result<Vec<String>> {
+    let mut stopped = Vec::new();
+    for record in state.processes.iter().rev() {
+        if record.is_alive(&state.dir) {
+            process::stop(record, STOP_GRACE)?;
+            stopped.push(record.name.clone());
+        }
+    }
+    for port in &state.ports {
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while !process::port_is_closed(*port) {
+            if std::time::Instant::now() > deadline {
+                bail!("port {port} is still open after the lab stopped");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+    Ok(stopped)
+}

@@ -1,0 +1,12 @@
+//! Ferry's lab: the real Kubernetes control plane (etcd, kube-apiserver, kube-controller-manager) and vcsim,
+//! started as supervised local processes. Later the stand-ins for what a cluster provides join it.
+
+pub mod components;
+pub mod lab;
+pub mod pki;
+pub mod probe;
+pub mod process;
+pub mod tools;
+
+pub use lab::{DownReport, LabOptions, LabState, UpOutcome, VcsimEndpoint, down, up};
+pub use process::Lifetime;

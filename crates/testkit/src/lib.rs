@@ -1,0 +1,212 @@
+//! Test support: a real lab (etcd, kube-apiserver, kube-controller-manager, vcsim) for integration tests.
+//!
+//! - [`TestLab::shared`] starts one lab per test binary on first use; tests isolate themselves with
+//!   [`TestLab::namespace`]. It stops when the binary exits, whether tests passed or failed.
+//! - [`TestLab::start`] gives a test a lab of its own, stopped on drop (and so on panic).
+//!
+//! Lab processes get a parent-death signal, so even a test binary killed with SIGKILL leaves none behind;
+//! directories left by such a binary are swept by the next run.
+
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use anyhow::{Context, Result};
+use ferry_lab::{LabOptions, LabState, Lifetime};
+use k8s_openapi::api::core::v1::Namespace;
+use kube::api::{DeleteParams, PostParams};
+use kube::{Api, Client};
+
+mod exit;
+
+/// A running lab owned by this test process.
+pub struct TestLab {
+    state: LabState,
+}
+
+static SHARED: tokio::sync::OnceCell<TestLab> = tokio::sync::OnceCell::const_new();
+static NEXT_ID: AtomicU32 = AtomicU32::new(0);
+
+impl TestLab {
+    /// The lab shared by every test of this binary.
+    pub async fn shared() -> &'static TestLab {
+        SHARED
+            .get_or_try_init(TestLab::start)
+            .await
+            .expect("starting the shared test lab")
+    }
+
+    /// A lab of this test's own.
+    pub async fn start() -> Result<TestLab> {
+        let root = tests_root();
+        std::fs::create_dir_all(&root)?;
+        sweep_abandoned(&root);
+        let dir = root.join(format!(
+            "{}-{}",
+            std::process::id(),
+            NEXT_ID.fetch_add(1, Ordering::Relaxed)
+        ));
+        exit::register(&dir);
+        let options = LabOptions {
+            dir: dir.clone(),
+            tools: ferry_lab::tools::bin_dir()?,
+            lifetime: Lifetime::TiedToThisProcess,
+        };
+        match ferry_lab::up(&options).await {
+            Ok(outcome) => Ok(TestLab {
+                state: outcome.into_state(),
+            }),
+            Err(e) => {
+                exit::teardown(&dir);
+                Err(e.context(format!("starting a test lab in {}", dir.display())))
+            }
+        }
+    }
+
+    pub fn state(&self) -> &LabState {
+        &self.state
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.state.dir
+    }
+
+    /// A fresh admin client. Each test makes its own: a client is tied to the runtime that made it.
+    pub async fn client(&self) -> Client {
+        self.state
+            .client()
+            .await
+            .expect("a client for the test lab")
+    }
+
+    /// A `kubectl` for this lab.
+    pub fn kubectl(&self) -> std::process::Command {
+        let mut cmd = std::process::Command::new(self.state.tools.join("kubectl"));
+        cmd.env("KUBECONFIG", &self.state.kubeconfig);
+        cmd
+    }
+
+    /// A kubeconfig for another identity: a client certificate signed by the lab's CA.
+    pub fn kubeconfig_for(&self, user: &str, groups: &[&str]) -> Result<PathBuf> {
+        ferry_lab::components::write_identity_kubeconfig(
+            &self.state.dir,
+            &self.state.api_url,
+            user,
+            groups,
+        )
+    }
+
+    /// A client with the identity of a ServiceAccount, for RBAC tests.
+    pub async fn client_as_service_account(&self, namespace: &str, name: &str) -> Result<Client> {
+        let user = format!("system:serviceaccount:{namespace}:{name}");
+        let groups = [
+            "system:serviceaccounts",
+            &format!("system:serviceaccounts:{namespace}"),
+            "system:authenticated",
+        ];
+        let kubeconfig = self.kubeconfig_for(&user, &groups)?;
+        ferry_lab::probe::client_for(&kubeconfig, None).await
+    }
+
+    /// A namespace for one test, deleted when the guard drops.
+    pub async fn namespace(&self, prefix: &str) -> TestNamespace {
+        let client = self.client().await;
+        let name = format!(
+            "{prefix}-{}-{}",
+            std::process::id(),
+            NEXT_ID.fetch_add(1, Ordering::Relaxed)
+        );
+        let ns: Namespace = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name, "labels": {"ferry.test/namespace": "true"}}
+        }))
+        .expect("namespace manifest");
+        Api::<Namespace>::all(client.clone())
+            .create(&PostParams::default(), &ns)
+            .await
+            .expect("creating the test namespace");
+        TestNamespace {
+            name,
+            kubeconfig: self.state.kubeconfig.clone(),
+        }
+    }
+}
+
+impl Drop for TestLab {
+    fn drop(&mut self) {
+        exit::teardown(&self.state.dir);
+    }
+}
+
+/// A namespace deleted on drop. The real namespace controller then removes what is in it.
+pub struct TestNamespace {
+    name: String,
+    kubeconfig: PathBuf,
+}
+
+impl TestNamespace {
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+}
+
+impl Drop for TestNamespace {
+    fn drop(&mut self) {
+        let (name, kubeconfig) = (self.name.clone(), self.kubeconfig.clone());
+        // Drop may run inside a test's runtime, which cannot be blocked on: delete from a thread of its own.
+        let deleted = std::thread::spawn(move || -> Result<()> {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?
+                .block_on(async {
+                    let client = ferry_lab::probe::client_for(&kubeconfig, None).await?;
+                    Api::<Namespace>::all(client)
+                        .delete(&name, &DeleteParams::background())
+                        .await
+                        .context("deleting the test namespace")?;
+                    Ok(())
+                })
+        })
+        .join();
+        if let Ok(Err(e)) = deleted {
+            tracing::warn!("test namespace {} not deleted: {e:#}", self.name);
+        }
+    }
+}
+
+fn tests_root() -> PathBuf {
+    std::env::temp_dir().join("ferry-tests")
+}
+
+/// Removes labs left by test binaries that no longer run (killed before their exit handler ran).
+fn sweep_abandoned(root: &Path) {
+    let Ok(entries) = std::fs::read_dir(root) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().to_string();
+        let Some(pid) = name.split('-').next().and_then(|p| p.parse::<i32>().ok()) else {
+            continue;
+        };
+        if pid != std::process::id() as i32 && !ferry_lab::process::pid_is_running(pid) {
+            exit::teardown(&entry.path());
+        }
+    }
+}
+
+/// Labs started by this process; guarded so the exit handler and drops never stop one twice.
+static LIVE: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
+
+/// Command lines of running processes that mention `path`: what a clean teardown must leave empty.
+pub fn processes_mentioning(path: &Path) -> Vec<String> {
+    let needle = path.to_string_lossy().to_string();
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return vec![];
+    };
+    entries
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().parse::<u32>().is_ok())
+        .filter_map(|e| std::fs::read(e.path().join("cmdline")).ok())
+        .map(|raw| String::from_utf8_lossy(&raw).replace('\0', " "))
+        .filter(|cmdline| cmdline.contains(&needle))
+        .collect()
+}

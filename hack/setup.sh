@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Installs what Ferry's lab and tests need on a fresh Debian machine, then builds the Go tools.
+# Idempotent: a machine that has everything spends a second here. Prints the tools' bin directory.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+
+# Debian packages: binary -> package.
+declare -A need=([qemu-img]=qemu-utils [flock]=util-linux [curl]=curl)
+missing=()
+for bin in "${!need[@]}"; do
+  command -v "$bin" >/dev/null 2>&1 || missing+=("${need[$bin]}")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "installing Debian packages: ${missing[*]}" >&2
+  sudo=""; [ "$(id -u)" = 0 ] || sudo="sudo"
+  $sudo apt-get update -qq >&2
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2
+fi
+
+for tool in go cargo; do
+  command -v "$tool" >/dev/null 2>&1 || { echo "$tool is required (Go 1.26 and Rust stable)" >&2; exit 1; }
+done
+
+bash "$root/hack/tools.sh"
