@@ -104,8 +104,26 @@ impl TestLab {
             &format!("system:serviceaccounts:{namespace}"),
             "system:authenticated",
         ];
-        let kubeconfig = self.kubeconfig_for(&user, &groups)?;
+        self.client_as(&user, &groups).await
+    }
+
+    /// A client for any identity, signed by the lab's CA.
+    pub async fn client_as(&self, user: &str, groups: &[&str]) -> Result<Client> {
+        let kubeconfig = self.kubeconfig_for(user, groups)?;
         ferry_lab::probe::client_for(&kubeconfig, None).await
+    }
+
+    /// Requests made by `user`, read from the API server's audit log (one entry per completed request).
+    pub fn audit_requests_by(&self, user: &str) -> Vec<AuditedRequest> {
+        let log = std::fs::read_to_string(self.state.dir.join("audit.log")).unwrap_or_default();
+        log.lines()
+            .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+            .filter(|e| e["stage"] == "ResponseComplete" && e["user"]["username"] == user)
+            .map(|e| AuditedRequest {
+                verb: e["verb"].as_str().unwrap_or_default().to_string(),
+                uri: e["requestURI"].as_str().unwrap_or_default().to_string(),
+            })
+            .collect()
     }
 
     /// A namespace for one test, deleted when the guard drops.
@@ -134,6 +152,23 @@ impl TestLab {
 impl Drop for TestLab {
     fn drop(&mut self) {
         exit::teardown(&self.state.dir);
+    }
+}
+
+/// One request as the API server's audit log recorded it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AuditedRequest {
+    pub verb: String,
+    pub uri: String,
+}
+
+impl AuditedRequest {
+    /// Writes change stored state; reads (get, list, watch) do not.
+    pub fn is_write(&self) -> bool {
+        matches!(
+            self.verb.as_str(),
+            "create" | "update" | "patch" | "delete" | "deletecollection"
+        )
     }
 }
 

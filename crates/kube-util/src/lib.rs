@@ -1,0 +1,7 @@
+//! Kubernetes helpers shared by Ferry's controllers (the migration controller and the Greeting example).
+//!
+//! - [`conditions`]: set a condition, keeping `lastTransitionTime` unless its status changes.
+//! - [`apply`]: server-side apply that sends nothing when the object already holds what we want.
+
+pub mod apply;
+pub mod conditions;
