@@ -15,6 +15,8 @@ struct Cli {
 enum Command {
     /// Run the local lab: a real control plane and vSphere simulator on this machine.
     Lab(lab::LabArgs),
+    /// Print every CustomResourceDefinition as YAML (`ferry crds | kubectl apply -f -`).
+    Crds,
 }
 
 #[tokio::main]
@@ -28,5 +30,9 @@ async fn main() -> anyhow::Result<()> {
         .init();
     match Cli::parse().command {
         Command::Lab(args) => lab::run(args).await,
+        Command::Crds => {
+            print!("{}", ferry_api::crds::to_yaml()?);
+            Ok(())
+        }
     }
 }

@@ -1,0 +1,27 @@
+//! Ferry's API, group `migration.platform.example`, version `v1alpha1`.
+//!
+//! - [`Provider`]: a vSphere endpoint, its credentials (by Secret name) and how to trust its certificate.
+//! - [`VirtualMachineMigration`] (`vmm`): one VM to move, and everything the controller observed doing it.
+//!
+//! The schema and its CEL rules reject bad input when it is applied, before the controller sees it.
+
+pub mod crds;
+pub mod migration;
+pub mod provider;
+mod refs;
+
+pub use migration::*;
+pub use provider::*;
+pub use refs::{LocalObjectReference, SecretReference};
+
+pub const GROUP: &str = "migration.platform.example";
+pub const VERSION: &str = "v1alpha1";
+pub const API_VERSION: &str = "migration.platform.example/v1alpha1";
+/// Holds a migration until the controller has cleaned up what it created.
+pub const FINALIZER: &str = "migration.platform.example/cleanup";
+
+/// DNS-1123 label: the names of VMs, DataVolumes and Jobs.
+pub(crate) const DNS_LABEL: &str = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$";
+/// DNS-1123 subdomain: the names of most Kubernetes objects, Secrets included.
+pub(crate) const DNS_SUBDOMAIN: &str =
+    r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$";

@@ -1,0 +1,258 @@
+//! The desired state of a migration, as a user writes it.
+
+use kube::{CustomResource, KubeSchema};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::{LocalObjectReference, SecretReference, VirtualMachineMigrationStatus};
+
+/// Migrates one VM. `source` and `target` cannot change once set; `cancel` can only go from false to true.
+#[derive(CustomResource, KubeSchema, Deserialize, Serialize, Clone, Debug, PartialEq)]
+#[kube(
+    group = "migration.platform.example",
+    version = "v1alpha1",
+    kind = "VirtualMachineMigration",
+    doc = "Migrates one VM from vSphere to KubeVirt. The controller alone writes status.",
+    namespaced,
+    status = "VirtualMachineMigrationStatus",
+    shortname = "vmm",
+    category = "migrations",
+    printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase"),
+    printcolumn(name = "Progress", type_ = "string", json_path = ".status.progress"),
+    printcolumn(name = "Target", type_ = "string", json_path = ".status.targetVM"),
+    printcolumn(name = "Reason", type_ = "string", json_path = ".status.reason"),
+    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp"),
+    validation = Rule::new("has(self.spec.target.name) || self.metadata.name.size() <= 63")
+        .message("metadata.name is longer than 63 characters, so spec.target.name must name the VM (a DNS-1123 label)")
+)]
+#[serde(rename_all = "camelCase")]
+pub struct VirtualMachineMigrationSpec {
+    #[x_kube(validation = Rule::new("self == oldSelf").message("spec.source is immutable: create a new migration instead"))]
+    pub source: SourceSpec,
+    #[serde(default)]
+    #[x_kube(validation = Rule::new("self == oldSelf").message("spec.target is immutable: create a new migration instead"))]
+    pub target: TargetSpec,
+    #[serde(default)]
+    pub conversion: ConversionSpec,
+    pub staging: StagingSpec,
+    #[serde(default)]
+    pub retry: RetrySpec,
+    /// Ask for a clean stop: everything created is removed and the source power state restored if asked.
+    #[serde(default)]
+    #[x_kube(validation = Rule::new("self || !oldSelf").message("spec.cancel cannot go back to false once a migration was cancelled"))]
+    pub cancel: bool,
+}
+
+#[derive(KubeSchema, Deserialize, Serialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct SourceSpec {
+    /// The Provider (same namespace) that holds the VM.
+    pub provider_ref: LocalObjectReference,
+    pub vm: VmSelector,
+    #[serde(default)]
+    pub power_off: PowerOffSpec,
+    /// Power the source back on if the migration is cancelled or fails, and only then.
+    #[serde(default)]
+    pub restore_power_state: bool,
+}
+
+/// Exactly one way to find the VM.
+#[derive(KubeSchema, Deserialize, Serialize, Clone, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(
+    validation = Rule::new("[has(self.name), has(self.inventoryPath), has(self.uuid), has(self.moref)].exists_one(x, x)")
+        .message("vm needs exactly one of name, inventoryPath, uuid or moref")
+)]
+pub struct VmSelector {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 80))]
+    pub name: Option<String>,
+    /// For example `/DC0/vm/legacy-source-vm`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 2, max = 2048), pattern(r"^/.+"))]
+    pub inventory_path: Option<String>,
+    /// The BIOS or instance UUID.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schemars(pattern(
+        r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"
+    ))]
+    pub uuid: Option<String>,
+    /// The managed object ID, for example `vm-42`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 80), pattern(r"^[A-Za-z0-9_.:-]+$"))]
+    pub moref: Option<String>,
+}
+
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PowerOffSpec {
+    #[serde(default)]
+    pub mode: PowerOffMode,
+    /// How long a graceful guest shutdown may take before the VM is powered off.
+    #[serde(default = "default_shutdown_timeout")]
+    #[schemars(range(min = 10, max = 3600))]
+    pub timeout_seconds: i32,
+}
+
+impl Default for PowerOffSpec {
+    fn default() -> Self {
+        Self {
+            mode: PowerOffMode::default(),
+            timeout_seconds: default_shutdown_timeout(),
+        }
+    }
+}
+
+fn default_shutdown_timeout() -> i32 {
+    300
+}
+
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, Default, JsonSchema)]
+pub enum PowerOffMode {
+    /// Guest shutdown, then a forced power-off after `timeoutSeconds`.
+    #[default]
+    Graceful,
+    /// Power off at once.
+    Force,
+    /// Never touch power: fail if the VM is on.
+    RequireOff,
+}
+
+#[derive(KubeSchema, Deserialize, Serialize, Clone, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct TargetSpec {
+    /// The KubeVirt VM's name; defaults to the migration's name.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 63), pattern(crate::DNS_LABEL))]
+    pub name: Option<String>,
+    /// Defaults to the cluster's default StorageClass.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253), pattern(crate::DNS_SUBDOMAIN))]
+    pub storage_class_name: Option<String>,
+    #[serde(default)]
+    pub volume_mode: VolumeMode,
+    #[serde(default)]
+    pub run_strategy: RunStrategy,
+    /// Where each source network goes. Every NIC's network must be mapped.
+    #[serde(default)]
+    #[schemars(length(max = 64))]
+    #[x_kube(merge_strategy = ListMerge::Map(vec!["source".into()]))]
+    pub networks: Vec<NetworkMapping>,
+}
+
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, Default, JsonSchema)]
+pub enum VolumeMode {
+    #[default]
+    Filesystem,
+    Block,
+}
+
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, Default, JsonSchema)]
+pub enum RunStrategy {
+    #[default]
+    Always,
+    Halted,
+}
+
+/// One source network (or port group) and exactly one destination.
+#[derive(KubeSchema, Deserialize, Serialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(
+    validation = Rule::new("[has(self.pod), has(self.multus), has(self.ignored)].exists_one(x, x)")
+        .message("each network mapping needs exactly one of pod, multus or ignored")
+)]
+pub struct NetworkMapping {
+    /// The vSphere network or port group name, as `ferry inventory` shows it.
+    #[schemars(length(min = 1, max = 256))]
+    pub source: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pod: Option<PodNetwork>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub multus: Option<MultusNetwork>,
+    /// Drop NICs on this network.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ignored: Option<IgnoredNetwork>,
+}
+
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, Eq, Default, JsonSchema)]
+pub struct PodNetwork {}
+
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, Eq, Default, JsonSchema)]
+pub struct IgnoredNetwork {}
+
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MultusNetwork {
+    /// A NetworkAttachmentDefinition, as `name` or `namespace/name`.
+    #[schemars(
+        length(min = 1, max = 317),
+        pattern(r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?/)?[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+    )]
+    pub network_name: String,
+}
+
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ConversionSpec {
+    #[serde(default)]
+    pub format: DiskFormat,
+    #[serde(default)]
+    pub guest_adaptation: GuestAdaptation,
+}
+
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, Default, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum DiskFormat {
+    #[default]
+    Raw,
+    Qcow2,
+}
+
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, Default, JsonSchema)]
+pub enum GuestAdaptation {
+    #[default]
+    None,
+    VirtV2v,
+}
+
+/// Where converted disks are staged, and how CDI reads them back.
+#[derive(KubeSchema, Deserialize, Serialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(
+    validation = Rule::new("!self.url.startsWith('s3://') || has(self.secretRef)")
+        .message("an s3:// staging URL needs secretRef naming a Secret with accessKeyId and secretKey")
+)]
+pub struct StagingSpec {
+    /// `s3://bucket/prefix`, `http(s)://host/path` or `file:///path`.
+    #[x_kube(
+        validation = Rule::new("self.matches('^(s3|https?|file)://[^ ]+$')")
+            .message("staging url must start with s3://, http://, https:// or file://"),
+        validation = Rule::new("!self.matches('^[a-z0-9]+://[^/]*@')")
+            .message("staging url must not carry credentials: put them in the Secret named by secretRef")
+    )]
+    #[schemars(length(min = 8, max = 2048))]
+    pub url: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub secret_ref: Option<SecretReference>,
+}
+
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RetrySpec {
+    /// Bounded retries per step (a failed conversion or import) before the migration fails.
+    #[serde(default = "default_retry_budget")]
+    #[schemars(range(min = 0, max = 10))]
+    pub budget: i32,
+}
+
+impl Default for RetrySpec {
+    fn default() -> Self {
+        Self {
+            budget: default_retry_budget(),
+        }
+    }
+}
+
+fn default_retry_budget() -> i32 {
+    3
+}

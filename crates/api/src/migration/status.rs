@@ -1,0 +1,267 @@
+//! The observed state of a migration. Written only by the controller, through the status subresource.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// The checkpoint the controller is converging to, or how the migration ended.
+#[derive(
+    Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, JsonSchema,
+)]
+pub enum Phase {
+    Discovering,
+    /// Preflight: pure checks before any side effect.
+    Validating,
+    /// Source power per policy.
+    Preparing,
+    Converting,
+    Importing,
+    #[serde(rename = "CreatingVM")]
+    CreatingVm,
+    Starting,
+    /// The guest booted and answered.
+    ValidatingGuest,
+    /// Removing what was created after a cancel or delete.
+    Cancelling,
+    Succeeded,
+    Failed,
+    /// A person can fix the cause in place (for example create a missing StorageClass); then it resumes.
+    ManualInterventionRequired,
+    Cancelled,
+}
+
+impl Phase {
+    /// The order of the checkpoints that lead to `Succeeded`.
+    pub const CHECKPOINTS: [Phase; 9] = [
+        Phase::Discovering,
+        Phase::Validating,
+        Phase::Preparing,
+        Phase::Converting,
+        Phase::Importing,
+        Phase::CreatingVm,
+        Phase::Starting,
+        Phase::ValidatingGuest,
+        Phase::Succeeded,
+    ];
+
+    pub fn is_terminal(self) -> bool {
+        matches!(self, Phase::Succeeded | Phase::Failed | Phase::Cancelled)
+    }
+}
+
+/// The condition types of the seed's table, in the order they become true; `Ready` comes last.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ConditionType {
+    SourceDiscovered,
+    Validated,
+    DiskConverted,
+    DiskImported,
+    VmCreated,
+    VmStarted,
+    GuestReady,
+    Ready,
+}
+
+impl ConditionType {
+    pub const ALL: [ConditionType; 8] = [
+        ConditionType::SourceDiscovered,
+        ConditionType::Validated,
+        ConditionType::DiskConverted,
+        ConditionType::DiskImported,
+        ConditionType::VmCreated,
+        ConditionType::VmStarted,
+        ConditionType::GuestReady,
+        ConditionType::Ready,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ConditionType::SourceDiscovered => "SourceDiscovered",
+            ConditionType::Validated => "Validated",
+            ConditionType::DiskConverted => "DiskConverted",
+            ConditionType::DiskImported => "DiskImported",
+            ConditionType::VmCreated => "VMCreated",
+            ConditionType::VmStarted => "VMStarted",
+            ConditionType::GuestReady => "GuestReady",
+            ConditionType::Ready => "Ready",
+        }
+    }
+}
+
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct VirtualMachineMigrationStatus {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<Phase>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    #[serde(default)]
+    pub conditions: Vec<Condition>,
+    /// A one-line summary for people: what is happening, or what went wrong and what to do.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    /// The specific reason of the last error or of the current wait.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// Disk bytes moved over total, for example `42%`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub progress: Option<String>,
+    #[serde(default, rename = "targetVM", skip_serializing_if = "Option::is_none")]
+    pub target_vm: Option<String>,
+    /// What discovery found.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<SourceVmStatus>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub power: Option<PowerStatus>,
+    #[serde(default)]
+    pub disks: Vec<DiskStatus>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry: Option<RetryStatus>,
+    /// When each checkpoint was entered.
+    #[serde(default)]
+    pub checkpoints: Vec<CheckpointTime>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_time: Option<Time>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub completion_time: Option<Time>,
+}
+
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CheckpointTime {
+    pub phase: Phase,
+    pub entered: Time,
+}
+
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum PowerState {
+    PoweredOn,
+    PoweredOff,
+    Suspended,
+}
+
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum Firmware {
+    Bios,
+    Efi,
+}
+
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SourceVmStatus {
+    pub name: String,
+    pub moref: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uuid: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub instance_uuid: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub guest_os: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub firmware: Option<Firmware>,
+    pub cpus: i32,
+    pub cores_per_socket: i32,
+    pub memory_mib: i64,
+    #[serde(default)]
+    pub disks: Vec<SourceDisk>,
+    #[serde(default)]
+    pub nics: Vec<SourceNic>,
+}
+
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SourceDisk {
+    pub key: i32,
+    /// For example `[datastore1] vm/vm.vmdk`.
+    pub file: String,
+    pub capacity_bytes: i64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub controller: Option<String>,
+    #[serde(default)]
+    pub thin: bool,
+}
+
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SourceNic {
+    pub mac: String,
+    pub network: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+}
+
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PowerStatus {
+    /// Recorded before Ferry changes anything, so that it can be restored.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub original: Option<PowerState>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub current: Option<PowerState>,
+    /// The vSphere task in flight (its moref), so that a restarted controller follows it instead of repeating it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub task: Option<String>,
+    #[serde(default)]
+    pub restored: bool,
+}
+
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DiskStatus {
+    pub index: i32,
+    pub source_file: String,
+    pub capacity_bytes: i64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub staged_url: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sha256: Option<String>,
+    #[serde(default)]
+    pub bytes_moved: i64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data_volume: Option<String>,
+    /// Import progress as CDI reports it, for example `45.23%`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub progress: Option<String>,
+    /// The imported content was read back and matched `sha256`.
+    #[serde(default)]
+    pub verified: bool,
+}
+
+/// Attempts survive restarts here, so backoff and budgets do too.
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RetryStatus {
+    /// Attempts in the current checkpoint.
+    pub attempts: i32,
+    /// Bounded retries used, per checkpoint that has a budget.
+    #[serde(default)]
+    pub budget_used: Vec<BudgetUse>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<ErrorStatus>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_attempt_time: Option<Time>,
+}
+
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct BudgetUse {
+    pub phase: Phase,
+    pub used: i32,
+}
+
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum ErrorClass {
+    Transient,
+    BoundedRetryable,
+    Permanent,
+}
+
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ErrorStatus {
+    pub class: ErrorClass,
+    pub reason: String,
+    pub message: String,
+    pub phase: Phase,
+    pub time: Time,
+}

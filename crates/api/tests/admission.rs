@@ -1,0 +1,636 @@
+//! Admission against the lab's real kube-apiserver: every valid manifest is accepted, and every invalid one is
+//! rejected at apply time with a message that says what to fix.
+
+use std::time::Duration;
+
+use ferry_api::{Provider, VirtualMachineMigration};
+use ferry_testkit::{TestLab, TestNamespace};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{DynamicObject, Patch, PatchParams};
+use kube::core::{ApiResource, GroupVersionKind};
+use kube::runtime::wait::{await_condition, conditions};
+use kube::{Api, Client, Resource};
+use serde_json::{Value, json};
+
+const MANAGER: &str = "admission-test";
+
+async fn install_crds(client: &Client) {
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    for crd in ferry_api::crds::all() {
+        let name = crd.metadata.name.clone().unwrap();
+        crds.patch(
+            &name,
+            &PatchParams::apply(MANAGER).force(),
+            &Patch::Apply(&crd),
+        )
+        .await
+        .unwrap();
+        tokio::time::timeout(
+            Duration::from_secs(30),
+            await_condition(crds.clone(), &name, conditions::is_crd_established()),
+        )
+        .await
+        .unwrap()
+        .unwrap();
+    }
+}
+
+fn provider() -> Value {
+    json!({
+        "apiVersion": "migration.platform.example/v1alpha1", "kind": "Provider",
+        "metadata": {"name": "vcenter"},
+        "spec": {"type": "vsphere", "url": "https://vcenter.example.com/sdk", "secretRef": {"name": "vcenter-creds"},
+                 "tls": {"thumbprint": thumbprint()}},
+    })
+}
+
+fn thumbprint() -> String {
+    vec!["AB"; 32].join(":")
+}
+
+fn migration() -> Value {
+    json!({
+        "apiVersion": "migration.platform.example/v1alpha1", "kind": "VirtualMachineMigration",
+        "metadata": {"name": "legacy"},
+        "spec": {
+            "source": {"providerRef": {"name": "vcenter"}, "vm": {"name": "legacy-source-vm"},
+                       "powerOff": {"mode": "Graceful", "timeoutSeconds": 300}, "restorePowerState": true},
+            "target": {"name": "legacy-source-vm", "storageClassName": "standard", "volumeMode": "Filesystem",
+                       "runStrategy": "Always",
+                       "networks": [{"source": "VM Network", "pod": {}},
+                                    {"source": "DC0_DVPG0", "multus": {"networkName": "migrations/vlan20"}}]},
+            "conversion": {"format": "raw", "guestAdaptation": "None"},
+            "staging": {"url": "s3://bucket/prefix", "secretRef": {"name": "staging-creds"}},
+            "retry": {"budget": 3},
+            "cancel": false,
+        },
+    })
+}
+
+/// Sets (or, with `Value::Null`, removes) the field at a JSON pointer.
+fn with(mut doc: Value, pointer: &str, value: Value) -> Value {
+    let (parent, key) = pointer.rsplit_once('/').unwrap();
+    let target = doc
+        .pointer_mut(parent)
+        .unwrap_or_else(|| panic!("no {parent}"));
+    match (target, value) {
+        (Value::Object(map), Value::Null) => {
+            map.remove(key);
+        }
+        (Value::Object(map), value) => {
+            map.insert(key.to_string(), value);
+        }
+        (Value::Array(list), value) => list[key.parse::<usize>().unwrap()] = value,
+        _ => panic!("{pointer} is not in an object"),
+    }
+    doc
+}
+
+fn api_for(client: &Client, ns: &str, doc: &Value) -> Api<DynamicObject> {
+    let (kind, plural) = match doc["kind"].as_str().unwrap() {
+        "Provider" => ("Provider", Provider::plural(&())),
+        _ => (
+            "VirtualMachineMigration",
+            VirtualMachineMigration::plural(&()),
+        ),
+    };
+    let gvk = GroupVersionKind::gvk(ferry_api::GROUP, ferry_api::VERSION, kind);
+    Api::namespaced_with(
+        client.clone(),
+        ns,
+        &ApiResource::from_gvk_with_plural(&gvk, &plural),
+    )
+}
+
+/// Server-side apply with strict field validation, as `kubectl apply --server-side` does.
+async fn apply(client: &Client, ns: &TestNamespace, doc: &Value) -> Result<(), String> {
+    let name = doc["metadata"]["name"].as_str().unwrap();
+    api_for(client, ns.name(), doc)
+        .patch(
+            name,
+            &PatchParams::apply(MANAGER).force().validation_strict(),
+            &Patch::Apply(doc),
+        )
+        .await
+        .map(|_| ())
+        .map_err(|e| match e {
+            kube::Error::Api(status) => status.message,
+            other => other.to_string(),
+        })
+}
+
+enum Step {
+    Create(Value),
+    /// Apply the first document, then the second over it.
+    Update(Value, Value),
+}
+
+struct Invalid {
+    what: &'static str,
+    step: Step,
+    expect: &'static str,
+}
+
+fn create(what: &'static str, doc: Value, expect: &'static str) -> Invalid {
+    Invalid {
+        what,
+        step: Step::Create(doc),
+        expect,
+    }
+}
+
+fn update(what: &'static str, before: Value, after: Value, expect: &'static str) -> Invalid {
+    Invalid {
+        what,
+        step: Step::Update(before, after),
+        expect,
+    }
+}
+
+fn invalid_cases() -> Vec<Invalid> {
+    let p = provider;
+    let m = migration;
+    let long_name = "a".repeat(64);
+    vec![
+        // Provider
+        create(
+            "provider type",
+            with(p(), "/spec/type", json!("hyperv")),
+            r#"spec.type: Unsupported value: "hyperv""#,
+        ),
+        create(
+            "provider url scheme",
+            with(p(), "/spec/url", json!("http://vcenter/sdk")),
+            "url must use https://",
+        ),
+        create(
+            "provider url credentials",
+            with(p(), "/spec/url", json!("https://root:secret@vcenter/sdk")),
+            "url must not carry credentials",
+        ),
+        create(
+            "provider url malformed",
+            with(p(), "/spec/url", json!("https://vc enter/sdk")),
+            "url is not a valid URL",
+        ),
+        create(
+            "provider url missing",
+            with(p(), "/spec/url", Value::Null),
+            "spec.url: Required value",
+        ),
+        create(
+            "provider secretRef missing",
+            with(p(), "/spec/secretRef", Value::Null),
+            "spec.secretRef: Required value",
+        ),
+        create(
+            "provider secretRef name",
+            with(p(), "/spec/secretRef/name", json!("Bad_Name")),
+            "spec.secretRef.name in body should match",
+        ),
+        create(
+            "provider tls empty",
+            with(p(), "/spec/tls", json!({})),
+            "tls needs exactly one of caBundle, thumbprint or insecureSkipVerify",
+        ),
+        create(
+            "provider tls two ways",
+            with(
+                p(),
+                "/spec/tls/caBundle",
+                json!("-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n"),
+            ),
+            "tls needs exactly one of",
+        ),
+        create(
+            "provider tls thumbprint and insecure",
+            with(p(), "/spec/tls/insecureSkipVerify", json!(true)),
+            "tls needs exactly one of",
+        ),
+        create(
+            "provider thumbprint format",
+            with(p(), "/spec/tls/thumbprint", json!("AB:CD:EF")),
+            "spec.tls.thumbprint in body should match",
+        ),
+        create(
+            "provider thumbprint not hex",
+            with(p(), "/spec/tls/thumbprint", json!(vec!["ZZ"; 32].join(":"))),
+            "spec.tls.thumbprint in body should match",
+        ),
+        create(
+            "provider caBundle not PEM",
+            with(p(), "/spec/tls", json!({"caBundle": "not a certificate"})),
+            "caBundle must hold PEM certificates",
+        ),
+        create(
+            "provider insecure false",
+            with(p(), "/spec/tls", json!({"insecureSkipVerify": false})),
+            "insecureSkipVerify may only be set to true",
+        ),
+        create(
+            "provider limits low",
+            with(p(), "/spec/limits", json!({"maxConcurrentDisksPerHost": 0})),
+            "should be greater than or equal to 1",
+        ),
+        create(
+            "provider limits high",
+            with(
+                p(),
+                "/spec/limits",
+                json!({"maxConcurrentDisksPerHost": 101}),
+            ),
+            "should be less than or equal to 100",
+        ),
+        create(
+            "provider unknown field",
+            with(p(), "/spec/password", json!("hunter2")),
+            ".spec.password: field not declared in schema",
+        ),
+        // Migration: source
+        create(
+            "vm selector empty",
+            with(m(), "/spec/source/vm", json!({})),
+            "vm needs exactly one of name, inventoryPath, uuid or moref",
+        ),
+        create(
+            "vm selector two ways",
+            with(m(), "/spec/source/vm/moref", json!("vm-42")),
+            "vm needs exactly one of",
+        ),
+        create(
+            "vm uuid format",
+            with(m(), "/spec/source/vm", json!({"uuid": "not-a-uuid"})),
+            "spec.source.vm.uuid in body should match",
+        ),
+        create(
+            "vm inventory path relative",
+            with(m(), "/spec/source/vm", json!({"inventoryPath": "DC0/vm/x"})),
+            "spec.source.vm.inventoryPath in body should match",
+        ),
+        create(
+            "vm moref characters",
+            with(m(), "/spec/source/vm", json!({"moref": "vm 42"})),
+            "spec.source.vm.moref in body should match",
+        ),
+        create(
+            "vm name too long",
+            with(m(), "/spec/source/vm", json!({"name": "x".repeat(81)})),
+            "spec.source.vm.name: Too long",
+        ),
+        create(
+            "providerRef missing",
+            with(m(), "/spec/source/providerRef", Value::Null),
+            "spec.source.providerRef: Required value",
+        ),
+        create(
+            "providerRef name missing",
+            with(m(), "/spec/source/providerRef", json!({})),
+            "spec.source.providerRef.name: Required value",
+        ),
+        create(
+            "power-off mode",
+            with(m(), "/spec/source/powerOff/mode", json!("Hard")),
+            r#"spec.source.powerOff.mode: Unsupported value: "Hard""#,
+        ),
+        create(
+            "power-off timeout low",
+            with(m(), "/spec/source/powerOff/timeoutSeconds", json!(5)),
+            "should be greater than or equal to 10",
+        ),
+        create(
+            "power-off timeout high",
+            with(m(), "/spec/source/powerOff/timeoutSeconds", json!(4000)),
+            "should be less than or equal to 3600",
+        ),
+        create(
+            "source unknown field",
+            with(m(), "/spec/source/password", json!("hunter2")),
+            ".spec.source.password: field not declared in schema",
+        ),
+        create(
+            "source missing",
+            with(m(), "/spec/source", Value::Null),
+            "spec.source: Required value",
+        ),
+        // Migration: target
+        create(
+            "target name not a label",
+            with(m(), "/spec/target/name", json!("Legacy_VM")),
+            "spec.target.name in body should match",
+        ),
+        create(
+            "target name too long",
+            with(m(), "/spec/target/name", json!(long_name)),
+            "spec.target.name: Too long",
+        ),
+        create(
+            "metadata.name too long for a VM name",
+            with(
+                with(m(), "/spec/target/name", Value::Null),
+                "/metadata/name",
+                json!("m".repeat(70)),
+            ),
+            "metadata.name is longer than 63 characters, so spec.target.name must name the VM",
+        ),
+        create(
+            "storage class name",
+            with(m(), "/spec/target/storageClassName", json!("Fast SSD")),
+            "spec.target.storageClassName in body should match",
+        ),
+        create(
+            "volume mode",
+            with(m(), "/spec/target/volumeMode", json!("Raw")),
+            r#"spec.target.volumeMode: Unsupported value: "Raw""#,
+        ),
+        create(
+            "run strategy",
+            with(m(), "/spec/target/runStrategy", json!("Manual")),
+            r#"spec.target.runStrategy: Unsupported value: "Manual""#,
+        ),
+        create(
+            "duplicate network source",
+            with(
+                m(),
+                "/spec/target/networks/1",
+                json!({"source": "VM Network", "ignored": {}}),
+            ),
+            r#".spec.target.networks: duplicate entries for key [source="VM Network"]"#,
+        ),
+        create(
+            "network with two destinations",
+            with(
+                m(),
+                "/spec/target/networks/0",
+                json!({"source": "VM Network", "pod": {}, "ignored": {}}),
+            ),
+            "each network mapping needs exactly one of pod, multus or ignored",
+        ),
+        create(
+            "network with no destination",
+            with(
+                m(),
+                "/spec/target/networks/0",
+                json!({"source": "VM Network"}),
+            ),
+            "each network mapping needs exactly one of",
+        ),
+        create(
+            "network source missing",
+            with(m(), "/spec/target/networks/0", json!({"pod": {}})),
+            r#"omits all key fields ["source"]"#,
+        ),
+        create(
+            "multus network name",
+            with(
+                m(),
+                "/spec/target/networks/1/multus/networkName",
+                json!("Bad Name"),
+            ),
+            "spec.target.networks[1].multus.networkName in body should match",
+        ),
+        // Migration: conversion, staging, retry
+        create(
+            "disk format",
+            with(m(), "/spec/conversion/format", json!("vmdk")),
+            r#"spec.conversion.format: Unsupported value: "vmdk""#,
+        ),
+        create(
+            "guest adaptation",
+            with(m(), "/spec/conversion/guestAdaptation", json!("Magic")),
+            r#"spec.conversion.guestAdaptation: Unsupported value: "Magic""#,
+        ),
+        create(
+            "staging scheme",
+            with(m(), "/spec/staging/url", json!("ftp://host/path")),
+            "staging url must start with s3://, http://, https:// or file://",
+        ),
+        create(
+            "staging s3 without secret",
+            with(m(), "/spec/staging/secretRef", Value::Null),
+            "an s3:// staging URL needs secretRef",
+        ),
+        create(
+            "staging url credentials",
+            with(
+                m(),
+                "/spec/staging/url",
+                json!("https://key:secret@store.example.com/ferry"),
+            ),
+            "staging url must not carry credentials",
+        ),
+        create(
+            "staging missing",
+            with(m(), "/spec/staging", Value::Null),
+            "spec.staging: Required value",
+        ),
+        create(
+            "retry budget high",
+            with(m(), "/spec/retry/budget", json!(11)),
+            "should be less than or equal to 10",
+        ),
+        create(
+            "retry budget negative",
+            with(m(), "/spec/retry/budget", json!(-1)),
+            "should be greater than or equal to 0",
+        ),
+        create(
+            "cancel not a bool",
+            with(m(), "/spec/cancel", json!("yes")),
+            ".spec.cancel: expected boolean",
+        ),
+        create(
+            "unknown top-level spec field",
+            with(m(), "/spec/warm", json!(true)),
+            ".spec.warm: field not declared in schema",
+        ),
+        // Updates
+        update(
+            "source is immutable",
+            m(),
+            with(m(), "/spec/source/vm/name", json!("another-vm")),
+            "spec.source is immutable",
+        ),
+        update(
+            "power policy is part of the source",
+            m(),
+            with(m(), "/spec/source/restorePowerState", json!(false)),
+            "spec.source is immutable",
+        ),
+        update(
+            "target is immutable",
+            m(),
+            with(m(), "/spec/target/storageClassName", json!("fast")),
+            "spec.target is immutable",
+        ),
+        update(
+            "network map is part of the target",
+            m(),
+            with(m(), "/spec/target/networks/0/pod", Value::Null),
+            "spec.target is immutable",
+        ),
+        update(
+            "cancel cannot go back",
+            with(m(), "/spec/cancel", json!(true)),
+            m(),
+            "spec.cancel cannot go back to false",
+        ),
+    ]
+}
+
+#[tokio::test]
+async fn every_invalid_manifest_is_rejected_with_a_message_that_says_what_to_fix() {
+    let lab = TestLab::shared().await;
+    let client = lab.client().await;
+    install_crds(&client).await;
+    let ns = lab.namespace("admission").await;
+
+    let cases = invalid_cases();
+    assert!(
+        cases.len() >= 40,
+        "the issue asks for at least 40 invalid manifests, have {}",
+        cases.len()
+    );
+    let mut failures = Vec::new();
+    for (i, case) in cases.iter().enumerate() {
+        // Each case gets fresh names, so an earlier case cannot affect it.
+        let rename = |doc: &Value| {
+            let name = doc["metadata"]["name"].as_str().unwrap();
+            let fresh = if name.len() > 60 {
+                name.to_string()
+            } else {
+                format!("{name}-{i}")
+            };
+            with(doc.clone(), "/metadata/name", json!(fresh))
+        };
+        let outcome = match &case.step {
+            Step::Create(doc) => apply(&client, &ns, &rename(doc)).await,
+            Step::Update(before, after) => {
+                apply(&client, &ns, &rename(before))
+                    .await
+                    .expect("the first version is valid");
+                apply(&client, &ns, &rename(after)).await
+            }
+        };
+        match outcome {
+            Ok(()) => failures.push(format!("{}: accepted", case.what)),
+            Err(message) if !message.contains(case.expect) => failures.push(format!(
+                "{}: rejected, but the message lacks {:?}:\n    {message}",
+                case.what, case.expect
+            )),
+            Err(_) => {}
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{} of {} cases failed:\n{}",
+        failures.len(),
+        cases.len(),
+        failures.join("\n")
+    );
+}
+
+#[tokio::test]
+async fn valid_manifests_are_accepted_with_their_defaults() {
+    let lab = TestLab::shared().await;
+    let client = lab.client().await;
+    install_crds(&client).await;
+    let ns = lab.namespace("admission-valid").await;
+
+    let valid = [
+        provider(),
+        with(
+            with(provider(), "/metadata/name", json!("insecure")),
+            "/spec/tls",
+            json!({"insecureSkipVerify": true}),
+        ),
+        with(
+            with(provider(), "/metadata/name", json!("ca")),
+            "/spec/tls",
+            json!({"caBundle": "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n"}),
+        ),
+        migration(),
+        with(
+            with(migration(), "/metadata/name", json!("by-uuid")),
+            "/spec/source/vm",
+            json!({"uuid": "4206b4a2-1c39-5b7c-4a36-2f0d9b6e1a11"}),
+        ),
+        with(
+            with(migration(), "/metadata/name", json!("by-path")),
+            "/spec/source/vm",
+            json!({"inventoryPath": "/DC0/vm/DC0_H0_VM0"}),
+        ),
+        with(
+            with(
+                with(migration(), "/metadata/name", json!("l".repeat(80))),
+                "/spec/target/name",
+                json!("short"),
+            ),
+            "/spec/staging",
+            json!({"url": "file:///var/lib/ferry/staging"}),
+        ),
+    ];
+    for doc in &valid {
+        apply(&client, &ns, doc)
+            .await
+            .unwrap_or_else(|e| panic!("{} rejected: {e}", doc["metadata"]["name"]));
+    }
+    // The examples a user copies are valid too.
+    for file in ["provider.yaml", "migration.yaml", "minimal.yaml"] {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../examples/migrations")
+            .join(file);
+        let out = lab
+            .kubectl()
+            .args(["apply", "-n", ns.name(), "-f"])
+            .arg(&path)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{file}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    // Defaults from the schema.
+    let migrations: Api<VirtualMachineMigration> = Api::namespaced(client.clone(), ns.name());
+    let minimal = migrations.get("minimal").await.unwrap();
+    assert_eq!(minimal.spec.source.power_off.timeout_seconds, 300);
+    assert_eq!(minimal.spec.retry.budget, 3);
+    assert_eq!(
+        minimal.spec.target.run_strategy,
+        ferry_api::RunStrategy::Always
+    );
+    assert!(!minimal.spec.cancel);
+    let providers: Api<Provider> = Api::namespaced(client.clone(), ns.name());
+    assert_eq!(
+        providers
+            .get("vcenter")
+            .await
+            .unwrap()
+            .spec
+            .limits
+            .max_concurrent_disks_per_host,
+        10
+    );
+
+    // Cancelling is allowed (false -> true), and the printer columns are served.
+    let cancel = with(migration(), "/spec/cancel", json!(true));
+    apply(&client, &ns, &cancel).await.unwrap();
+    let out = lab
+        .kubectl()
+        .args(["get", "vmm", "-n", ns.name()])
+        .output()
+        .unwrap();
+    let header = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .to_string();
+    for column in ["NAME", "PHASE", "PROGRESS", "TARGET", "REASON", "AGE"] {
+        assert!(
+            header.contains(column),
+            "column {column} missing from {header:?}"
+        );
+    }
+}
