@@ -5,6 +5,9 @@
 //!
 //! The schema and its CEL rules reject bad input when it is applied, before the controller sees it.
 
+// Printer columns repeat `type_ = "string"`, which clippy mistakes for duplicated attributes.
+#![allow(clippy::duplicated_attributes)]
+
 pub mod crds;
 pub mod migration;
 pub mod provider;
