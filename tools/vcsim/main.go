@@ -23,6 +23,8 @@ func main() {
 	passFile := flag.String("password-file", "", "file holding the required password (kept out of argv)")
 	useTLS := flag.Bool("tls", true, "serve HTTPS with a generated self-signed certificate")
 	vms := flag.Int("vm", 2, "VMs per resource pool or host")
+	certFile := flag.String("tlscert", "", "PEM certificate to serve (default: a generated self-signed one)")
+	keyFile := flag.String("tlskey", "", "PEM private key of -tlscert")
 	flag.Parse()
 
 	m := simulator.VPX()
@@ -46,6 +48,13 @@ func main() {
 	m.Service.Listen = u
 	if *useTLS {
 		m.Service.TLS = new(tls.Config)
+		if *certFile != "" {
+			cert, err := tls.LoadX509KeyPair(*certFile, *keyFile)
+			if err != nil {
+				log.Fatalf("loading -tlscert/-tlskey: %v", err)
+			}
+			m.Service.TLS.Certificates = []tls.Certificate{cert}
+		}
 	}
 	s := m.Service.NewServer()
 	defer s.Close()

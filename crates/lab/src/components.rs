@@ -4,11 +4,9 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Result;
 
-use crate::pki::{CertFiles, Pki, write_private};
+use crate::pki::{CertFiles, Pki};
 use crate::probe::{Probe, Ready};
 use crate::process::{ProcessSpec, free_port};
-
-pub const VCSIM_USER: &str = "ferry";
 
 /// Controllers of kube-controller-manager that the lab relies on: owner-reference cascades, namespace
 /// deletion, Jobs, and PersistentVolume binding. Node lifecycle is left out: the lab's node has no kubelet.
@@ -56,10 +54,7 @@ impl Context {
             &audit_policy,
             "apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStages: [RequestReceived]\nrules:\n- level: Metadata\n",
         )?;
-        let password_file = dir.join("vcsim-password");
-        if !password_file.exists() {
-            write_private(&password_file, &random_hex(16)?)?;
-        }
+        crate::vcsim::ensure_password(dir)?;
         let (sa_key, sa_pub) = pki.service_account_keys()?;
         Ok(Self {
             dir: dir.to_path_buf(),
@@ -79,10 +74,6 @@ impl Context {
 
     fn path(&self, name: &str) -> String {
         self.dir.join(name).display().to_string()
-    }
-
-    pub fn vcsim_password_file(&self) -> PathBuf {
-        self.dir.join("vcsim-password")
     }
 
     pub fn etcd(&self, ports: &Ports) -> Result<Component> {
@@ -202,24 +193,8 @@ impl Context {
         })
     }
 
-    pub fn vcsim(&self) -> Result<Component> {
-        Ok(Component {
-            spec: ProcessSpec {
-                name: "vcsim".into(),
-                program: self.tool("vcsim"),
-                args: vec![
-                    "-l=127.0.0.1:0".into(),
-                    format!("-username={VCSIM_USER}"),
-                    format!("-password-file={}", self.vcsim_password_file().display()),
-                ],
-                env: vec![],
-            },
-            // vcsim picks its own port and prints it; the URL is recorded instead.
-            ports: vec![],
-            probe: Probe::LogLine {
-                prefix: "GOVC_URL=".into(),
-            },
-        })
+    pub fn vcsim(&self) -> Component {
+        crate::vcsim::component(&self.dir, &self.tools, &self.serving, false)
     }
 }
 
@@ -255,11 +230,4 @@ pub fn write_identity_kubeconfig(
     let path = lab_dir.join(format!("kubeconfig-{}", user.replace(':', "_")));
     write_kubeconfig(&path, api_url, &pki.ca_cert(), &identity, user)?;
     Ok(path)
-}
-
-fn random_hex(bytes: usize) -> Result<String> {
-    use std::io::Read;
-    let mut buf = vec![0u8; bytes];
-    std::fs::File::open("/dev/urandom")?.read_exact(&mut buf)?;
-    Ok(buf.iter().map(|b| format!("{b:02x}")).collect())
 }

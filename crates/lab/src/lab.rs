@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::components::{self, Component, Ports};
 use crate::pki::Pki;
+pub use crate::vcsim::VcsimEndpoint;
 use crate::probe;
 use crate::process::{self, Lifetime, ProcessRecord};
 
@@ -23,16 +24,6 @@ pub struct LabOptions {
     pub dir: PathBuf,
     pub tools: PathBuf,
     pub lifetime: Lifetime,
-}
-
-/// vSphere simulator endpoint and the lab credentials for it.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
-pub struct VcsimEndpoint {
-    /// The SDK URL, without credentials.
-    pub url: String,
-    pub username: String,
-    /// The password lives in this file only (mode 0600), never in argv or the environment.
-    pub password_file: PathBuf,
 }
 
 /// Everything a client of the lab needs, kept in `DIR/lab.json`.
@@ -98,10 +89,12 @@ impl LabState {
         );
         if let Some(v) = &self.vcsim {
             out.push_str(&format!(
-                "export VCSIM_URL={}\nexport VCSIM_USERNAME={}\nexport VCSIM_PASSWORD_FILE={}\n",
+                "export VCSIM_URL={}\nexport VCSIM_USERNAME={}\nexport VCSIM_PASSWORD_FILE={}\n\
+                 export VCSIM_CA_FILE={}\n",
                 v.url,
                 v.username,
-                shell_quote(&v.password_file)
+                shell_quote(&v.password_file),
+                shell_quote(&v.ca_file)
             ));
         }
         out
@@ -166,24 +159,11 @@ async fn start_all(state: &mut LabState, lifetime: Lifetime) -> Result<()> {
     let api = start_component(state, lifetime, |ports| ctx.kube_apiserver(ports, &etcd)).await?;
     state.api_url = api.url.clone().unwrap_or_default();
     start_component(state, lifetime, |ports| ctx.kube_controller_manager(ports)).await?;
-    let vcsim = start_component(state, lifetime, |_| ctx.vcsim()).await?;
-    let vcsim_url = vcsim.url.context("vcsim printed no URL")?;
-    state.ports.push(port_of(&vcsim_url)?);
-    state.vcsim = Some(VcsimEndpoint {
-        url: vcsim_url,
-        username: components::VCSIM_USER.to_string(),
-        password_file: ctx.vcsim_password_file(),
-    });
+    let vcsim = start_component(state, lifetime, |_| Ok(ctx.vcsim())).await?;
+    let endpoint = crate::vcsim::endpoint(&dir, vcsim.url)?;
+    state.ports.push(endpoint.port()?);
+    state.vcsim = Some(endpoint);
     state.save()
-}
-
-fn port_of(url: &str) -> Result<u16> {
-    let authority = url.split("://").nth(1).unwrap_or(url);
-    let host_port = authority.split('/').next().unwrap_or(authority);
-    host_port
-        .rsplit_once(':')
-        .and_then(|(_, port)| port.parse().ok())
-        .with_context(|| format!("no port in {url}"))
 }
 
 /// Starts one component and waits until its probe passes, retrying on fresh ports if it dies on start.

@@ -7,6 +7,7 @@ pub mod pki;
 pub mod probe;
 pub mod process;
 pub mod tools;
+pub mod vcsim;
 
 pub use lab::{DownReport, LabOptions, LabState, UpOutcome, VcsimEndpoint, down, up};
 pub use process::Lifetime;

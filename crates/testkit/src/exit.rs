@@ -16,6 +16,7 @@ pub(crate) fn register(dir: &Path) {
 pub(crate) fn teardown(dir: &Path) {
     live().retain(|d| d != dir);
     if dir.exists() {
+        // A standalone vcsim has no lab state; `down` then finds nothing to stop.
         if let Err(e) = ferry_lab::down(dir) {
             eprintln!(
                 "ferry-testkit: stopping the lab in {}: {e:#}",

@@ -155,6 +155,48 @@ impl Drop for TestLab {
     }
 }
 
+/// A vSphere simulator of its own (vCenter model, or ESXi with `esx`), stopped and removed on drop.
+pub struct TestVcsim {
+    inner: ferry_lab::vcsim::StandaloneVcsim,
+}
+
+impl TestVcsim {
+    pub async fn start(esx: bool) -> Result<Self> {
+        let root = tests_root();
+        std::fs::create_dir_all(&root)?;
+        sweep_abandoned(&root);
+        let dir = root.join(format!(
+            "{}-{}",
+            std::process::id(),
+            NEXT_ID.fetch_add(1, Ordering::Relaxed)
+        ));
+        exit::register(&dir);
+        let tools = ferry_lab::tools::bin_dir()?;
+        match ferry_lab::vcsim::StandaloneVcsim::start(&dir, &tools, esx, Lifetime::TiedToThisProcess).await {
+            Ok(inner) => Ok(Self { inner }),
+            Err(e) => {
+                exit::teardown(&dir);
+                Err(e)
+            }
+        }
+    }
+
+    pub fn endpoint(&self) -> &ferry_lab::VcsimEndpoint {
+        &self.inner.endpoint
+    }
+
+    pub fn dir(&self) -> &Path {
+        self.inner.dir()
+    }
+}
+
+impl Drop for TestVcsim {
+    fn drop(&mut self) {
+        let _ = self.inner.stop();
+        exit::teardown(self.inner.dir());
+    }
+}
+
 /// One request as the API server's audit log recorded it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct AuditedRequest {

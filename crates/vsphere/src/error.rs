@@ -1,0 +1,136 @@
+//! Every error is classed, so the controller knows whether to requeue, spend a retry, or stop.
+
+use ferry_api::ErrorClass;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("login to {url} failed for user {user}: check the user and password in the Provider's Secret")]
+    LoginFailed { url: String, user: String },
+
+    #[error(
+        "the certificate of {url} has SHA-256 thumbprint {presented}, but the Provider pins {expected}; \
+         if the endpoint's certificate was replaced on purpose, update spec.tls.thumbprint"
+    )]
+    ThumbprintMismatch { url: String, expected: String, presented: String },
+
+    #[error("TLS verification of {url} failed: {detail}; set spec.tls.caBundle to the CA that signed it, or pin its thumbprint")]
+    Tls { url: String, detail: String },
+
+    #[error("invalid TLS settings: {0}")]
+    TlsConfig(String),
+
+    #[error("cannot reach {url}: {detail}")]
+    Unreachable { url: String, detail: String },
+
+    #[error("{url} did not answer within {seconds}s")]
+    Timeout { url: String, seconds: u64 },
+
+    #[error("{url} answered HTTP {status} to {what}")]
+    Http { url: String, what: String, status: u16 },
+
+    #[error("vSphere fault {fault} in {method}: {message}")]
+    Fault { method: String, fault: String, message: String },
+
+    #[error("task {task} failed with {fault}: {message}")]
+    TaskFailed { task: String, fault: String, message: String },
+
+    #[error("task {task} did not finish within {seconds}s")]
+    TaskTimeout { task: String, seconds: u64 },
+
+    #[error("no VM matches {selector}; `ferry inventory` lists what the Provider can see")]
+    VmNotFound { selector: String },
+
+    #[error("{count} VMs are named {name}: select the VM by uuid or moref instead")]
+    AmbiguousVmName { name: String, count: usize },
+
+    #[error("disk {file} cannot be migrated: {reason}")]
+    UnsupportedDisk { file: String, reason: String },
+
+    #[error("reading {path}: got {got} bytes, expected {expected}")]
+    ShortRead { path: String, got: u64, expected: u64 },
+
+    #[error("unexpected response to {method}: {detail}")]
+    InvalidResponse { method: String, detail: String },
+}
+
+impl Error {
+    pub fn class(&self) -> ErrorClass {
+        match self {
+            Error::Unreachable { .. } | Error::Timeout { .. } => ErrorClass::Transient,
+            Error::Http { status, .. } if *status >= 500 || *status == 429 => ErrorClass::Transient,
+            Error::Http { .. } => ErrorClass::Permanent,
+            Error::Fault { fault, .. } | Error::TaskFailed { fault, .. } => fault_class(fault),
+            Error::TaskTimeout { .. } => ErrorClass::Transient,
+            Error::ShortRead { .. } | Error::InvalidResponse { .. } => ErrorClass::BoundedRetryable,
+            Error::LoginFailed { .. }
+            | Error::ThumbprintMismatch { .. }
+            | Error::Tls { .. }
+            | Error::TlsConfig(_)
+            | Error::VmNotFound { .. }
+            | Error::AmbiguousVmName { .. }
+            | Error::UnsupportedDisk { .. } => ErrorClass::Permanent,
+        }
+    }
+
+    /// A short PascalCase reason for conditions, events and metrics.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Error::LoginFailed { .. } => "LoginFailed",
+            Error::ThumbprintMismatch { .. } => "ThumbprintMismatch",
+            Error::Tls { .. } | Error::TlsConfig(_) => "TLSVerificationFailed",
+            Error::Unreachable { .. } => "EndpointUnreachable",
+            Error::Timeout { .. } => "EndpointTimeout",
+            Error::Http { .. } => "EndpointHTTPError",
+            Error::Fault { .. } => "VSphereFault",
+            Error::TaskFailed { .. } => "VSphereTaskFailed",
+            Error::TaskTimeout { .. } => "VSphereTaskTimeout",
+            Error::VmNotFound { .. } => "SourceVMNotFound",
+            Error::AmbiguousVmName { .. } => "SourceVMNameAmbiguous",
+            Error::UnsupportedDisk { .. } => "UnsupportedDisk",
+            Error::ShortRead { .. } => "ShortRead",
+            Error::InvalidResponse { .. } => "InvalidVSphereResponse",
+        }
+    }
+
+    /// The vSphere fault type, when there is one.
+    pub fn fault(&self) -> Option<&str> {
+        match self {
+            Error::Fault { fault, .. } | Error::TaskFailed { fault, .. } => Some(fault),
+            _ => None,
+        }
+    }
+}
+
+/// Faults a person must act on are permanent; a busy or changing host is transient; the rest get a budget.
+fn fault_class(fault: &str) -> ErrorClass {
+    match fault {
+        "NotAuthenticated" | "InvalidPowerState" | "InvalidState" | "TaskInProgress" | "HostCommunication"
+        | "HostNotConnected" | "HostNotReachable" | "RequestCanceled" | "ConcurrentAccess" => ErrorClass::Transient,
+        "InvalidLogin" | "NoPermission" | "NotSupported" | "ManagedObjectNotFound" | "InvalidArgument"
+        | "InvalidRequest" | "FileNotFound" | "InvalidDatastorePath" | "RestrictedVersion" => ErrorClass::Permanent,
+        _ => ErrorClass::BoundedRetryable,
+    }
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn errors_are_classed_as_the_controller_needs() {
+        let http = |status| Error::Http { url: "u".into(), what: "w".into(), status };
+        assert_eq!(http(503).class(), ErrorClass::Transient);
+        assert_eq!(http(404).class(), ErrorClass::Permanent);
+        let login = Error::LoginFailed { url: "https://vc/sdk".into(), user: "bob".into() };
+        assert_eq!(login.class(), ErrorClass::Permanent);
+        assert!(login.to_string().starts_with("login to https://vc/sdk failed for user bob"));
+        let task = |fault: &str| Error::TaskFailed { task: "t".into(), fault: fault.into(), message: "m".into() };
+        assert_eq!(task("InvalidPowerState").class(), ErrorClass::Transient);
+        assert_eq!(task("FileNotFound").class(), ErrorClass::Permanent);
+        assert_eq!(task("GenericVmConfigFault").class(), ErrorClass::BoundedRetryable);
+        let pin = Error::ThumbprintMismatch { url: "u".into(), expected: "AA".into(), presented: "BB".into() };
+        assert!(pin.to_string().contains("AA") && pin.to_string().contains("BB"));
+    }
+}

@@ -1,0 +1,357 @@
+//! Finding VMs and describing them: hardware, disks, NICs, power, tools and snapshots. Read-only.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use ferry_api::{Firmware, PowerState};
+use serde::Serialize;
+
+use crate::error::{Error, Result};
+use crate::props::{self, ObjectContent};
+use crate::session::Session;
+use crate::soap::MoRef;
+use crate::xml::{Element, escape};
+
+/// How a migration names its source VM; exactly one way.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum VmSelector {
+    Name(String),
+    /// `/DC0/vm/folder/vm-name`
+    InventoryPath(String),
+    /// The BIOS UUID (`config.uuid`) or the instance UUID (`config.instanceUuid`).
+    Uuid(String),
+    Moref(String),
+}
+
+impl std::fmt::Display for VmSelector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            VmSelector::Name(n) => write!(f, "name {n:?}"),
+            VmSelector::InventoryPath(p) => write!(f, "inventory path {p:?}"),
+            VmSelector::Uuid(u) => write!(f, "uuid {u}"),
+            VmSelector::Moref(m) => write!(f, "moref {m}"),
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct VmSummary {
+    pub moref: String,
+    pub name: String,
+    pub power_state: Option<PowerState>,
+    pub uuid: Option<String>,
+    pub instance_uuid: Option<String>,
+    pub guest_id: Option<String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct VmInfo {
+    pub moref: String,
+    pub name: String,
+    pub uuid: Option<String>,
+    pub instance_uuid: Option<String>,
+    pub guest_id: Option<String>,
+    pub firmware: Firmware,
+    pub cpus: i32,
+    pub cores_per_socket: i32,
+    pub memory_mib: i64,
+    pub power_state: PowerState,
+    /// `guestToolsRunning` when VMware Tools answers; a guest shutdown needs it.
+    pub tools_running_status: Option<String>,
+    pub change_tracking: bool,
+    pub snapshots: usize,
+    pub datacenter: String,
+    pub disks: Vec<DiskInfo>,
+    pub nics: Vec<NicInfo>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DiskInfo {
+    pub key: i32,
+    pub label: String,
+    /// `scsi`, `sata`, `ide` or `nvme`.
+    pub bus: String,
+    /// The controller's device type, for example `ParaVirtualSCSIController`.
+    pub controller: String,
+    pub controller_key: i32,
+    pub unit_number: i32,
+    pub capacity_bytes: i64,
+    /// `[datastore] dir/disk.vmdk`
+    pub file: String,
+    pub datastore: String,
+    pub backing: String,
+    pub thin: bool,
+    pub disk_mode: String,
+    /// Files of the snapshot chain below this disk, newest first; empty without snapshots.
+    pub parents: Vec<String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NicInfo {
+    pub key: i32,
+    pub label: String,
+    pub mac: String,
+    /// `vmxnet3`, `e1000`, `e1000e`, ...
+    pub model: String,
+    /// The network or distributed port group name.
+    pub network: String,
+}
+
+const SUMMARY_PROPS: [&str; 5] = ["name", "runtime.powerState", "config.uuid", "config.instanceUuid", "config.guestId"];
+
+pub async fn list_vms(session: &Session) -> Result<Vec<VmSummary>> {
+    let mut vms: Vec<VmSummary> = props::retrieve_all(session, "VirtualMachine", &SUMMARY_PROPS)
+        .await?
+        .iter()
+        .map(summary)
+        .collect();
+    vms.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok(vms)
+}
+
+fn summary(o: &ObjectContent) -> VmSummary {
+    VmSummary {
+        moref: o.obj.value.clone(),
+        name: o.text("name").unwrap_or_default().to_string(),
+        power_state: o.text("runtime.powerState").and_then(power_state),
+        uuid: o.text("config.uuid").map(String::from),
+        instance_uuid: o.text("config.instanceUuid").map(String::from),
+        guest_id: o.text("config.guestId").map(String::from),
+    }
+}
+
+pub fn power_state(text: &str) -> Option<PowerState> {
+    match text {
+        "poweredOn" => Some(PowerState::PoweredOn),
+        "poweredOff" => Some(PowerState::PoweredOff),
+        "suspended" => Some(PowerState::Suspended),
+        _ => None,
+    }
+}
+
+pub async fn find_vm(session: &Session, selector: &VmSelector) -> Result<MoRef> {
+    let not_found = || Error::VmNotFound { selector: selector.to_string() };
+    let search_index = session.content().search_index.clone();
+    match selector {
+        VmSelector::Name(name) => {
+            let matches: Vec<_> = props::retrieve_all(session, "VirtualMachine", &["name"])
+                .await?
+                .into_iter()
+                .filter(|o| o.text("name") == Some(name.as_str()))
+                .collect();
+            match matches.len() {
+                0 => Err(not_found()),
+                1 => Ok(matches[0].obj.clone()),
+                count => Err(Error::AmbiguousVmName { name: name.clone(), count }),
+            }
+        }
+        VmSelector::InventoryPath(path) => {
+            let args = format!("<inventoryPath>{}</inventoryPath>", escape(path.trim_start_matches('/')));
+            let response = session.call("FindByInventoryPath", &search_index, &args).await?;
+            response
+                .child("returnval")
+                .and_then(MoRef::from_element)
+                .filter(|m| m.type_ == "VirtualMachine")
+                .ok_or_else(not_found)
+        }
+        VmSelector::Uuid(uuid) => {
+            for instance in [false, true] {
+                let args = format!(
+                    "<uuid>{}</uuid><vmSearch>true</vmSearch><instanceUuid>{instance}</instanceUuid>",
+                    escape(uuid)
+                );
+                let response = session.call("FindByUuid", &search_index, &args).await?;
+                if let Some(found) = response.child("returnval").and_then(MoRef::from_element) {
+                    return Ok(found);
+                }
+            }
+            Err(not_found())
+        }
+        VmSelector::Moref(id) => {
+            let vm = MoRef::new("VirtualMachine", id.as_str());
+            match props::retrieve(session, "VirtualMachine", std::slice::from_ref(&vm), &["name"]).await {
+                Ok(found) if !found.is_empty() => Ok(vm),
+                Ok(_) => Err(not_found()),
+                Err(e) if e.fault() == Some("ManagedObjectNotFound") => Err(not_found()),
+                Err(e) => Err(e),
+            }
+        }
+    }
+}
+
+const DESCRIBE_PROPS: [&str; 15] = [
+    "name",
+    "config.uuid",
+    "config.instanceUuid",
+    "config.guestId",
+    "config.firmware",
+    "config.hardware.numCPU",
+    "config.hardware.numCoresPerSocket",
+    "config.hardware.memoryMB",
+    "config.hardware.device",
+    "config.changeTrackingEnabled",
+    "runtime.powerState",
+    "guest.toolsRunningStatus",
+    "snapshot",
+    "parent",
+    "resourcePool",
+];
+
+pub async fn describe_vm(session: &Session, vm: &MoRef) -> Result<VmInfo> {
+    let found = match props::retrieve(session, "VirtualMachine", std::slice::from_ref(vm), &DESCRIBE_PROPS).await {
+        Err(e) if e.fault() == Some("ManagedObjectNotFound") => {
+            return Err(Error::VmNotFound { selector: VmSelector::Moref(vm.value.clone()).to_string() });
+        }
+        other => other?,
+    };
+    let o = found.into_iter().next().ok_or_else(|| Error::VmNotFound { selector: vm.to_string() })?;
+    let devices: Vec<&Element> = o.prop("config.hardware.device").map(|d| d.children.iter().collect()).unwrap_or_default();
+    let mut disks = parse_disks(&devices);
+    let mut nics = parse_nics(&devices);
+    resolve_names(session, &mut disks, &mut nics).await?;
+    let invalid = |what: &str| Error::InvalidResponse { method: "RetrievePropertiesEx".into(), detail: format!("VM {vm} has no {what}") };
+    Ok(VmInfo {
+        moref: vm.value.clone(),
+        name: o.text("name").unwrap_or_default().to_string(),
+        uuid: o.text("config.uuid").map(String::from),
+        instance_uuid: o.text("config.instanceUuid").map(String::from),
+        guest_id: o.text("config.guestId").map(String::from),
+        firmware: if o.text("config.firmware") == Some("efi") { Firmware::Efi } else { Firmware::Bios },
+        cpus: o.int("config.hardware.numCPU").unwrap_or(1) as i32,
+        cores_per_socket: o.int("config.hardware.numCoresPerSocket").unwrap_or(1).max(1) as i32,
+        memory_mib: o.int("config.hardware.memoryMB").ok_or_else(|| invalid("memory"))?,
+        power_state: o.text("runtime.powerState").and_then(power_state).ok_or_else(|| invalid("power state"))?,
+        tools_running_status: o.text("guest.toolsRunningStatus").map(String::from),
+        change_tracking: o.text("config.changeTrackingEnabled") == Some("true"),
+        snapshots: o.prop("snapshot").map(count_snapshots).unwrap_or(0),
+        datacenter: datacenter_of(session, o.prop("parent").or(o.prop("resourcePool"))).await?,
+        disks,
+        nics,
+    })
+}
+
+fn int(e: &Element, name: &str) -> Option<i64> {
+    e.text_at(&[name]).and_then(|t| t.trim().parse().ok())
+}
+
+fn parse_disks(devices: &[&Element]) -> Vec<DiskInfo> {
+    let controllers: BTreeMap<i64, String> = devices
+        .iter()
+        .filter(|d| d.xsi_type.as_deref().is_some_and(|t| t.ends_with("Controller")))
+        .filter_map(|d| Some((int(d, "key")?, d.xsi_type.clone()?)))
+        .collect();
+    devices
+        .iter()
+        .filter(|d| d.xsi_type.as_deref() == Some("VirtualDisk"))
+        .map(|d| {
+            let backing = d.child("backing");
+            let controller_key = int(d, "controllerKey").unwrap_or(-1);
+            let controller = controllers.get(&controller_key).cloned().unwrap_or_default();
+            let capacity_bytes = int(d, "capacityInBytes").or_else(|| int(d, "capacityInKB").map(|kb| kb * 1024)).unwrap_or(0);
+            let mut parents = Vec::new();
+            let mut parent = backing.and_then(|b| b.child("parent"));
+            while let Some(p) = parent {
+                parents.push(p.text_at(&["fileName"]).unwrap_or_default().to_string());
+                parent = p.child("parent");
+            }
+            let file = backing.and_then(|b| b.text_at(&["fileName"])).unwrap_or_default().to_string();
+            DiskInfo {
+                key: int(d, "key").unwrap_or(0) as i32,
+                label: d.text_at(&["deviceInfo", "label"]).unwrap_or_default().to_string(),
+                bus: bus_of(&controller).to_string(),
+                controller,
+                controller_key: controller_key as i32,
+                unit_number: int(d, "unitNumber").unwrap_or(0) as i32,
+                capacity_bytes,
+                datastore: crate::datastore::DatastorePath::parse(&file).map(|p| p.datastore).unwrap_or_default(),
+                file,
+                backing: backing.and_then(|b| b.xsi_type.clone()).unwrap_or_default(),
+                thin: backing.and_then(|b| b.text_at(&["thinProvisioned"])) == Some("true"),
+                disk_mode: backing.and_then(|b| b.text_at(&["diskMode"])).unwrap_or_default().to_string(),
+                parents,
+            }
+        })
+        .collect()
+}
+
+fn bus_of(controller: &str) -> &'static str {
+    match controller {
+        "VirtualIDEController" => "ide",
+        "VirtualAHCIController" => "sata",
+        "VirtualNVMEController" => "nvme",
+        c if c.contains("SCSI") || c.contains("LsiLogic") || c.contains("BusLogic") => "scsi",
+        _ => "unknown",
+    }
+}
+
+fn parse_nics(devices: &[&Element]) -> Vec<NicInfo> {
+    devices
+        .iter()
+        .filter(|d| d.child("macAddress").is_some())
+        .map(|d| {
+            let backing = d.child("backing");
+            // Standard networks name themselves; distributed ones are resolved from the port group key later.
+            let network = backing
+                .and_then(|b| b.text_at(&["deviceName"]).map(String::from))
+                .or_else(|| backing.and_then(|b| b.text_at(&["port", "portgroupKey"])).map(|k| format!("dvportgroup:{k}")))
+                .or_else(|| backing.and_then(|b| b.text_at(&["opaqueNetworkId"])).map(|k| format!("opaque:{k}")))
+                .unwrap_or_default();
+            let model = d.xsi_type.as_deref().unwrap_or("Unknown").trim_start_matches("Virtual").to_ascii_lowercase();
+            NicInfo {
+                key: int(d, "key").unwrap_or(0) as i32,
+                label: d.text_at(&["deviceInfo", "label"]).unwrap_or_default().to_string(),
+                mac: d.text_at(&["macAddress"]).unwrap_or_default().to_string(),
+                model,
+                network,
+            }
+        })
+        .collect()
+}
+
+/// Replaces distributed port group keys with their names.
+async fn resolve_names(session: &Session, _disks: &mut [DiskInfo], nics: &mut [NicInfo]) -> Result<()> {
+    let keys: BTreeSet<String> = nics
+        .iter()
+        .filter_map(|n| n.network.strip_prefix("dvportgroup:").map(String::from))
+        .collect();
+    if keys.is_empty() {
+        return Ok(());
+    }
+    let refs: Vec<MoRef> = keys.iter().map(|k| MoRef::new("DistributedVirtualPortgroup", k.as_str())).collect();
+    let names: BTreeMap<String, String> = props::retrieve(session, "DistributedVirtualPortgroup", &refs, &["name"])
+        .await?
+        .into_iter()
+        .filter_map(|o| Some((o.obj.value.clone(), o.text("name")?.to_string())))
+        .collect();
+    for nic in nics {
+        if let Some(name) = nic.network.strip_prefix("dvportgroup:").and_then(|k| names.get(k)) {
+            nic.network = name.clone();
+        }
+    }
+    Ok(())
+}
+
+fn count_snapshots(info: &Element) -> usize {
+    fn count(list: &Element) -> usize {
+        1 + list.children_named("childSnapshotList").map(count).sum::<usize>()
+    }
+    info.children_named("rootSnapshotList").map(count).sum()
+}
+
+/// Walks `parent` up from `start` to the datacenter, whose name `/folder` URLs need.
+async fn datacenter_of(session: &Session, start: Option<&Element>) -> Result<String> {
+    let mut current = start.and_then(MoRef::from_element);
+    for _ in 0..32 {
+        let Some(obj) = current else { break };
+        let found = props::retrieve(session, &obj.type_, std::slice::from_ref(&obj), &["name", "parent"]).await?;
+        let Some(o) = found.first() else { break };
+        if obj.type_ == "Datacenter" {
+            return Ok(o.text("name").unwrap_or_default().to_string());
+        }
+        current = o.prop("parent").and_then(MoRef::from_element);
+    }
+    Err(Error::InvalidResponse { method: "RetrievePropertiesEx".into(), detail: "no datacenter above the VM".into() })
+}

@@ -1,0 +1,26 @@
+//! A small, typed vSphere SOAP client: everything Ferry reads from vCenter or ESXi, and the only thing it
+//! changes there, the power state.
+//!
+//! - [`session`]: connect (TLS that fails closed), log in, call, re-login once on an expired session.
+//! - [`inventory`]: find a VM by name, inventory path, UUID or moref; describe it; list VMs.
+//! - [`power`] and [`snapshot`]: tasks whose morefs can be recorded and followed again after a restart.
+//! - [`datastore`]: stream a disk's bytes over `/folder` with Range resume.
+//! - [`error`]: every error is classed transient, bounded-retryable or permanent.
+
+pub mod datastore;
+pub mod error;
+pub mod inventory;
+pub mod power;
+pub mod props;
+pub mod session;
+pub mod snapshot;
+pub mod soap;
+pub mod tls;
+pub mod vmdk;
+pub mod xml;
+
+pub use error::{Error, Result};
+pub use inventory::{DiskInfo, NicInfo, VmInfo, VmSelector, VmSummary};
+pub use session::{ConnectConfig, Session};
+pub use soap::MoRef;
+pub use tls::TlsMode;

@@ -1,0 +1,335 @@
+//! A logged-in session: service content first, then `Login`; the session cookie rides on every later request.
+//! An expired session (`NotAuthenticated`) is logged in again once.
+
+use std::fmt;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use crate::error::{Error, Result};
+use crate::soap::{self, Fault, MoRef, Response};
+use crate::tls::{self, SeenThumbprint, TlsMode};
+use crate::xml::{Element, escape};
+
+/// Where and how to connect. The password is never printed.
+#[derive(Clone)]
+pub struct ConnectConfig {
+    /// The SDK URL, for example `https://vcenter.example.com/sdk`.
+    pub url: String,
+    pub username: String,
+    pub password: String,
+    pub tls: TlsMode,
+    pub timeout: Duration,
+}
+
+impl fmt::Debug for ConnectConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ConnectConfig")
+            .field("url", &self.url)
+            .field("username", &self.username)
+            .field("password", &"<redacted>")
+            .field("tls", &self.tls)
+            .finish()
+    }
+}
+
+/// What the endpoint says it is.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct About {
+    /// `VirtualCenter` or `HostAgent`.
+    pub api_type: String,
+    pub api_version: String,
+    pub full_name: String,
+    pub instance_uuid: Option<String>,
+}
+
+/// Managed objects every session needs, read from `RetrieveServiceContent`.
+#[derive(Clone, Debug)]
+pub struct ServiceContent {
+    pub root_folder: MoRef,
+    pub property_collector: MoRef,
+    pub view_manager: Option<MoRef>,
+    pub session_manager: MoRef,
+    pub search_index: MoRef,
+    pub about: About,
+}
+
+#[derive(Clone)]
+pub struct Session {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    http: reqwest::Client,
+    config: ConnectConfig,
+    content: ServiceContent,
+    cookie: Mutex<Option<String>>,
+    seen: SeenThumbprint,
+}
+
+impl Session {
+    pub async fn connect(config: ConnectConfig) -> Result<Self> {
+        let (tls_config, seen) = tls::client_config(&config.tls)?;
+        let http = reqwest::Client::builder()
+            .use_preconfigured_tls(tls_config)
+            .timeout(config.timeout)
+            .connect_timeout(config.timeout.min(Duration::from_secs(30)))
+            .build()
+            .map_err(|e| Error::TlsConfig(e.to_string()))?;
+        let instance = MoRef::new("ServiceInstance", "ServiceInstance");
+        let response = post(&http, &config, &seen, None, "RetrieveServiceContent", &instance, "", "urn:vim25").await?;
+        let content = match response.0 {
+            Response::Ok(element) => parse_service_content(&element)?,
+            Response::Fault(fault) => return Err(fault_error("RetrieveServiceContent", fault)),
+        };
+        let session = Self {
+            inner: Arc::new(Inner { http, config, content, cookie: Mutex::new(None), seen }),
+        };
+        session.login().await?;
+        Ok(session)
+    }
+
+    pub fn content(&self) -> &ServiceContent {
+        &self.inner.content
+    }
+
+    pub fn about(&self) -> &About {
+        &self.inner.content.about
+    }
+
+    pub fn url(&self) -> &str {
+        &self.inner.config.url
+    }
+
+    /// The thumbprint the endpoint presented, for users who want to pin it.
+    pub fn presented_thumbprint(&self) -> Option<String> {
+        self.inner.seen.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// `https://host:port`, for `/folder` URLs.
+    pub fn base_url(&self) -> String {
+        let url = &self.inner.config.url;
+        let after_scheme = url.find("://").map_or(0, |i| i + 3);
+        let end = url[after_scheme..].find('/').map_or(url.len(), |i| after_scheme + i);
+        url[..end].to_string()
+    }
+
+    pub(crate) fn http(&self) -> &reqwest::Client {
+        &self.inner.http
+    }
+
+    pub(crate) fn cookie(&self) -> Option<String> {
+        self.inner.cookie.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    pub(crate) async fn relogin(&self) -> Result<()> {
+        self.login().await
+    }
+
+    async fn login(&self) -> Result<()> {
+        let cfg = &self.inner.config;
+        let args = format!(
+            "<userName>{}</userName><password>{}</password>",
+            escape(&cfg.username),
+            escape(&cfg.password)
+        );
+        let (response, cookie) = self.post("Login", &self.inner.content.session_manager.clone(), &args).await?;
+        match response {
+            Response::Ok(_) => {
+                let cookie = cookie.ok_or_else(|| Error::InvalidResponse {
+                    method: "Login".into(),
+                    detail: "no vmware_soap_session cookie".into(),
+                })?;
+                *self.inner.cookie.lock().unwrap_or_else(|p| p.into_inner()) = Some(cookie);
+                Ok(())
+            }
+            Response::Fault(fault) if fault.type_ == "InvalidLogin" => {
+                Err(Error::LoginFailed { url: cfg.url.clone(), user: cfg.username.clone() })
+            }
+            Response::Fault(fault) => Err(fault_error("Login", fault)),
+        }
+    }
+
+    /// Calls `method` on `this`; returns the `<MethodResponse>` element.
+    pub async fn call(&self, method: &str, this: &MoRef, args: &str) -> Result<Element> {
+        match self.post(method, this, args).await?.0 {
+            Response::Ok(element) => Ok(element),
+            Response::Fault(fault) if fault.type_ == "NotAuthenticated" => {
+                tracing::info!(url = %self.url(), "vSphere session expired; logging in again");
+                self.login().await?;
+                match self.post(method, this, args).await?.0 {
+                    Response::Ok(element) => Ok(element),
+                    Response::Fault(fault) => Err(fault_error(method, fault)),
+                }
+            }
+            Response::Fault(fault) => Err(fault_error(method, fault)),
+        }
+    }
+
+    async fn post(&self, method: &str, this: &MoRef, args: &str) -> Result<(Response, Option<String>)> {
+        let action = format!("urn:vim25/{}", self.inner.content.about.api_version);
+        let cookie = self.cookie();
+        post(&self.inner.http, &self.inner.config, &self.inner.seen, cookie.as_deref(), method, this, args, &action).await
+    }
+
+    /// Ends the session on the server. Dropping a session without it leaves the server to expire it.
+    pub async fn logout(&self) {
+        if self.cookie().is_some() {
+            let manager = self.inner.content.session_manager.clone();
+            if let Err(e) = self.post("Logout", &manager, "").await {
+                tracing::debug!("logout from {}: {e}", self.url());
+            }
+            *self.inner.cookie.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        }
+    }
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        // Log out in the background when the last handle goes, if a runtime is there to run it.
+        let Some(cookie) = self.cookie.lock().ok().and_then(|mut c| c.take()) else {
+            return;
+        };
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let (http, config, seen) = (self.http.clone(), self.config.clone(), self.seen.clone());
+        let manager = self.content.session_manager.clone();
+        let action = format!("urn:vim25/{}", self.content.about.api_version);
+        runtime.spawn(async move {
+            let _ = post(&http, &config, &seen, Some(&cookie), "Logout", &manager, "", &action).await;
+        });
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn post(
+    http: &reqwest::Client,
+    config: &ConnectConfig,
+    seen: &SeenThumbprint,
+    cookie: Option<&str>,
+    method: &str,
+    this: &MoRef,
+    args: &str,
+    action: &str,
+) -> Result<(Response, Option<String>)> {
+    let mut request = http
+        .post(&config.url)
+        .header("Content-Type", "text/xml; charset=utf-8")
+        .header("SOAPAction", action)
+        .body(soap::envelope(method, this, args));
+    if let Some(cookie) = cookie {
+        request = request.header("Cookie", cookie);
+    }
+    let response = request.send().await.map_err(|e| transport_error(config, seen, &e))?;
+    let status = response.status();
+    let cookie = response
+        .headers()
+        .get_all("set-cookie")
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .find(|v| v.starts_with("vmware_soap_session="))
+        .map(|v| v.split(';').next().unwrap_or(v).to_string());
+    let body = response.text().await.map_err(|e| transport_error(config, seen, &e))?;
+    // Faults come with HTTP 500 and a SOAP body; other errors have no SOAP body.
+    match soap::parse_response(method, &body) {
+        Ok(parsed) => Ok((parsed, cookie)),
+        Err(_) if !status.is_success() => {
+            Err(Error::Http { url: config.url.clone(), what: method.to_string(), status: status.as_u16() })
+        }
+        Err(e) => Err(Error::InvalidResponse { method: method.to_string(), detail: e.to_string() }),
+    }
+}
+
+fn transport_error(config: &ConnectConfig, seen: &SeenThumbprint, error: &reqwest::Error) -> Error {
+    let url = config.url.clone();
+    if error.is_timeout() {
+        return Error::Timeout { url, seconds: config.timeout.as_secs() };
+    }
+    let presented = seen.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    if let (TlsMode::Thumbprint(expected), Some(presented)) = (&config.tls, &presented) {
+        let expected = tls::normalize_thumbprint(expected).unwrap_or_else(|| expected.clone());
+        if expected != *presented {
+            return Error::ThumbprintMismatch { url, expected, presented: presented.clone() };
+        }
+    }
+    let chain = error_chain(error);
+    if chain.contains("certificate") || chain.contains("InvalidCertificate") || chain.contains("UnknownIssuer") {
+        return Error::Tls { url, detail: chain };
+    }
+    Error::Unreachable { url, detail: chain }
+}
+
+/// The whole cause chain as text, including causes that `io::Error` keeps inside itself.
+fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut parts = vec![error.to_string()];
+    let mut next = error.source();
+    while let Some(cause) = next {
+        parts.push(cause.to_string());
+        if let Some(inner) = cause.downcast_ref::<std::io::Error>().and_then(|io| io.get_ref()) {
+            parts.push(format!("{inner:?}"));
+        }
+        next = cause.source();
+    }
+    parts.dedup();
+    parts.join(": ")
+}
+
+pub(crate) fn fault_error(method: &str, fault: Fault) -> Error {
+    Error::Fault { method: method.to_string(), fault: fault.type_, message: fault.message }
+}
+
+fn parse_service_content(response: &Element) -> Result<ServiceContent> {
+    let invalid = |what: &str| Error::InvalidResponse {
+        method: "RetrieveServiceContent".into(),
+        detail: format!("no {what}"),
+    };
+    let rv = response.child("returnval").ok_or_else(|| invalid("returnval"))?;
+    let moref = |name: &str| rv.child(name).and_then(MoRef::from_element);
+    let about = rv.child("about").ok_or_else(|| invalid("about"))?;
+    Ok(ServiceContent {
+        root_folder: moref("rootFolder").ok_or_else(|| invalid("rootFolder"))?,
+        property_collector: moref("propertyCollector").ok_or_else(|| invalid("propertyCollector"))?,
+        view_manager: moref("viewManager"),
+        session_manager: moref("sessionManager").ok_or_else(|| invalid("sessionManager"))?,
+        search_index: moref("searchIndex").ok_or_else(|| invalid("searchIndex"))?,
+        about: About {
+            api_type: about.text_at(&["apiType"]).unwrap_or_default().to_string(),
+            api_version: about.text_at(&["apiVersion"]).unwrap_or("8.0").to_string(),
+            full_name: about.text_at(&["fullName"]).unwrap_or_default().to_string(),
+            instance_uuid: about.text_at(&["instanceUuid"]).map(String::from),
+        },
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn service_content_of_vcenter_and_esxi() {
+        for (file, api_type, collector) in [
+            ("service-content-vcenter.xml", "VirtualCenter", "propertyCollector"),
+            ("service-content-esx.xml", "HostAgent", "ha-property-collector"),
+        ] {
+            let body = std::fs::read_to_string(format!("{}/tests/fixtures/{file}", env!("CARGO_MANIFEST_DIR"))).unwrap();
+            let Response::Ok(element) = soap::parse_response("RetrieveServiceContent", &body).unwrap() else {
+                panic!("{file} is a fault");
+            };
+            let content = parse_service_content(&element).unwrap();
+            assert_eq!(content.about.api_type, api_type);
+            assert_eq!(content.property_collector.value, collector);
+        }
+    }
+
+    #[test]
+    fn the_password_is_never_printed() {
+        let config = ConnectConfig {
+            url: "https://vc/sdk".into(),
+            username: "u".into(),
+            password: "canary-secret".into(),
+            tls: TlsMode::InsecureSkipVerify,
+            timeout: Duration::from_secs(1),
+        };
+        assert!(!format!("{config:?}").contains("canary-secret"));
+    }
+}
