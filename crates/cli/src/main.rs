@@ -1,5 +1,6 @@
 //! The `ferry` command line: one binary for the controller, the lab and the tools around them.
 
+mod inventory;
 mod lab;
 
 use clap::{Parser, Subcommand};
@@ -17,10 +18,23 @@ enum Command {
     Lab(lab::LabArgs),
     /// Print every CustomResourceDefinition as YAML (`ferry crds | kubectl apply -f -`).
     Crds,
+    /// List the VMs of a vSphere endpoint, or describe one, as Ferry sees them.
+    Inventory(inventory::InventoryArgs),
 }
 
 #[tokio::main]
-async fn main() -> anyhow::Result<()> {
+async fn main() -> std::process::ExitCode {
+    // Errors print as a chain of causes, never as a Debug dump or a backtrace.
+    match run().await {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
@@ -30,6 +44,7 @@ async fn main() -> anyhow::Result<()> {
         .init();
     match Cli::parse().command {
         Command::Lab(args) => lab::run(args).await,
+        Command::Inventory(args) => inventory::run(args).await,
         Command::Crds => {
             print!("{}", ferry_api::crds::to_yaml()?);
             Ok(())

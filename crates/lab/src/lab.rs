@@ -9,9 +9,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::components::{self, Component, Ports};
 use crate::pki::Pki;
-pub use crate::vcsim::VcsimEndpoint;
 use crate::probe;
 use crate::process::{self, Lifetime, ProcessRecord};
+pub use crate::vcsim::VcsimEndpoint;
 
 const STATE_FILE: &str = "lab.json";
 const STOP_GRACE: Duration = Duration::from_secs(10);

@@ -68,11 +68,12 @@ fn is_zombie(pid: i32) -> bool {
         .unwrap_or(true)
 }
 
-/// Starts `spec` with its output appended to `log`.
+/// Starts `spec` with its output in `log`, which then holds this process's output only (probes read it).
 pub fn start(spec: &ProcessSpec, log: &Path, lifetime: Lifetime) -> Result<ProcessRecord> {
     let out = std::fs::OpenOptions::new()
         .create(true)
-        .append(true)
+        .write(true)
+        .truncate(true)
         .open(log)
         .with_context(|| format!("opening {}", log.display()))?;
     let mut command = Command::new(&spec.program);

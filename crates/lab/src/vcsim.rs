@@ -21,7 +21,8 @@ pub struct VcsimEndpoint {
     pub username: String,
     /// The password lives in this file only (mode 0600), never in argv or the environment.
     pub password_file: PathBuf,
-    /// The CA that signed the simulator's certificate.
+    /// The CA that signed the simulator's certificate (empty in labs started before it existed).
+    #[serde(default)]
     pub ca_file: PathBuf,
 }
 
@@ -36,7 +37,9 @@ impl VcsimEndpoint {
     }
 
     pub fn password(&self) -> Result<String> {
-        Ok(std::fs::read_to_string(&self.password_file)?.trim().to_string())
+        Ok(std::fs::read_to_string(&self.password_file)?
+            .trim()
+            .to_string())
     }
 }
 

@@ -172,7 +172,14 @@ impl TestVcsim {
         ));
         exit::register(&dir);
         let tools = ferry_lab::tools::bin_dir()?;
-        match ferry_lab::vcsim::StandaloneVcsim::start(&dir, &tools, esx, Lifetime::TiedToThisProcess).await {
+        match ferry_lab::vcsim::StandaloneVcsim::start(
+            &dir,
+            &tools,
+            esx,
+            Lifetime::TiedToThisProcess,
+        )
+        .await
+        {
             Ok(inner) => Ok(Self { inner }),
             Err(e) => {
                 exit::teardown(&dir);

@@ -26,13 +26,23 @@ impl DatastorePath {
     pub fn parse(text: &str) -> Option<Self> {
         let rest = text.trim().strip_prefix('[')?;
         let (datastore, path) = rest.split_once(']')?;
-        Some(Self { datastore: datastore.to_string(), path: path.trim().to_string() })
+        Some(Self {
+            datastore: datastore.to_string(),
+            path: path.trim().to_string(),
+        })
     }
 
     /// The file `name` in the same directory.
     pub fn sibling(&self, name: &str) -> Self {
-        let dir = self.path.rsplit_once('/').map(|(d, _)| format!("{d}/")).unwrap_or_default();
-        Self { datastore: self.datastore.clone(), path: format!("{dir}{name}") }
+        let dir = self
+            .path
+            .rsplit_once('/')
+            .map(|(d, _)| format!("{d}/"))
+            .unwrap_or_default();
+        Self {
+            datastore: self.datastore.clone(),
+            path: format!("{dir}{name}"),
+        }
     }
 }
 
@@ -49,10 +59,15 @@ pub fn folder_url(session: &Session, datacenter: &str, file: &DatastorePath) -> 
         detail: format!("{}: {e}", session.base_url()),
     })?;
     url.path_segments_mut()
-        .map_err(|_| Error::InvalidResponse { method: "folder".into(), detail: "URL cannot have a path".into() })?
+        .map_err(|_| Error::InvalidResponse {
+            method: "folder".into(),
+            detail: "URL cannot have a path".into(),
+        })?
         .push("folder")
         .extend(file.path.split('/'));
-    url.query_pairs_mut().append_pair("dcPath", datacenter).append_pair("dsName", &file.datastore);
+    url.query_pairs_mut()
+        .append_pair("dcPath", datacenter)
+        .append_pair("dsName", &file.datastore);
     Ok(url)
 }
 
@@ -83,7 +98,11 @@ pub async fn flat_disk(session: &Session, datacenter: &str, disk_file: &str) -> 
     }
     let parsed = Descriptor::parse(&String::from_utf8_lossy(&text))?;
     let extent = parsed.flat_extent(disk_file)?;
-    Ok(FlatDisk { extent: descriptor.sibling(&extent.file), size: extent.sectors * 512, descriptor })
+    Ok(FlatDisk {
+        extent: descriptor.sibling(&extent.file),
+        size: extent.sectors * 512,
+        descriptor,
+    })
 }
 
 /// A file being downloaded, chunk by chunk. After a connection drops it asks again from the current offset.
@@ -98,7 +117,12 @@ pub struct Download {
 
 impl Download {
     /// Opens `file`, starting at byte `offset`.
-    pub async fn open(session: &Session, datacenter: &str, file: &DatastorePath, offset: u64) -> Result<Self> {
+    pub async fn open(
+        session: &Session,
+        datacenter: &str,
+        file: &DatastorePath,
+        offset: u64,
+    ) -> Result<Self> {
         let mut download = Self {
             session: session.clone(),
             url: folder_url(session, datacenter, file)?,
@@ -131,16 +155,27 @@ impl Download {
         }
         let response = request.send().await.map_err(|e| self.transport(&e))?;
         let status = response.status();
-        let expected = if self.offset > 0 { StatusCode::PARTIAL_CONTENT } else { StatusCode::OK };
+        let expected = if self.offset > 0 {
+            StatusCode::PARTIAL_CONTENT
+        } else {
+            StatusCode::OK
+        };
         if status == StatusCode::NOT_FOUND {
-            return Err(Error::UnsupportedDisk { file: self.name.clone(), reason: "the file does not exist on the datastore".into() });
+            return Err(Error::UnsupportedDisk {
+                file: self.name.clone(),
+                reason: "the file does not exist on the datastore".into(),
+            });
         }
         if status == StatusCode::RANGE_NOT_SATISFIABLE && Some(self.offset) == self.total {
             self.body = None;
             return Ok(());
         }
         if status != expected {
-            return Err(Error::Http { url: self.url.to_string(), what: format!("GET {}", self.name), status: status.as_u16() });
+            return Err(Error::Http {
+                url: self.url.to_string(),
+                what: format!("GET {}", self.name),
+                status: status.as_u16(),
+            });
         }
         let total = content_total(&response, self.offset);
         if let (Some(known), Some(now)) = (self.total, total)
@@ -148,7 +183,9 @@ impl Download {
         {
             return Err(Error::InvalidResponse {
                 method: format!("GET {}", self.name),
-                detail: format!("the file changed size while downloading ({known} then {now} bytes)"),
+                detail: format!(
+                    "the file changed size while downloading ({known} then {now} bytes)"
+                ),
             });
         }
         self.total = self.total.or(total);
@@ -170,7 +207,10 @@ impl Download {
                         if self.total.is_some_and(|t| self.offset > t) {
                             return Err(Error::InvalidResponse {
                                 method: format!("GET {}", self.name),
-                                detail: format!("received more than the {} bytes announced", self.total.unwrap_or(0)),
+                                detail: format!(
+                                    "received more than the {} bytes announced",
+                                    self.total.unwrap_or(0)
+                                ),
                             });
                         }
                         return Ok(Some(chunk));
@@ -186,7 +226,11 @@ impl Download {
             };
             failures += 1;
             if failures > RESUME_ATTEMPTS {
-                return Err(Error::ShortRead { path: self.name.clone(), got: self.offset, expected: self.total.unwrap_or(0) });
+                return Err(Error::ShortRead {
+                    path: self.name.clone(),
+                    got: self.offset,
+                    expected: self.total.unwrap_or(0),
+                });
             }
             tracing::info!(file = %self.name, offset = self.offset, "download interrupted ({broken}); resuming");
             tokio::time::sleep(Duration::from_millis(200 * u64::from(failures))).await;
@@ -199,20 +243,34 @@ impl Download {
 
     fn transport(&self, e: &reqwest::Error) -> Error {
         if e.is_timeout() {
-            Error::Timeout { url: self.url.to_string(), seconds: 0 }
+            Error::Timeout {
+                url: self.url.to_string(),
+                seconds: 0,
+            }
         } else {
-            Error::Unreachable { url: self.url.to_string(), detail: e.to_string() }
+            Error::Unreachable {
+                url: self.url.to_string(),
+                detail: e.to_string(),
+            }
         }
     }
 }
 
 /// The full length: from `Content-Range: bytes a-b/total`, or `Content-Length` plus the offset.
 fn content_total(response: &reqwest::Response, offset: u64) -> Option<u64> {
-    let header = |name: &str| response.headers().get(name).and_then(|v| v.to_str().ok()).map(String::from);
+    let header = |name: &str| {
+        response
+            .headers()
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(String::from)
+    };
     if let Some(range) = header("content-range") {
         return range.rsplit('/').next().and_then(|t| t.parse().ok());
     }
-    header("content-length").and_then(|l| l.parse::<u64>().ok()).map(|l| l + offset)
+    header("content-length")
+        .and_then(|l| l.parse::<u64>().ok())
+        .map(|l| l + offset)
 }
 
 #[cfg(test)]
@@ -222,8 +280,14 @@ mod tests {
     #[test]
     fn datastore_paths() {
         let p = DatastorePath::parse("[LocalDS_0] DC0_H0_VM0/disk1.vmdk").unwrap();
-        assert_eq!((p.datastore.as_str(), p.path.as_str()), ("LocalDS_0", "DC0_H0_VM0/disk1.vmdk"));
-        assert_eq!(p.sibling("disk1-flat.vmdk").to_string(), "[LocalDS_0] DC0_H0_VM0/disk1-flat.vmdk");
+        assert_eq!(
+            (p.datastore.as_str(), p.path.as_str()),
+            ("LocalDS_0", "DC0_H0_VM0/disk1.vmdk")
+        );
+        assert_eq!(
+            p.sibling("disk1-flat.vmdk").to_string(),
+            "[LocalDS_0] DC0_H0_VM0/disk1-flat.vmdk"
+        );
         assert!(DatastorePath::parse("no brackets").is_none());
     }
 }

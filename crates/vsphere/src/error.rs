@@ -4,16 +4,24 @@ use ferry_api::ErrorClass;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("login to {url} failed for user {user}: check the user and password in the Provider's Secret")]
+    #[error(
+        "login to {url} failed for user {user}: check the user and password in the Provider's Secret"
+    )]
     LoginFailed { url: String, user: String },
 
     #[error(
         "the certificate of {url} has SHA-256 thumbprint {presented}, but the Provider pins {expected}; \
          if the endpoint's certificate was replaced on purpose, update spec.tls.thumbprint"
     )]
-    ThumbprintMismatch { url: String, expected: String, presented: String },
+    ThumbprintMismatch {
+        url: String,
+        expected: String,
+        presented: String,
+    },
 
-    #[error("TLS verification of {url} failed: {detail}; set spec.tls.caBundle to the CA that signed it, or pin its thumbprint")]
+    #[error(
+        "TLS verification of {url} failed: {detail}; set spec.tls.caBundle to the CA that signed it, or pin its thumbprint"
+    )]
     Tls { url: String, detail: String },
 
     #[error("invalid TLS settings: {0}")]
@@ -26,13 +34,25 @@ pub enum Error {
     Timeout { url: String, seconds: u64 },
 
     #[error("{url} answered HTTP {status} to {what}")]
-    Http { url: String, what: String, status: u16 },
+    Http {
+        url: String,
+        what: String,
+        status: u16,
+    },
 
     #[error("vSphere fault {fault} in {method}: {message}")]
-    Fault { method: String, fault: String, message: String },
+    Fault {
+        method: String,
+        fault: String,
+        message: String,
+    },
 
     #[error("task {task} failed with {fault}: {message}")]
-    TaskFailed { task: String, fault: String, message: String },
+    TaskFailed {
+        task: String,
+        fault: String,
+        message: String,
+    },
 
     #[error("task {task} did not finish within {seconds}s")]
     TaskTimeout { task: String, seconds: u64 },
@@ -47,7 +67,11 @@ pub enum Error {
     UnsupportedDisk { file: String, reason: String },
 
     #[error("reading {path}: got {got} bytes, expected {expected}")]
-    ShortRead { path: String, got: u64, expected: u64 },
+    ShortRead {
+        path: String,
+        got: u64,
+        expected: u64,
+    },
 
     #[error("unexpected response to {method}: {detail}")]
     InvalidResponse { method: String, detail: String },
@@ -104,10 +128,18 @@ impl Error {
 /// Faults a person must act on are permanent; a busy or changing host is transient; the rest get a budget.
 fn fault_class(fault: &str) -> ErrorClass {
     match fault {
-        "NotAuthenticated" | "InvalidPowerState" | "InvalidState" | "TaskInProgress" | "HostCommunication"
-        | "HostNotConnected" | "HostNotReachable" | "RequestCanceled" | "ConcurrentAccess" => ErrorClass::Transient,
-        "InvalidLogin" | "NoPermission" | "NotSupported" | "ManagedObjectNotFound" | "InvalidArgument"
-        | "InvalidRequest" | "FileNotFound" | "InvalidDatastorePath" | "RestrictedVersion" => ErrorClass::Permanent,
+        "NotAuthenticated" | "InvalidPowerState" | "InvalidState" | "TaskInProgress"
+        | "HostCommunication" | "HostNotConnected" | "HostNotReachable" | "RequestCanceled"
+        | "ConcurrentAccess" => ErrorClass::Transient,
+        "InvalidLogin"
+        | "NoPermission"
+        | "NotSupported"
+        | "ManagedObjectNotFound"
+        | "InvalidArgument"
+        | "InvalidRequest"
+        | "FileNotFound"
+        | "InvalidDatastorePath"
+        | "RestrictedVersion" => ErrorClass::Permanent,
         _ => ErrorClass::BoundedRetryable,
     }
 }
@@ -120,17 +152,39 @@ mod tests {
 
     #[test]
     fn errors_are_classed_as_the_controller_needs() {
-        let http = |status| Error::Http { url: "u".into(), what: "w".into(), status };
+        let http = |status| Error::Http {
+            url: "u".into(),
+            what: "w".into(),
+            status,
+        };
         assert_eq!(http(503).class(), ErrorClass::Transient);
         assert_eq!(http(404).class(), ErrorClass::Permanent);
-        let login = Error::LoginFailed { url: "https://vc/sdk".into(), user: "bob".into() };
+        let login = Error::LoginFailed {
+            url: "https://vc/sdk".into(),
+            user: "bob".into(),
+        };
         assert_eq!(login.class(), ErrorClass::Permanent);
-        assert!(login.to_string().starts_with("login to https://vc/sdk failed for user bob"));
-        let task = |fault: &str| Error::TaskFailed { task: "t".into(), fault: fault.into(), message: "m".into() };
+        assert!(
+            login
+                .to_string()
+                .starts_with("login to https://vc/sdk failed for user bob")
+        );
+        let task = |fault: &str| Error::TaskFailed {
+            task: "t".into(),
+            fault: fault.into(),
+            message: "m".into(),
+        };
         assert_eq!(task("InvalidPowerState").class(), ErrorClass::Transient);
         assert_eq!(task("FileNotFound").class(), ErrorClass::Permanent);
-        assert_eq!(task("GenericVmConfigFault").class(), ErrorClass::BoundedRetryable);
-        let pin = Error::ThumbprintMismatch { url: "u".into(), expected: "AA".into(), presented: "BB".into() };
+        assert_eq!(
+            task("GenericVmConfigFault").class(),
+            ErrorClass::BoundedRetryable
+        );
+        let pin = Error::ThumbprintMismatch {
+            url: "u".into(),
+            expected: "AA".into(),
+            presented: "BB".into(),
+        };
         assert!(pin.to_string().contains("AA") && pin.to_string().contains("BB"));
     }
 }

@@ -100,7 +100,13 @@ pub struct NicInfo {
     pub network: String,
 }
 
-const SUMMARY_PROPS: [&str; 5] = ["name", "runtime.powerState", "config.uuid", "config.instanceUuid", "config.guestId"];
+const SUMMARY_PROPS: [&str; 5] = [
+    "name",
+    "runtime.powerState",
+    "config.uuid",
+    "config.instanceUuid",
+    "config.guestId",
+];
 
 pub async fn list_vms(session: &Session) -> Result<Vec<VmSummary>> {
     let mut vms: Vec<VmSummary> = props::retrieve_all(session, "VirtualMachine", &SUMMARY_PROPS)
@@ -133,7 +139,9 @@ pub fn power_state(text: &str) -> Option<PowerState> {
 }
 
 pub async fn find_vm(session: &Session, selector: &VmSelector) -> Result<MoRef> {
-    let not_found = || Error::VmNotFound { selector: selector.to_string() };
+    let not_found = || Error::VmNotFound {
+        selector: selector.to_string(),
+    };
     let search_index = session.content().search_index.clone();
     match selector {
         VmSelector::Name(name) => {
@@ -145,12 +153,20 @@ pub async fn find_vm(session: &Session, selector: &VmSelector) -> Result<MoRef> 
             match matches.len() {
                 0 => Err(not_found()),
                 1 => Ok(matches[0].obj.clone()),
-                count => Err(Error::AmbiguousVmName { name: name.clone(), count }),
+                count => Err(Error::AmbiguousVmName {
+                    name: name.clone(),
+                    count,
+                }),
             }
         }
         VmSelector::InventoryPath(path) => {
-            let args = format!("<inventoryPath>{}</inventoryPath>", escape(path.trim_start_matches('/')));
-            let response = session.call("FindByInventoryPath", &search_index, &args).await?;
+            let args = format!(
+                "<inventoryPath>{}</inventoryPath>",
+                escape(path.trim_start_matches('/'))
+            );
+            let response = session
+                .call("FindByInventoryPath", &search_index, &args)
+                .await?;
             response
                 .child("returnval")
                 .and_then(MoRef::from_element)
@@ -172,7 +188,14 @@ pub async fn find_vm(session: &Session, selector: &VmSelector) -> Result<MoRef> 
         }
         VmSelector::Moref(id) => {
             let vm = MoRef::new("VirtualMachine", id.as_str());
-            match props::retrieve(session, "VirtualMachine", std::slice::from_ref(&vm), &["name"]).await {
+            match props::retrieve(
+                session,
+                "VirtualMachine",
+                std::slice::from_ref(&vm),
+                &["name"],
+            )
+            .await
+            {
                 Ok(found) if !found.is_empty() => Ok(vm),
                 Ok(_) => Err(not_found()),
                 Err(e) if e.fault() == Some("ManagedObjectNotFound") => Err(not_found()),
@@ -201,29 +224,58 @@ const DESCRIBE_PROPS: [&str; 15] = [
 ];
 
 pub async fn describe_vm(session: &Session, vm: &MoRef) -> Result<VmInfo> {
-    let found = match props::retrieve(session, "VirtualMachine", std::slice::from_ref(vm), &DESCRIBE_PROPS).await {
+    let found = match props::retrieve(
+        session,
+        "VirtualMachine",
+        std::slice::from_ref(vm),
+        &DESCRIBE_PROPS,
+    )
+    .await
+    {
         Err(e) if e.fault() == Some("ManagedObjectNotFound") => {
-            return Err(Error::VmNotFound { selector: VmSelector::Moref(vm.value.clone()).to_string() });
+            return Err(Error::VmNotFound {
+                selector: VmSelector::Moref(vm.value.clone()).to_string(),
+            });
         }
         other => other?,
     };
-    let o = found.into_iter().next().ok_or_else(|| Error::VmNotFound { selector: vm.to_string() })?;
-    let devices: Vec<&Element> = o.prop("config.hardware.device").map(|d| d.children.iter().collect()).unwrap_or_default();
+    let o = found.into_iter().next().ok_or_else(|| Error::VmNotFound {
+        selector: vm.to_string(),
+    })?;
+    let devices: Vec<&Element> = o
+        .prop("config.hardware.device")
+        .map(|d| d.children.iter().collect())
+        .unwrap_or_default();
     let mut disks = parse_disks(&devices);
     let mut nics = parse_nics(&devices);
     resolve_names(session, &mut disks, &mut nics).await?;
-    let invalid = |what: &str| Error::InvalidResponse { method: "RetrievePropertiesEx".into(), detail: format!("VM {vm} has no {what}") };
+    let invalid = |what: &str| Error::InvalidResponse {
+        method: "RetrievePropertiesEx".into(),
+        detail: format!("VM {vm} has no {what}"),
+    };
     Ok(VmInfo {
         moref: vm.value.clone(),
         name: o.text("name").unwrap_or_default().to_string(),
         uuid: o.text("config.uuid").map(String::from),
         instance_uuid: o.text("config.instanceUuid").map(String::from),
         guest_id: o.text("config.guestId").map(String::from),
-        firmware: if o.text("config.firmware") == Some("efi") { Firmware::Efi } else { Firmware::Bios },
+        firmware: if o.text("config.firmware") == Some("efi") {
+            Firmware::Efi
+        } else {
+            Firmware::Bios
+        },
         cpus: o.int("config.hardware.numCPU").unwrap_or(1) as i32,
-        cores_per_socket: o.int("config.hardware.numCoresPerSocket").unwrap_or(1).max(1) as i32,
-        memory_mib: o.int("config.hardware.memoryMB").ok_or_else(|| invalid("memory"))?,
-        power_state: o.text("runtime.powerState").and_then(power_state).ok_or_else(|| invalid("power state"))?,
+        cores_per_socket: o
+            .int("config.hardware.numCoresPerSocket")
+            .unwrap_or(1)
+            .max(1) as i32,
+        memory_mib: o
+            .int("config.hardware.memoryMB")
+            .ok_or_else(|| invalid("memory"))?,
+        power_state: o
+            .text("runtime.powerState")
+            .and_then(power_state)
+            .ok_or_else(|| invalid("power state"))?,
         tools_running_status: o.text("guest.toolsRunningStatus").map(String::from),
         change_tracking: o.text("config.changeTrackingEnabled") == Some("true"),
         snapshots: o.prop("snapshot").map(count_snapshots).unwrap_or(0),
@@ -240,7 +292,11 @@ fn int(e: &Element, name: &str) -> Option<i64> {
 fn parse_disks(devices: &[&Element]) -> Vec<DiskInfo> {
     let controllers: BTreeMap<i64, String> = devices
         .iter()
-        .filter(|d| d.xsi_type.as_deref().is_some_and(|t| t.ends_with("Controller")))
+        .filter(|d| {
+            d.xsi_type
+                .as_deref()
+                .is_some_and(|t| t.ends_with("Controller"))
+        })
         .filter_map(|d| Some((int(d, "key")?, d.xsi_type.clone()?)))
         .collect();
     devices
@@ -249,28 +305,44 @@ fn parse_disks(devices: &[&Element]) -> Vec<DiskInfo> {
         .map(|d| {
             let backing = d.child("backing");
             let controller_key = int(d, "controllerKey").unwrap_or(-1);
-            let controller = controllers.get(&controller_key).cloned().unwrap_or_default();
-            let capacity_bytes = int(d, "capacityInBytes").or_else(|| int(d, "capacityInKB").map(|kb| kb * 1024)).unwrap_or(0);
+            let controller = controllers
+                .get(&controller_key)
+                .cloned()
+                .unwrap_or_default();
+            let capacity_bytes = int(d, "capacityInBytes")
+                .or_else(|| int(d, "capacityInKB").map(|kb| kb * 1024))
+                .unwrap_or(0);
             let mut parents = Vec::new();
             let mut parent = backing.and_then(|b| b.child("parent"));
             while let Some(p) = parent {
                 parents.push(p.text_at(&["fileName"]).unwrap_or_default().to_string());
                 parent = p.child("parent");
             }
-            let file = backing.and_then(|b| b.text_at(&["fileName"])).unwrap_or_default().to_string();
+            let file = backing
+                .and_then(|b| b.text_at(&["fileName"]))
+                .unwrap_or_default()
+                .to_string();
             DiskInfo {
                 key: int(d, "key").unwrap_or(0) as i32,
-                label: d.text_at(&["deviceInfo", "label"]).unwrap_or_default().to_string(),
+                label: d
+                    .text_at(&["deviceInfo", "label"])
+                    .unwrap_or_default()
+                    .to_string(),
                 bus: bus_of(&controller).to_string(),
                 controller,
                 controller_key: controller_key as i32,
                 unit_number: int(d, "unitNumber").unwrap_or(0) as i32,
                 capacity_bytes,
-                datastore: crate::datastore::DatastorePath::parse(&file).map(|p| p.datastore).unwrap_or_default(),
+                datastore: crate::datastore::DatastorePath::parse(&file)
+                    .map(|p| p.datastore)
+                    .unwrap_or_default(),
                 file,
                 backing: backing.and_then(|b| b.xsi_type.clone()).unwrap_or_default(),
                 thin: backing.and_then(|b| b.text_at(&["thinProvisioned"])) == Some("true"),
-                disk_mode: backing.and_then(|b| b.text_at(&["diskMode"])).unwrap_or_default().to_string(),
+                disk_mode: backing
+                    .and_then(|b| b.text_at(&["diskMode"]))
+                    .unwrap_or_default()
+                    .to_string(),
                 parents,
             }
         })
@@ -296,13 +368,29 @@ fn parse_nics(devices: &[&Element]) -> Vec<NicInfo> {
             // Standard networks name themselves; distributed ones are resolved from the port group key later.
             let network = backing
                 .and_then(|b| b.text_at(&["deviceName"]).map(String::from))
-                .or_else(|| backing.and_then(|b| b.text_at(&["port", "portgroupKey"])).map(|k| format!("dvportgroup:{k}")))
-                .or_else(|| backing.and_then(|b| b.text_at(&["opaqueNetworkId"])).map(|k| format!("opaque:{k}")))
+                .or_else(|| {
+                    backing
+                        .and_then(|b| b.text_at(&["port", "portgroupKey"]))
+                        .map(|k| format!("dvportgroup:{k}"))
+                })
+                .or_else(|| {
+                    backing
+                        .and_then(|b| b.text_at(&["opaqueNetworkId"]))
+                        .map(|k| format!("opaque:{k}"))
+                })
                 .unwrap_or_default();
-            let model = d.xsi_type.as_deref().unwrap_or("Unknown").trim_start_matches("Virtual").to_ascii_lowercase();
+            let model = d
+                .xsi_type
+                .as_deref()
+                .unwrap_or("Unknown")
+                .trim_start_matches("Virtual")
+                .to_ascii_lowercase();
             NicInfo {
                 key: int(d, "key").unwrap_or(0) as i32,
-                label: d.text_at(&["deviceInfo", "label"]).unwrap_or_default().to_string(),
+                label: d
+                    .text_at(&["deviceInfo", "label"])
+                    .unwrap_or_default()
+                    .to_string(),
                 mac: d.text_at(&["macAddress"]).unwrap_or_default().to_string(),
                 model,
                 network,
@@ -312,7 +400,11 @@ fn parse_nics(devices: &[&Element]) -> Vec<NicInfo> {
 }
 
 /// Replaces distributed port group keys with their names.
-async fn resolve_names(session: &Session, _disks: &mut [DiskInfo], nics: &mut [NicInfo]) -> Result<()> {
+async fn resolve_names(
+    session: &Session,
+    _disks: &mut [DiskInfo],
+    nics: &mut [NicInfo],
+) -> Result<()> {
     let keys: BTreeSet<String> = nics
         .iter()
         .filter_map(|n| n.network.strip_prefix("dvportgroup:").map(String::from))
@@ -320,14 +412,22 @@ async fn resolve_names(session: &Session, _disks: &mut [DiskInfo], nics: &mut [N
     if keys.is_empty() {
         return Ok(());
     }
-    let refs: Vec<MoRef> = keys.iter().map(|k| MoRef::new("DistributedVirtualPortgroup", k.as_str())).collect();
-    let names: BTreeMap<String, String> = props::retrieve(session, "DistributedVirtualPortgroup", &refs, &["name"])
-        .await?
-        .into_iter()
-        .filter_map(|o| Some((o.obj.value.clone(), o.text("name")?.to_string())))
+    let refs: Vec<MoRef> = keys
+        .iter()
+        .map(|k| MoRef::new("DistributedVirtualPortgroup", k.as_str()))
         .collect();
+    let names: BTreeMap<String, String> =
+        props::retrieve(session, "DistributedVirtualPortgroup", &refs, &["name"])
+            .await?
+            .into_iter()
+            .filter_map(|o| Some((o.obj.value.clone(), o.text("name")?.to_string())))
+            .collect();
     for nic in nics {
-        if let Some(name) = nic.network.strip_prefix("dvportgroup:").and_then(|k| names.get(k)) {
+        if let Some(name) = nic
+            .network
+            .strip_prefix("dvportgroup:")
+            .and_then(|k| names.get(k))
+        {
             nic.network = name.clone();
         }
     }
@@ -336,7 +436,10 @@ async fn resolve_names(session: &Session, _disks: &mut [DiskInfo], nics: &mut [N
 
 fn count_snapshots(info: &Element) -> usize {
     fn count(list: &Element) -> usize {
-        1 + list.children_named("childSnapshotList").map(count).sum::<usize>()
+        1 + list
+            .children_named("childSnapshotList")
+            .map(count)
+            .sum::<usize>()
     }
     info.children_named("rootSnapshotList").map(count).sum()
 }
@@ -346,12 +449,21 @@ async fn datacenter_of(session: &Session, start: Option<&Element>) -> Result<Str
     let mut current = start.and_then(MoRef::from_element);
     for _ in 0..32 {
         let Some(obj) = current else { break };
-        let found = props::retrieve(session, &obj.type_, std::slice::from_ref(&obj), &["name", "parent"]).await?;
+        let found = props::retrieve(
+            session,
+            &obj.type_,
+            std::slice::from_ref(&obj),
+            &["name", "parent"],
+        )
+        .await?;
         let Some(o) = found.first() else { break };
         if obj.type_ == "Datacenter" {
             return Ok(o.text("name").unwrap_or_default().to_string());
         }
         current = o.prop("parent").and_then(MoRef::from_element);
     }
-    Err(Error::InvalidResponse { method: "RetrievePropertiesEx".into(), detail: "no datacenter above the VM".into() })
+    Err(Error::InvalidResponse {
+        method: "RetrievePropertiesEx".into(),
+        detail: "no datacenter above the VM".into(),
+    })
 }

@@ -12,6 +12,8 @@ pub mod error;
 pub mod inventory;
 pub mod power;
 pub mod props;
+#[cfg(feature = "seed")]
+pub mod seed;
 pub mod session;
 pub mod snapshot;
 pub mod soap;

@@ -16,40 +16,68 @@ const POLL: Duration = Duration::from_millis(500);
 /// Where a task stands.
 #[derive(Clone, Debug, PartialEq)]
 pub enum TaskState {
-    Running { progress: Option<i32> },
+    Running {
+        progress: Option<i32>,
+    },
     /// Done; the result, when the task returns an object (a snapshot, say).
-    Succeeded { result: Option<MoRef> },
-    Failed { fault: String, message: String },
+    Succeeded {
+        result: Option<MoRef>,
+    },
+    Failed {
+        fault: String,
+        message: String,
+    },
 }
 
 pub async fn task_state(session: &Session, task: &MoRef) -> Result<TaskState> {
     let found = props::retrieve(session, "Task", std::slice::from_ref(task), &["info"]).await?;
-    let info = found
-        .first()
-        .and_then(|o| o.prop("info"))
-        .ok_or_else(|| Error::InvalidResponse { method: "RetrievePropertiesEx".into(), detail: format!("task {task} has no info") })?;
+    let info =
+        found
+            .first()
+            .and_then(|o| o.prop("info"))
+            .ok_or_else(|| Error::InvalidResponse {
+                method: "RetrievePropertiesEx".into(),
+                detail: format!("task {task} has no info"),
+            })?;
     Ok(match info.text_at(&["state"]).unwrap_or_default() {
-        "success" => TaskState::Succeeded { result: info.child("result").and_then(MoRef::from_element) },
+        "success" => TaskState::Succeeded {
+            result: info.child("result").and_then(MoRef::from_element),
+        },
         "error" => {
             let fault = info.child("error").map(soap::decode_method_fault);
-            let (fault, message) = fault.map(|f| (f.type_, f.message)).unwrap_or_else(|| ("MethodFault".into(), String::new()));
+            let (fault, message) = fault
+                .map(|f| (f.type_, f.message))
+                .unwrap_or_else(|| ("MethodFault".into(), String::new()));
             TaskState::Failed { fault, message }
         }
-        _ => TaskState::Running { progress: info.text_at(&["progress"]).and_then(|p| p.parse().ok()) },
+        _ => TaskState::Running {
+            progress: info.text_at(&["progress"]).and_then(|p| p.parse().ok()),
+        },
     })
 }
 
 /// Follows `task` until it ends, for at most `timeout`.
-pub async fn wait_task(session: &Session, task: &MoRef, timeout: Duration) -> Result<Option<MoRef>> {
+pub async fn wait_task(
+    session: &Session,
+    task: &MoRef,
+    timeout: Duration,
+) -> Result<Option<MoRef>> {
     let deadline = Instant::now() + timeout;
     loop {
         match task_state(session, task).await? {
             TaskState::Succeeded { result } => return Ok(result),
             TaskState::Failed { fault, message } => {
-                return Err(Error::TaskFailed { task: task.value.clone(), fault, message });
+                return Err(Error::TaskFailed {
+                    task: task.value.clone(),
+                    fault,
+                    message,
+                });
             }
             TaskState::Running { .. } if Instant::now() > deadline => {
-                return Err(Error::TaskTimeout { task: task.value.clone(), seconds: timeout.as_secs() });
+                return Err(Error::TaskTimeout {
+                    task: task.value.clone(),
+                    seconds: timeout.as_secs(),
+                });
             }
             TaskState::Running { .. } => tokio::time::sleep(POLL).await,
         }
@@ -57,17 +85,35 @@ pub async fn wait_task(session: &Session, task: &MoRef, timeout: Duration) -> Re
 }
 
 pub async fn current_power_state(session: &Session, vm: &MoRef) -> Result<PowerState> {
-    let found = props::retrieve(session, "VirtualMachine", std::slice::from_ref(vm), &["runtime.powerState"]).await?;
+    let found = props::retrieve(
+        session,
+        "VirtualMachine",
+        std::slice::from_ref(vm),
+        &["runtime.powerState"],
+    )
+    .await?;
     found
         .first()
         .and_then(|o| o.text("runtime.powerState"))
         .and_then(power_state)
-        .ok_or_else(|| Error::InvalidResponse { method: "RetrievePropertiesEx".into(), detail: format!("{vm} has no power state") })
+        .ok_or_else(|| Error::InvalidResponse {
+            method: "RetrievePropertiesEx".into(),
+            detail: format!("{vm} has no power state"),
+        })
 }
 
 async fn tools_running(session: &Session, vm: &MoRef) -> Result<bool> {
-    let found = props::retrieve(session, "VirtualMachine", std::slice::from_ref(vm), &["guest.toolsRunningStatus"]).await?;
-    Ok(found.first().and_then(|o| o.text("guest.toolsRunningStatus")) == Some("guestToolsRunning"))
+    let found = props::retrieve(
+        session,
+        "VirtualMachine",
+        std::slice::from_ref(vm),
+        &["guest.toolsRunningStatus"],
+    )
+    .await?;
+    Ok(found
+        .first()
+        .and_then(|o| o.text("guest.toolsRunningStatus"))
+        == Some("guestToolsRunning"))
 }
 
 /// Starts `PowerOffVM_Task`; returns the task to record and follow, or None when the VM is already off.
@@ -75,7 +121,9 @@ pub async fn start_power_off(session: &Session, vm: &MoRef) -> Result<Option<MoR
     if current_power_state(session, vm).await? == PowerState::PoweredOff {
         return Ok(None);
     }
-    start_task(session, "PowerOffVM_Task", vm, "").await.map(Some)
+    start_task(session, "PowerOffVM_Task", vm, "")
+        .await
+        .map(Some)
 }
 
 /// Starts `PowerOnVM_Task`; None when the VM is already on.
@@ -83,7 +131,9 @@ pub async fn start_power_on(session: &Session, vm: &MoRef) -> Result<Option<MoRe
     if current_power_state(session, vm).await? == PowerState::PoweredOn {
         return Ok(None);
     }
-    start_task(session, "PowerOnVM_Task", vm, "").await.map(Some)
+    start_task(session, "PowerOnVM_Task", vm, "")
+        .await
+        .map(Some)
 }
 
 /// Follows a power task, treating "already in that state" (`InvalidPowerState`) as success.
@@ -143,10 +193,18 @@ pub async fn shutdown_guest(session: &Session, vm: &MoRef, timeout: Duration) ->
     Ok(Shutdown::Forced)
 }
 
-pub(crate) async fn start_task(session: &Session, method: &str, this: &MoRef, args: &str) -> Result<MoRef> {
+pub(crate) async fn start_task(
+    session: &Session,
+    method: &str,
+    this: &MoRef,
+    args: &str,
+) -> Result<MoRef> {
     let response = session.call(method, this, args).await?;
     response
         .child("returnval")
         .and_then(MoRef::from_element)
-        .ok_or_else(|| Error::InvalidResponse { method: method.into(), detail: "no task in the answer".into() })
+        .ok_or_else(|| Error::InvalidResponse {
+            method: method.into(),
+            detail: "no task in the answer".into(),
+        })
 }

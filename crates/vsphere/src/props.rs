@@ -18,7 +18,10 @@ pub struct ObjectContent {
 
 impl ObjectContent {
     pub fn prop(&self, path: &str) -> Option<&Element> {
-        self.props.iter().find(|(name, _)| name == path).map(|(_, val)| val)
+        self.props
+            .iter()
+            .find(|(name, _)| name == path)
+            .map(|(_, val)| val)
     }
 
     pub fn text(&self, path: &str) -> Option<&str> {
@@ -31,31 +34,52 @@ impl ObjectContent {
 }
 
 /// Properties `paths` of `objects`, all of type `type_`.
-pub async fn retrieve(session: &Session, type_: &str, objects: &[MoRef], paths: &[&str]) -> Result<Vec<ObjectContent>> {
+pub async fn retrieve(
+    session: &Session,
+    type_: &str,
+    objects: &[MoRef],
+    paths: &[&str],
+) -> Result<Vec<ObjectContent>> {
     let mut spec = prop_set(type_, paths);
     for obj in objects {
-        let _ = write!(spec, "<objectSet>{}<skip>false</skip></objectSet>", obj.xml("obj"));
+        let _ = write!(
+            spec,
+            "<objectSet>{}<skip>false</skip></objectSet>",
+            obj.xml("obj")
+        );
     }
     retrieve_spec(session, &spec).await
 }
 
 /// Properties of every object of `type_` under the root folder, through a container view.
-pub async fn retrieve_all(session: &Session, type_: &str, paths: &[&str]) -> Result<Vec<ObjectContent>> {
+pub async fn retrieve_all(
+    session: &Session,
+    type_: &str,
+    paths: &[&str],
+) -> Result<Vec<ObjectContent>> {
     let content = session.content();
-    let view_manager = content.view_manager.clone().ok_or_else(|| Error::InvalidResponse {
-        method: "RetrieveServiceContent".into(),
-        detail: "the endpoint has no ViewManager".into(),
-    })?;
+    let view_manager = content
+        .view_manager
+        .clone()
+        .ok_or_else(|| Error::InvalidResponse {
+            method: "RetrieveServiceContent".into(),
+            detail: "the endpoint has no ViewManager".into(),
+        })?;
     let args = format!(
         "{}<type>{}</type><recursive>true</recursive>",
         content.root_folder.xml("container"),
         escape(type_)
     );
-    let response = session.call("CreateContainerView", &view_manager, &args).await?;
+    let response = session
+        .call("CreateContainerView", &view_manager, &args)
+        .await?;
     let view = response
         .child("returnval")
         .and_then(MoRef::from_element)
-        .ok_or_else(|| Error::InvalidResponse { method: "CreateContainerView".into(), detail: "no view".into() })?;
+        .ok_or_else(|| Error::InvalidResponse {
+            method: "CreateContainerView".into(),
+            detail: "no view".into(),
+        })?;
     let spec = format!(
         r#"{}<objectSet>{}<skip>true</skip><selectSet xsi:type="TraversalSpec"><name>view</name><type>ContainerView</type><path>view</path><skip>false</skip></selectSet></objectSet>"#,
         prop_set(type_, paths),
@@ -82,11 +106,13 @@ async fn retrieve_spec(session: &Session, spec: &str) -> Result<Vec<ObjectConten
         // vcsim reports an expired session per property (missingSet) instead of as a SOAP fault.
         Err(NotAuthenticated) => {
             session.relogin().await?;
-            retrieve_pages(session, spec).await.map_err(|_| Error::Fault {
-                method: "RetrievePropertiesEx".into(),
-                fault: "NotAuthenticated".into(),
-                message: "the session was refused right after logging in again".into(),
-            })?
+            retrieve_pages(session, spec)
+                .await
+                .map_err(|_| Error::Fault {
+                    method: "RetrievePropertiesEx".into(),
+                    fault: "NotAuthenticated".into(),
+                    message: "the session was refused right after logging in again".into(),
+                })?
         }
         Ok(result) => result,
     }
@@ -94,30 +120,42 @@ async fn retrieve_spec(session: &Session, spec: &str) -> Result<Vec<ObjectConten
 
 struct NotAuthenticated;
 
-async fn retrieve_pages(session: &Session, spec: &str) -> std::result::Result<Result<Vec<ObjectContent>>, NotAuthenticated> {
+async fn retrieve_pages(
+    session: &Session,
+    spec: &str,
+) -> std::result::Result<Result<Vec<ObjectContent>>, NotAuthenticated> {
     let collector = session.content().property_collector.clone();
-    let args = format!("<specSet>{spec}</specSet><options><maxObjects>{PAGE}</maxObjects></options>");
-    let mut response = match session.call("RetrievePropertiesEx", &collector, &args).await {
+    let args =
+        format!("<specSet>{spec}</specSet><options><maxObjects>{PAGE}</maxObjects></options>");
+    let mut response = match session
+        .call("RetrievePropertiesEx", &collector, &args)
+        .await
+    {
         Ok(r) => r,
         Err(e) => return Ok(Err(e)),
     };
     let mut objects = Vec::new();
-    loop {
-        let Some(result) = response.child("returnval") else {
-            break; // nothing matched
-        };
+    // No `returnval` means nothing matched.
+    while let Some(result) = response.child("returnval") {
         for found in result.children_named("objects") {
-            let missing_fault = |m: &Element| m.at(&["fault", "fault"]).and_then(|f| f.xsi_type.clone());
-            if found.children_named("missingSet").any(|m| missing_fault(m).as_deref() == Some("NotAuthenticated")) {
+            let missing_fault =
+                |m: &Element| m.at(&["fault", "fault"]).and_then(|f| f.xsi_type.clone());
+            if found
+                .children_named("missingSet")
+                .any(|m| missing_fault(m).as_deref() == Some("NotAuthenticated"))
+            {
                 return Err(NotAuthenticated);
             }
             objects.extend(object_content(found));
         }
-        let Some(token) = result.text_at(&["token"]) else {
+        let Some(token) = result.text_at(&["token"]).map(str::to_string) else {
             break;
         };
-        let args = format!("<token>{}</token>", escape(token));
-        response = match session.call("ContinueRetrievePropertiesEx", &collector, &args).await {
+        let args = format!("<token>{}</token>", escape(&token));
+        response = match session
+            .call("ContinueRetrievePropertiesEx", &collector, &args)
+            .await
+        {
             Ok(r) => r,
             Err(e) => return Ok(Err(e)),
         };
@@ -140,30 +178,53 @@ mod tests {
     use crate::soap::{Response, parse_response};
 
     fn fixture(name: &str) -> String {
-        std::fs::read_to_string(format!("{}/tests/fixtures/{name}", env!("CARGO_MANIFEST_DIR"))).unwrap()
+        std::fs::read_to_string(format!(
+            "{}/tests/fixtures/{name}",
+            env!("CARGO_MANIFEST_DIR")
+        ))
+        .unwrap()
     }
 
     #[test]
     fn a_vm_description_parses_with_vcsims_prefix() {
-        let Response::Ok(response) = parse_response("RetrievePropertiesEx", &fixture("describe-vm-vcenter.xml")).unwrap() else {
+        let Response::Ok(response) =
+            parse_response("RetrievePropertiesEx", &fixture("describe-vm-vcenter.xml")).unwrap()
+        else {
             panic!("fault");
         };
-        let objects: Vec<_> = response.child("returnval").unwrap().children_named("objects").filter_map(object_content).collect();
+        let objects: Vec<_> = response
+            .child("returnval")
+            .unwrap()
+            .children_named("objects")
+            .filter_map(object_content)
+            .collect();
         assert_eq!(objects.len(), 1);
         let vm = &objects[0];
         assert_eq!(vm.text("name"), Some("DC0_H0_VM0"));
         assert_eq!(vm.text("runtime.powerState"), Some("poweredOn"));
         let devices = vm.prop("config.hardware.device").unwrap();
         assert_eq!(devices.xsi_type.as_deref(), Some("ArrayOfVirtualDevice"));
-        assert!(devices.children.iter().any(|d| d.xsi_type.as_deref() == Some("VirtualDisk")));
+        assert!(
+            devices
+                .children
+                .iter()
+                .any(|d| d.xsi_type.as_deref() == Some("VirtualDisk"))
+        );
     }
 
     #[test]
     fn vcsims_per_property_not_authenticated_is_seen() {
-        let Response::Ok(response) = parse_response("RetrievePropertiesEx", &fixture("missing-set-not-authenticated-vcsim.xml")).unwrap() else {
+        let Response::Ok(response) = parse_response(
+            "RetrievePropertiesEx",
+            &fixture("missing-set-not-authenticated-vcsim.xml"),
+        )
+        .unwrap() else {
             panic!("fault");
         };
         let missing = response.find("missingSet").unwrap();
-        assert_eq!(missing.at(&["fault", "fault"]).unwrap().xsi_type.as_deref(), Some("NotAuthenticated"));
+        assert_eq!(
+            missing.at(&["fault", "fault"]).unwrap().xsi_type.as_deref(),
+            Some("NotAuthenticated")
+        );
     }
 }

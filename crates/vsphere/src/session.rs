@@ -58,6 +58,15 @@ pub struct Session {
     inner: Arc<Inner>,
 }
 
+impl fmt::Debug for Session {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Session")
+            .field("url", &self.inner.config.url)
+            .field("about", &self.inner.content.about)
+            .finish()
+    }
+}
+
 struct Inner {
     http: reqwest::Client,
     config: ConnectConfig,
@@ -76,13 +85,29 @@ impl Session {
             .build()
             .map_err(|e| Error::TlsConfig(e.to_string()))?;
         let instance = MoRef::new("ServiceInstance", "ServiceInstance");
-        let response = post(&http, &config, &seen, None, "RetrieveServiceContent", &instance, "", "urn:vim25").await?;
+        let response = post(
+            &http,
+            &config,
+            &seen,
+            None,
+            "RetrieveServiceContent",
+            &instance,
+            "",
+            "urn:vim25",
+        )
+        .await?;
         let content = match response.0 {
             Response::Ok(element) => parse_service_content(&element)?,
             Response::Fault(fault) => return Err(fault_error("RetrieveServiceContent", fault)),
         };
         let session = Self {
-            inner: Arc::new(Inner { http, config, content, cookie: Mutex::new(None), seen }),
+            inner: Arc::new(Inner {
+                http,
+                config,
+                content,
+                cookie: Mutex::new(None),
+                seen,
+            }),
         };
         session.login().await?;
         Ok(session)
@@ -102,14 +127,20 @@ impl Session {
 
     /// The thumbprint the endpoint presented, for users who want to pin it.
     pub fn presented_thumbprint(&self) -> Option<String> {
-        self.inner.seen.lock().unwrap_or_else(|p| p.into_inner()).clone()
+        self.inner
+            .seen
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     /// `https://host:port`, for `/folder` URLs.
     pub fn base_url(&self) -> String {
         let url = &self.inner.config.url;
         let after_scheme = url.find("://").map_or(0, |i| i + 3);
-        let end = url[after_scheme..].find('/').map_or(url.len(), |i| after_scheme + i);
+        let end = url[after_scheme..]
+            .find('/')
+            .map_or(url.len(), |i| after_scheme + i);
         url[..end].to_string()
     }
 
@@ -118,7 +149,11 @@ impl Session {
     }
 
     pub(crate) fn cookie(&self) -> Option<String> {
-        self.inner.cookie.lock().unwrap_or_else(|p| p.into_inner()).clone()
+        self.inner
+            .cookie
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     pub(crate) async fn relogin(&self) -> Result<()> {
@@ -132,7 +167,9 @@ impl Session {
             escape(&cfg.username),
             escape(&cfg.password)
         );
-        let (response, cookie) = self.post("Login", &self.inner.content.session_manager.clone(), &args).await?;
+        let (response, cookie) = self
+            .post("Login", &self.inner.content.session_manager.clone(), &args)
+            .await?;
         match response {
             Response::Ok(_) => {
                 let cookie = cookie.ok_or_else(|| Error::InvalidResponse {
@@ -142,9 +179,10 @@ impl Session {
                 *self.inner.cookie.lock().unwrap_or_else(|p| p.into_inner()) = Some(cookie);
                 Ok(())
             }
-            Response::Fault(fault) if fault.type_ == "InvalidLogin" => {
-                Err(Error::LoginFailed { url: cfg.url.clone(), user: cfg.username.clone() })
-            }
+            Response::Fault(fault) if fault.type_ == "InvalidLogin" => Err(Error::LoginFailed {
+                url: cfg.url.clone(),
+                user: cfg.username.clone(),
+            }),
             Response::Fault(fault) => Err(fault_error("Login", fault)),
         }
     }
@@ -165,10 +203,25 @@ impl Session {
         }
     }
 
-    async fn post(&self, method: &str, this: &MoRef, args: &str) -> Result<(Response, Option<String>)> {
+    async fn post(
+        &self,
+        method: &str,
+        this: &MoRef,
+        args: &str,
+    ) -> Result<(Response, Option<String>)> {
         let action = format!("urn:vim25/{}", self.inner.content.about.api_version);
         let cookie = self.cookie();
-        post(&self.inner.http, &self.inner.config, &self.inner.seen, cookie.as_deref(), method, this, args, &action).await
+        post(
+            &self.inner.http,
+            &self.inner.config,
+            &self.inner.seen,
+            cookie.as_deref(),
+            method,
+            this,
+            args,
+            &action,
+        )
+        .await
     }
 
     /// Ends the session on the server. Dropping a session without it leaves the server to expire it.
@@ -196,7 +249,17 @@ impl Drop for Inner {
         let manager = self.content.session_manager.clone();
         let action = format!("urn:vim25/{}", self.content.about.api_version);
         runtime.spawn(async move {
-            let _ = post(&http, &config, &seen, Some(&cookie), "Logout", &manager, "", &action).await;
+            let _ = post(
+                &http,
+                &config,
+                &seen,
+                Some(&cookie),
+                "Logout",
+                &manager,
+                "",
+                &action,
+            )
+            .await;
         });
     }
 }
@@ -220,7 +283,10 @@ async fn post(
     if let Some(cookie) = cookie {
         request = request.header("Cookie", cookie);
     }
-    let response = request.send().await.map_err(|e| transport_error(config, seen, &e))?;
+    let response = request
+        .send()
+        .await
+        .map_err(|e| transport_error(config, seen, &e))?;
     let status = response.status();
     let cookie = response
         .headers()
@@ -229,31 +295,49 @@ async fn post(
         .filter_map(|v| v.to_str().ok())
         .find(|v| v.starts_with("vmware_soap_session="))
         .map(|v| v.split(';').next().unwrap_or(v).to_string());
-    let body = response.text().await.map_err(|e| transport_error(config, seen, &e))?;
+    let body = response
+        .text()
+        .await
+        .map_err(|e| transport_error(config, seen, &e))?;
     // Faults come with HTTP 500 and a SOAP body; other errors have no SOAP body.
     match soap::parse_response(method, &body) {
         Ok(parsed) => Ok((parsed, cookie)),
-        Err(_) if !status.is_success() => {
-            Err(Error::Http { url: config.url.clone(), what: method.to_string(), status: status.as_u16() })
-        }
-        Err(e) => Err(Error::InvalidResponse { method: method.to_string(), detail: e.to_string() }),
+        Err(_) if !status.is_success() => Err(Error::Http {
+            url: config.url.clone(),
+            what: method.to_string(),
+            status: status.as_u16(),
+        }),
+        Err(e) => Err(Error::InvalidResponse {
+            method: method.to_string(),
+            detail: e.to_string(),
+        }),
     }
 }
 
 fn transport_error(config: &ConnectConfig, seen: &SeenThumbprint, error: &reqwest::Error) -> Error {
     let url = config.url.clone();
     if error.is_timeout() {
-        return Error::Timeout { url, seconds: config.timeout.as_secs() };
+        return Error::Timeout {
+            url,
+            seconds: config.timeout.as_secs(),
+        };
     }
     let presented = seen.lock().unwrap_or_else(|p| p.into_inner()).clone();
     if let (TlsMode::Thumbprint(expected), Some(presented)) = (&config.tls, &presented) {
         let expected = tls::normalize_thumbprint(expected).unwrap_or_else(|| expected.clone());
         if expected != *presented {
-            return Error::ThumbprintMismatch { url, expected, presented: presented.clone() };
+            return Error::ThumbprintMismatch {
+                url,
+                expected,
+                presented: presented.clone(),
+            };
         }
     }
     let chain = error_chain(error);
-    if chain.contains("certificate") || chain.contains("InvalidCertificate") || chain.contains("UnknownIssuer") {
+    if chain.contains("certificate")
+        || chain.contains("InvalidCertificate")
+        || chain.contains("UnknownIssuer")
+    {
         return Error::Tls { url, detail: chain };
     }
     Error::Unreachable { url, detail: chain }
@@ -265,7 +349,10 @@ fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
     let mut next = error.source();
     while let Some(cause) = next {
         parts.push(cause.to_string());
-        if let Some(inner) = cause.downcast_ref::<std::io::Error>().and_then(|io| io.get_ref()) {
+        if let Some(inner) = cause
+            .downcast_ref::<std::io::Error>()
+            .and_then(|io| io.get_ref())
+        {
             parts.push(format!("{inner:?}"));
         }
         next = cause.source();
@@ -275,7 +362,11 @@ fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
 }
 
 pub(crate) fn fault_error(method: &str, fault: Fault) -> Error {
-    Error::Fault { method: method.to_string(), fault: fault.type_, message: fault.message }
+    Error::Fault {
+        method: method.to_string(),
+        fault: fault.type_,
+        message: fault.message,
+    }
 }
 
 fn parse_service_content(response: &Element) -> Result<ServiceContent> {
@@ -283,12 +374,15 @@ fn parse_service_content(response: &Element) -> Result<ServiceContent> {
         method: "RetrieveServiceContent".into(),
         detail: format!("no {what}"),
     };
-    let rv = response.child("returnval").ok_or_else(|| invalid("returnval"))?;
+    let rv = response
+        .child("returnval")
+        .ok_or_else(|| invalid("returnval"))?;
     let moref = |name: &str| rv.child(name).and_then(MoRef::from_element);
     let about = rv.child("about").ok_or_else(|| invalid("about"))?;
     Ok(ServiceContent {
         root_folder: moref("rootFolder").ok_or_else(|| invalid("rootFolder"))?,
-        property_collector: moref("propertyCollector").ok_or_else(|| invalid("propertyCollector"))?,
+        property_collector: moref("propertyCollector")
+            .ok_or_else(|| invalid("propertyCollector"))?,
         view_manager: moref("viewManager"),
         session_manager: moref("sessionManager").ok_or_else(|| invalid("sessionManager"))?,
         search_index: moref("searchIndex").ok_or_else(|| invalid("searchIndex"))?,
@@ -308,11 +402,25 @@ mod tests {
     #[test]
     fn service_content_of_vcenter_and_esxi() {
         for (file, api_type, collector) in [
-            ("service-content-vcenter.xml", "VirtualCenter", "propertyCollector"),
-            ("service-content-esx.xml", "HostAgent", "ha-property-collector"),
+            (
+                "service-content-vcenter.xml",
+                "VirtualCenter",
+                "propertyCollector",
+            ),
+            (
+                "service-content-esx.xml",
+                "HostAgent",
+                "ha-property-collector",
+            ),
         ] {
-            let body = std::fs::read_to_string(format!("{}/tests/fixtures/{file}", env!("CARGO_MANIFEST_DIR"))).unwrap();
-            let Response::Ok(element) = soap::parse_response("RetrieveServiceContent", &body).unwrap() else {
+            let body = std::fs::read_to_string(format!(
+                "{}/tests/fixtures/{file}",
+                env!("CARGO_MANIFEST_DIR")
+            ))
+            .unwrap();
+            let Response::Ok(element) =
+                soap::parse_response("RetrieveServiceContent", &body).unwrap()
+            else {
                 panic!("{file} is a fault");
             };
             let content = parse_service_content(&element).unwrap();

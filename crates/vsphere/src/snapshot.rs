@@ -9,7 +9,12 @@ use crate::soap::MoRef;
 use crate::xml::escape;
 
 /// Starts `CreateSnapshot_Task` (no memory, no quiescing); record the task, then [`finish_create`].
-pub async fn start_create(session: &Session, vm: &MoRef, name: &str, description: &str) -> Result<MoRef> {
+pub async fn start_create(
+    session: &Session,
+    vm: &MoRef,
+    name: &str,
+    description: &str,
+) -> Result<MoRef> {
     let args = format!(
         "<name>{}</name><description>{}</description><memory>false</memory><quiesce>false</quiesce>",
         escape(name),
@@ -20,10 +25,12 @@ pub async fn start_create(session: &Session, vm: &MoRef, name: &str, description
 
 /// Follows a snapshot task to its end; returns the snapshot.
 pub async fn finish_create(session: &Session, task: &MoRef, timeout: Duration) -> Result<MoRef> {
-    wait_task(session, task, timeout).await?.ok_or_else(|| Error::InvalidResponse {
-        method: "CreateSnapshot_Task".into(),
-        detail: "the task returned no snapshot".into(),
-    })
+    wait_task(session, task, timeout)
+        .await?
+        .ok_or_else(|| Error::InvalidResponse {
+            method: "CreateSnapshot_Task".into(),
+            detail: "the task returned no snapshot".into(),
+        })
 }
 
 pub async fn create(session: &Session, vm: &MoRef, name: &str, timeout: Duration) -> Result<MoRef> {

@@ -14,12 +14,19 @@ pub struct MoRef {
 
 impl MoRef {
     pub fn new(type_: impl Into<String>, value: impl Into<String>) -> Self {
-        Self { type_: type_.into(), value: value.into() }
+        Self {
+            type_: type_.into(),
+            value: value.into(),
+        }
     }
 
     /// `<tag type="T">value</tag>`
     pub fn xml(&self, tag: &str) -> String {
-        format!(r#"<{tag} type="{}">{}</{tag}>"#, escape(&self.type_), escape(&self.value))
+        format!(
+            r#"<{tag} type="{}">{}</{tag}>"#,
+            escape(&self.type_),
+            escape(&self.value)
+        )
     }
 
     /// Reads a reference element: `<x type="Task">task-7</x>`, or `<x xsi:type="ManagedObjectReference" type=..>`.
@@ -37,7 +44,11 @@ impl std::fmt::Display for MoRef {
 pub fn envelope(method: &str, this: &MoRef, args: &str) -> String {
     let mut out = String::with_capacity(256 + args.len());
     out.push_str(r#"<?xml version="1.0" encoding="UTF-8"?><soapenv:Envelope xmlns:soapenv="http://schemas.xmlsoap.org/soap/envelope/" xmlns:xsd="http://www.w3.org/2001/XMLSchema" xmlns:xsi="http://www.w3.org/2001/XMLSchema-instance"><soapenv:Body>"#);
-    let _ = write!(out, r#"<{method} xmlns="urn:vim25">{}{args}</{method}>"#, this.xml("_this"));
+    let _ = write!(
+        out,
+        r#"<{method} xmlns="urn:vim25">{}{args}</{method}>"#,
+        this.xml("_this")
+    );
     out.push_str("</soapenv:Body></soapenv:Envelope>");
     out
 }
@@ -61,7 +72,9 @@ pub enum Response {
 pub fn parse_response(method: &str, body: &str) -> Result<Response, xml::XmlError> {
     let envelope = xml::parse(body)?;
     let Some(body) = envelope.child("Body") else {
-        return Err(xml::XmlError::msg(format!("no SOAP Body in the answer to {method}")));
+        return Err(xml::XmlError::msg(format!(
+            "no SOAP Body in the answer to {method}"
+        )));
     };
     if let Some(fault) = body.child("Fault") {
         return Ok(Response::Fault(decode_fault(fault)));
@@ -76,13 +89,27 @@ pub fn parse_response(method: &str, body: &str) -> Result<Response, xml::XmlErro
 /// The fault type is the `xsi:type` of the detail's child (for example `ManagedObjectNotFoundFault` typed
 /// `ManagedObjectNotFound`); the element name, minus `Fault`, is the fallback.
 pub fn decode_fault(fault: &Element) -> Fault {
-    let message = fault.text_at(&["faultstring"]).unwrap_or_default().to_string();
-    let detail = fault.child("detail").and_then(|d| d.children.first()).cloned();
+    let message = fault
+        .text_at(&["faultstring"])
+        .unwrap_or_default()
+        .to_string();
+    let detail = fault
+        .child("detail")
+        .and_then(|d| d.children.first())
+        .cloned();
     let type_ = detail
         .as_ref()
-        .map(|d| d.xsi_type.clone().unwrap_or_else(|| d.name.trim_end_matches("Fault").to_string()))
+        .map(|d| {
+            d.xsi_type
+                .clone()
+                .unwrap_or_else(|| d.name.trim_end_matches("Fault").to_string())
+        })
         .unwrap_or_else(|| "ServerFault".to_string());
-    Fault { type_, message, detail }
+    Fault {
+        type_,
+        message,
+        detail,
+    }
 }
 
 /// Decodes a `LocalizedMethodFault` (a failed task's `info.error`).
@@ -91,6 +118,13 @@ pub fn decode_method_fault(error: &Element) -> Fault {
     let type_ = inner
         .and_then(|f| f.xsi_type.clone())
         .unwrap_or_else(|| "MethodFault".to_string());
-    let message = error.text_at(&["localizedMessage"]).unwrap_or_default().to_string();
-    Fault { type_, message, detail: inner.cloned() }
+    let message = error
+        .text_at(&["localizedMessage"])
+        .unwrap_or_default()
+        .to_string();
+    Fault {
+        type_,
+        message,
+        detail: inner.cloned(),
+    }
 }

@@ -41,30 +41,50 @@ pub fn client_config(mode: &TlsMode) -> Result<(ClientConfig, SeenThumbprint)> {
             let mut roots = rustls::RootCertStore::empty();
             for cert in CertificateDer::pem_slice_iter(pem.as_bytes()) {
                 let cert = cert.map_err(|e| Error::TlsConfig(format!("caBundle: {e}")))?;
-                roots.add(cert).map_err(|e| Error::TlsConfig(format!("caBundle: {e}")))?;
+                roots
+                    .add(cert)
+                    .map_err(|e| Error::TlsConfig(format!("caBundle: {e}")))?;
             }
             if roots.is_empty() {
                 return Err(Error::TlsConfig("caBundle holds no PEM certificate".into()));
             }
-            let webpki = rustls::client::WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider.clone())
-                .build()
-                .map_err(|e| Error::TlsConfig(e.to_string()))?;
+            let webpki = rustls::client::WebPkiServerVerifier::builder_with_provider(
+                Arc::new(roots),
+                provider.clone(),
+            )
+            .build()
+            .map_err(|e| Error::TlsConfig(e.to_string()))?;
             builder
                 .dangerous()
-                .with_custom_certificate_verifier(Arc::new(Recording { inner: Check::WebPki(webpki), seen: seen.clone(), provider }))
+                .with_custom_certificate_verifier(Arc::new(Recording {
+                    inner: Check::WebPki(webpki),
+                    seen: seen.clone(),
+                    provider,
+                }))
                 .with_no_client_auth()
         }
         TlsMode::Thumbprint(expected) => {
-            let expected = normalize_thumbprint(expected)
-                .ok_or_else(|| Error::TlsConfig(format!("{expected:?} is not a SHA-256 thumbprint (32 hex pairs)")))?;
+            let expected = normalize_thumbprint(expected).ok_or_else(|| {
+                Error::TlsConfig(format!(
+                    "{expected:?} is not a SHA-256 thumbprint (32 hex pairs)"
+                ))
+            })?;
             builder
                 .dangerous()
-                .with_custom_certificate_verifier(Arc::new(Recording { inner: Check::Pinned(expected), seen: seen.clone(), provider }))
+                .with_custom_certificate_verifier(Arc::new(Recording {
+                    inner: Check::Pinned(expected),
+                    seen: seen.clone(),
+                    provider,
+                }))
                 .with_no_client_auth()
         }
         TlsMode::InsecureSkipVerify => builder
             .dangerous()
-            .with_custom_certificate_verifier(Arc::new(Recording { inner: Check::Any, seen: seen.clone(), provider }))
+            .with_custom_certificate_verifier(Arc::new(Recording {
+                inner: Check::Any,
+                seen: seen.clone(),
+                provider,
+            }))
             .with_no_client_auth(),
     };
     Ok((config, seen))
@@ -77,11 +97,22 @@ pub fn normalize_thumbprint(text: &str) -> Option<String> {
         return None;
     }
     let upper = hex.to_ascii_uppercase();
-    Some(upper.as_bytes().chunks(2).map(|p| std::str::from_utf8(p).unwrap_or_default()).collect::<Vec<_>>().join(":"))
+    Some(
+        upper
+            .as_bytes()
+            .chunks(2)
+            .map(|p| std::str::from_utf8(p).unwrap_or_default())
+            .collect::<Vec<_>>()
+            .join(":"),
+    )
 }
 
 pub fn thumbprint_of(der: &[u8]) -> String {
-    Sha256::digest(der).iter().map(|b| format!("{b:02X}")).collect::<Vec<_>>().join(":")
+    Sha256::digest(der)
+        .iter()
+        .map(|b| format!("{b:02X}"))
+        .collect::<Vec<_>>()
+        .join(":")
 }
 
 #[derive(Debug)]
@@ -111,9 +142,19 @@ impl ServerCertVerifier for Recording {
         let presented = thumbprint_of(end_entity.as_ref());
         *self.seen.lock().unwrap_or_else(|p| p.into_inner()) = Some(presented.clone());
         match &self.inner {
-            Check::WebPki(verifier) => verifier.verify_server_cert(end_entity, intermediates, server_name, ocsp_response, now),
-            Check::Pinned(expected) if *expected == presented => Ok(ServerCertVerified::assertion()),
-            Check::Pinned(_) => Err(rustls::Error::General("certificate thumbprint does not match the pinned one".into())),
+            Check::WebPki(verifier) => verifier.verify_server_cert(
+                end_entity,
+                intermediates,
+                server_name,
+                ocsp_response,
+                now,
+            ),
+            Check::Pinned(expected) if *expected == presented => {
+                Ok(ServerCertVerified::assertion())
+            }
+            Check::Pinned(_) => Err(rustls::Error::General(
+                "certificate thumbprint does not match the pinned one".into(),
+            )),
             Check::Any => Ok(ServerCertVerified::assertion()),
         }
     }
@@ -124,7 +165,12 @@ impl ServerCertVerifier for Recording {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> std::result::Result<HandshakeSignatureValid, rustls::Error> {
-        verify_tls12_signature(message, cert, dss, &self.provider.signature_verification_algorithms)
+        verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.provider.signature_verification_algorithms,
+        )
     }
 
     fn verify_tls13_signature(
@@ -133,11 +179,18 @@ impl ServerCertVerifier for Recording {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> std::result::Result<HandshakeSignatureValid, rustls::Error> {
-        verify_tls13_signature(message, cert, dss, &self.provider.signature_verification_algorithms)
+        verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.provider.signature_verification_algorithms,
+        )
     }
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.provider.signature_verification_algorithms.supported_schemes()
+        self.provider
+            .signature_verification_algorithms
+            .supported_schemes()
     }
 }
 
@@ -150,13 +203,19 @@ mod tests {
         let lower = vec!["ab"; 32].join(":");
         let bare = "AB".repeat(32);
         assert_eq!(normalize_thumbprint(&lower), normalize_thumbprint(&bare));
-        assert_eq!(normalize_thumbprint(&lower).unwrap(), vec!["AB"; 32].join(":"));
+        assert_eq!(
+            normalize_thumbprint(&lower).unwrap(),
+            vec!["AB"; 32].join(":")
+        );
         assert!(normalize_thumbprint("AB:CD").is_none());
         assert!(normalize_thumbprint(&"ZZ".repeat(32)).is_none());
     }
 
     #[test]
     fn a_ca_bundle_without_certificates_is_refused() {
-        assert!(matches!(client_config(&TlsMode::CaBundle("nothing".into())), Err(Error::TlsConfig(_))));
+        assert!(matches!(
+            client_config(&TlsMode::CaBundle("nothing".into())),
+            Err(Error::TlsConfig(_))
+        ));
     }
 }

@@ -47,7 +47,10 @@ impl Element {
     }
 
     pub fn attr(&self, name: &str) -> Option<&str> {
-        self.attrs.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str())
+        self.attrs
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
     }
 
     /// Depth-first search for the first descendant (or self) named `name`.
@@ -65,7 +68,9 @@ pub fn parse(xml: &str) -> Result<Element, XmlError> {
     // The document's root is kept under a synthetic element, popped at the end.
     let mut stack = vec![Element::default()];
     loop {
-        let (_, event) = reader.read_resolved_event().map_err(|e| XmlError(e.to_string()))?;
+        let (_, event) = reader
+            .read_resolved_event()
+            .map_err(|e| XmlError(e.to_string()))?;
         match event {
             Event::Start(start) => stack.push(element(&reader, &start)?),
             Event::Empty(start) => {
@@ -83,13 +88,20 @@ pub fn parse(xml: &str) -> Result<Element, XmlError> {
                     .children
                     .push(done);
             }
-            Event::Text(text) => stack.last_mut().expect("root").text.push_str(&text.xml10_content()),
+            Event::Text(text) => stack
+                .last_mut()
+                .expect("root")
+                .text
+                .push_str(&text.xml10_content()),
             Event::CData(data) => {
                 let bytes = data.into_inner();
                 stack.last_mut().expect("root").text.push_str(&bytes);
             }
             Event::GeneralRef(reference) => {
-                let resolved = match reference.resolve_char_ref().map_err(|e| XmlError(e.to_string()))? {
+                let resolved = match reference
+                    .resolve_char_ref()
+                    .map_err(|e| XmlError(e.to_string()))?
+                {
                     Some(c) => c.to_string(),
                     None => match reference.xml10_content().as_ref() {
                         "amp" => "&".into(),
@@ -110,10 +122,15 @@ pub fn parse(xml: &str) -> Result<Element, XmlError> {
     if !stack.is_empty() {
         return Err(XmlError("unexpected end of document".into()));
     }
-    root.children.pop().ok_or_else(|| XmlError("empty document".into()))
+    root.children
+        .pop()
+        .ok_or_else(|| XmlError("empty document".into()))
 }
 
-fn element(reader: &NsReader<&[u8]>, start: &quick_xml::events::BytesStart<'_>) -> Result<Element, XmlError> {
+fn element(
+    reader: &NsReader<&[u8]>,
+    start: &quick_xml::events::BytesStart<'_>,
+) -> Result<Element, XmlError> {
     let mut element = Element {
         name: start.local_name().as_ref().to_string(),
         ..Element::default()
@@ -121,7 +138,10 @@ fn element(reader: &NsReader<&[u8]>, start: &quick_xml::events::BytesStart<'_>) 
     for attr in start.attributes() {
         let attr = attr.map_err(|e| XmlError(e.to_string()))?;
         let (ns, local) = reader.resolver().resolve_attribute(attr.key);
-        let value = attr.normalized_value(quick_xml::XmlVersion::Implicit1_0).map_err(|e| XmlError(e.to_string()))?.into_owned();
+        let value = attr
+            .normalized_value(quick_xml::XmlVersion::Implicit1_0)
+            .map_err(|e| XmlError(e.to_string()))?
+            .into_owned();
         let local = local.as_ref().to_string();
         let is_xsi = matches!(ns, ResolveResult::Bound(Namespace(uri)) if uri == XSI);
         if is_xsi && local == "type" {
@@ -160,7 +180,10 @@ mod tests {
     fn attributes_and_paths() {
         let root = parse(r#"<r><returnval type="Task">task-7</returnval><e/></r>"#).unwrap();
         let val = root.child("returnval").unwrap();
-        assert_eq!((val.attr("type"), val.text.as_str()), (Some("Task"), "task-7"));
+        assert_eq!(
+            (val.attr("type"), val.text.as_str()),
+            (Some("Task"), "task-7")
+        );
         assert!(root.at(&["e"]).is_some());
         assert!(root.find("returnval").is_some());
     }
