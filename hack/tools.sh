@@ -23,17 +23,19 @@ build_kube() {
 }
 build_etcd() { (cd "$root/tools/etcd" && go build -ldflags "-s -w" -o "$1/etcd" go.etcd.io/etcd/server/v3); }
 build_vcsim() { (cd "$root/tools/vcsim" && go build -ldflags "-s -w" -o "$1/vcsim" .); }
+# MinIO: the real S3-compatible server that staging tests write to.
+build_minio() { (cd "$root/tools/minio" && go build -ldflags "-s -w" -o "$1/minio" github.com/minio/minio); }
 
 # Concurrent callers (parallel test binaries, a lab and a test run) wait for one builder.
 mkdir -p "$cache"
 exec 9>"$cache/.lock"
 flock 9
 
-bin="$cache/bin-$( (key kube; key etcd; key vcsim) | sha256sum | cut -c1-16)"
-for tool in etcd vcsim kube; do
+bin="$cache/bin-$( (key kube; key etcd; key vcsim; key minio) | sha256sum | cut -c1-16)"
+for tool in etcd vcsim minio kube; do
   dir="$cache/$tool-$(key "$tool")"
   if [ ! -f "$dir/.done" ]; then
-    echo "building $tool into $dir (cold builds of kube take 10-25 minutes on 2 cores)" >&2
+    echo "building $tool into $dir (cold builds of kube and minio take minutes on 2 cores)" >&2
     start=$(date +%s)
     rm -rf "$dir.tmp" && mkdir -p "$dir.tmp"
     "build_$tool" "$dir.tmp"

@@ -1,5 +1,6 @@
 //! The `ferry` command line: one binary for the controller, the lab and the tools around them.
 
+mod convert;
 mod inventory;
 mod lab;
 
@@ -18,6 +19,8 @@ enum Command {
     Lab(lab::LabArgs),
     /// Print every CustomResourceDefinition as YAML (`ferry crds | kubectl apply -f -`).
     Crds,
+    /// Stream, convert, checksum and stage disks (the conversion Job's entrypoint).
+    Convert(convert::ConvertArgs),
     /// List the VMs of a vSphere endpoint, or describe one, as Ferry sees them.
     Inventory(inventory::InventoryArgs),
 }
@@ -45,6 +48,7 @@ async fn run() -> anyhow::Result<()> {
     match Cli::parse().command {
         Command::Lab(args) => lab::run(args).await,
         Command::Inventory(args) => inventory::run(args).await,
+        Command::Convert(args) => convert::run(args).await,
         Command::Crds => {
             print!("{}", ferry_api::crds::to_yaml()?);
             Ok(())

@@ -17,7 +17,9 @@ use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{DeleteParams, PostParams};
 use kube::{Api, Client};
 
+pub mod disks;
 mod exit;
+pub mod proxy;
 
 /// A running lab owned by this test process.
 pub struct TestLab {

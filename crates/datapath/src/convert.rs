@@ -1,0 +1,380 @@
+//! One disk: read once from the datastore, hash in the same pass, convert, and stage. A raw target streams
+//! straight from the download into the upload; qcow2 goes through one scratch copy for qemu-img.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use bytes::Bytes;
+use ferry_api::DiskFormat;
+use ferry_vsphere::datastore::{Download, FlatDisk, flat_disk};
+use ferry_vsphere::{ConnectConfig, Session, TlsMode};
+use futures::{StreamExt, TryStreamExt};
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use crate::error::{Error, Result};
+use crate::progress::Progress;
+use crate::spec::{ConvertSpec, DiskSpec, read_secret};
+use crate::staging::{SourceIdentity, StagedObject, Staging};
+
+/// Upload parts in flight per disk.
+const UPLOAD_CONCURRENCY: usize = 4;
+
+/// What the controller reads back (the pod's termination message).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct DiskResult {
+    pub index: u32,
+    pub url: String,
+    pub format: String,
+    pub object_sha256: String,
+    pub object_bytes: u64,
+    pub source_sha256: String,
+    pub source_bytes: u64,
+    /// Bytes read from the source in this run: 0 when an identical staged object was found.
+    pub bytes_read: u64,
+    pub skipped: bool,
+}
+
+pub async fn connect(spec: &ConvertSpec) -> Result<Session> {
+    let source = &spec.source;
+    let tls = match (&source.thumbprint, &source.ca_file, source.insecure) {
+        (Some(t), None, false) => TlsMode::Thumbprint(t.clone()),
+        (None, Some(ca), false) => TlsMode::CaBundle(
+            std::fs::read_to_string(ca)
+                .map_err(|e| Error::Spec(format!("reading {}: {e}", ca.display())))?,
+        ),
+        (None, None, true) => TlsMode::InsecureSkipVerify,
+        _ => {
+            return Err(Error::Spec(
+                "the source needs exactly one of caFile, thumbprint or insecure".into(),
+            ));
+        }
+    };
+    let config = ConnectConfig {
+        url: source.url.clone(),
+        username: read_secret(&source.credentials_dir, "user")?,
+        password: read_secret(&source.credentials_dir, "password")?,
+        tls,
+        timeout: Duration::from_secs(120),
+    };
+    Ok(Session::connect(config).await?)
+}
+
+/// Converts and stages every disk of `spec`, `spec.parallel` at a time.
+pub async fn convert_all(spec: &ConvertSpec, progress: &Progress) -> Result<Vec<DiskResult>> {
+    // The S3 client takes the process's TLS provider; ours is ring everywhere.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let session = connect(spec).await?;
+    let staging = Staging::open(&spec.staging)?;
+    let mut results: Vec<DiskResult> = futures::stream::iter(spec.disks.iter())
+        .map(|disk| convert_disk(&session, &staging, spec, disk, progress))
+        .buffer_unordered(spec.parallel.max(1))
+        .try_collect()
+        .await?;
+    session.logout().await;
+    results.sort_by_key(|r| r.index);
+    Ok(results)
+}
+
+pub fn object_name(disk: &DiskSpec, format: DiskFormat) -> String {
+    let ext = match format {
+        DiskFormat::Raw => "raw",
+        DiskFormat::Qcow2 => "qcow2",
+    };
+    format!("disk-{}.{ext}", disk.index)
+}
+
+async fn convert_disk(
+    session: &Session,
+    staging: &Staging,
+    spec: &ConvertSpec,
+    disk: &DiskSpec,
+    progress: &Progress,
+) -> Result<DiskResult> {
+    let name = object_name(disk, spec.format);
+    let identity = SourceIdentity {
+        vm_uuid: spec.source.vm_uuid.clone(),
+        disk_file: disk.file.clone(),
+        capacity_bytes: disk.capacity_bytes,
+    };
+    let format = format!("{:?}", spec.format).to_lowercase();
+    if let Some(done) = already_staged(staging, &name, &identity, &format).await? {
+        progress.skipped(disk.index, done.source_bytes);
+        return Ok(result(disk, done, 0, true));
+    }
+
+    let flat = flat_disk(session, &spec.source.datacenter, &disk.file).await?;
+    if flat.size == 0 && disk.capacity_bytes > 0 {
+        return Err(Error::EmptyDisk {
+            index: disk.index,
+            file: disk.file.clone(),
+            capacity: disk.capacity_bytes,
+        });
+    }
+    let (object_sha256, object_bytes, source_sha256) = match spec.format {
+        DiskFormat::Raw => {
+            let (sha, bytes) = stream_raw(
+                session,
+                staging,
+                &spec.source.datacenter,
+                &flat,
+                disk.index,
+                &name,
+                progress,
+            )
+            .await?;
+            (sha.clone(), bytes, sha)
+        }
+        DiskFormat::Qcow2 => {
+            via_qcow2(session, staging, spec, &flat, disk.index, &name, progress).await?
+        }
+    };
+    let (stored_bytes, e_tag) = staging.head(&name).await?.ok_or_else(|| Error::Staging {
+        url: staging.url_of(&name),
+        detail: "the finished upload is not there".into(),
+    })?;
+    if stored_bytes != object_bytes {
+        return Err(Error::ShortRead {
+            index: disk.index,
+            got: stored_bytes,
+            expected: object_bytes,
+        });
+    }
+    let staged = StagedObject {
+        url: staging.url_of(&name),
+        format,
+        object_sha256,
+        object_bytes,
+        source_sha256,
+        source_bytes: flat.size,
+        source: identity,
+        e_tag,
+    };
+    staging.write_manifest(&name, &staged).await?;
+    progress.done(disk.index, flat.size);
+    Ok(result(disk, staged, flat.size, false))
+}
+
+fn result(disk: &DiskSpec, staged: StagedObject, bytes_read: u64, skipped: bool) -> DiskResult {
+    DiskResult {
+        index: disk.index,
+        url: staged.url,
+        format: staged.format,
+        object_sha256: staged.object_sha256,
+        object_bytes: staged.object_bytes,
+        source_sha256: staged.source_sha256,
+        source_bytes: staged.source_bytes,
+        bytes_read,
+        skipped,
+    }
+}
+
+/// A staged object counts only with a manifest for the same source, and unchanged since it was written.
+async fn already_staged(
+    staging: &Staging,
+    name: &str,
+    identity: &SourceIdentity,
+    format: &str,
+) -> Result<Option<StagedObject>> {
+    let Some(manifest) = staging.manifest(name).await? else {
+        return Ok(None);
+    };
+    if manifest.source != *identity || manifest.format != format {
+        tracing::info!(
+            object = name,
+            "a staged object from another source is there; staging again"
+        );
+        return Ok(None);
+    }
+    match staging.head(name).await? {
+        Some((size, e_tag))
+            if size == manifest.object_bytes
+                && (manifest.e_tag.is_none() || manifest.e_tag == e_tag) =>
+        {
+            Ok(Some(manifest))
+        }
+        _ => {
+            tracing::warn!(
+                object = name,
+                "the staged object changed after it was written; staging again"
+            );
+            Ok(None)
+        }
+    }
+}
+
+/// Download → hash → multipart upload, overlapped: parts upload while the next bytes arrive.
+async fn stream_raw(
+    session: &Session,
+    staging: &Staging,
+    datacenter: &str,
+    flat: &FlatDisk,
+    index: u32,
+    name: &str,
+    progress: &Progress,
+) -> Result<(String, u64)> {
+    let mut download = Download::open(session, datacenter, &flat.extent, 0).await?;
+    let mut upload = staging.writer(name).await?;
+    let outcome: Result<String> = async {
+        let mut hash = Sha256::new();
+        while let Some(chunk) = download.next_chunk().await? {
+            hash.update(&chunk);
+            upload
+                .wait_for_capacity(UPLOAD_CONCURRENCY)
+                .await
+                .map_err(|e| staging.error(e))?;
+            upload.put(chunk);
+            progress.bytes(index, download.offset(), flat.size);
+        }
+        if download.offset() != flat.size {
+            return Err(Error::ShortRead {
+                index,
+                got: download.offset(),
+                expected: flat.size,
+            });
+        }
+        Ok(crate::hex(&hash.finalize()))
+    }
+    .await;
+    match outcome {
+        Ok(sha) => {
+            upload.finish().await.map_err(|e| staging.error(e))?;
+            Ok((sha, flat.size))
+        }
+        Err(e) => {
+            let _ = upload.abort().await;
+            Err(e)
+        }
+    }
+}
+
+/// Downloads to a scratch file (hashing the source), converts with qemu-img, then uploads the qcow2 (hashing it).
+async fn via_qcow2(
+    session: &Session,
+    staging: &Staging,
+    spec: &ConvertSpec,
+    flat: &FlatDisk,
+    index: u32,
+    name: &str,
+    progress: &Progress,
+) -> Result<(String, u64, String)> {
+    let scratch = Scratch::new(&spec.scratch_dir, name)?;
+    let source_sha = {
+        let mut download =
+            Download::open(session, &spec.source.datacenter, &flat.extent, 0).await?;
+        let mut file = tokio::fs::File::create(&scratch.raw)
+            .await
+            .map_err(|e| io(&scratch.raw, e))?;
+        let mut hash = Sha256::new();
+        while let Some(chunk) = download.next_chunk().await? {
+            hash.update(&chunk);
+            file.write_all(&chunk)
+                .await
+                .map_err(|e| io(&scratch.raw, e))?;
+            progress.bytes(index, download.offset(), flat.size);
+        }
+        file.flush().await.map_err(|e| io(&scratch.raw, e))?;
+        if download.offset() != flat.size {
+            return Err(Error::ShortRead {
+                index,
+                got: download.offset(),
+                expected: flat.size,
+            });
+        }
+        crate::hex(&hash.finalize())
+    };
+    qemu_img_convert(&scratch.raw, &scratch.qcow2).await?;
+    tokio::fs::remove_file(&scratch.raw)
+        .await
+        .map_err(|e| io(&scratch.raw, e))?;
+
+    let mut upload = staging.writer(name).await?;
+    let mut file = tokio::fs::File::open(&scratch.qcow2)
+        .await
+        .map_err(|e| io(&scratch.qcow2, e))?;
+    let (mut hash, mut bytes) = (Sha256::new(), 0u64);
+    loop {
+        let mut buf = vec![0u8; 4 << 20];
+        let n = file
+            .read(&mut buf)
+            .await
+            .map_err(|e| io(&scratch.qcow2, e))?;
+        if n == 0 {
+            break;
+        }
+        buf.truncate(n);
+        hash.update(&buf);
+        bytes += n as u64;
+        upload
+            .wait_for_capacity(UPLOAD_CONCURRENCY)
+            .await
+            .map_err(|e| staging.error(e))?;
+        upload.put(Bytes::from(buf));
+    }
+    upload.finish().await.map_err(|e| staging.error(e))?;
+    Ok((crate::hex(&hash.finalize()), bytes, source_sha))
+}
+
+async fn qemu_img_convert(raw: &Path, qcow2: &Path) -> Result<()> {
+    let output = tokio::process::Command::new("qemu-img")
+        .args([
+            "convert",
+            "-f",
+            "raw",
+            "-O",
+            "qcow2",
+            "-o",
+            "compat=1.1",
+            "-W",
+            "-m",
+            "8",
+        ])
+        .arg(raw)
+        .arg(qcow2)
+        .output()
+        .await
+        .map_err(|e| Error::QemuImg {
+            what: "convert".into(),
+            detail: format!("cannot run qemu-img: {e}"),
+        })?;
+    if !output.status.success() {
+        return Err(Error::QemuImg {
+            what: "convert".into(),
+            detail: String::from_utf8_lossy(&output.stderr).trim().to_string(),
+        });
+    }
+    Ok(())
+}
+
+/// Scratch files, removed however the conversion ends.
+struct Scratch {
+    raw: PathBuf,
+    qcow2: PathBuf,
+}
+
+impl Scratch {
+    fn new(dir: &Path, name: &str) -> Result<Self> {
+        std::fs::create_dir_all(dir).map_err(|e| io(dir, e))?;
+        let stem = format!("ferry-{}-{name}", std::process::id());
+        Ok(Self {
+            raw: dir.join(format!("{stem}.raw")),
+            qcow2: dir.join(format!("{stem}.qcow2")),
+        })
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.raw);
+        let _ = std::fs::remove_file(&self.qcow2);
+    }
+}
+
+fn io(path: &Path, e: std::io::Error) -> Error {
+    Error::Io {
+        path: path.display().to_string(),
+        detail: e.to_string(),
+    }
+}

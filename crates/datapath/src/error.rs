@@ -1,0 +1,60 @@
+//! Data path errors, classed like every Ferry error: a short or corrupt copy is bounded-retryable, never success.
+
+use ferry_api::ErrorClass;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("invalid conversion spec: {0}")]
+    Spec(String),
+    #[error(transparent)]
+    Source(#[from] ferry_vsphere::Error),
+    #[error("staging {url}: {detail}")]
+    Staging { url: String, detail: String },
+    #[error("disk {index}: read {got} bytes from the source, expected {expected}")]
+    ShortRead { index: u32, got: u64, expected: u64 },
+    #[error("disk {index} ({file}) is empty, but its capacity is {capacity} bytes")]
+    EmptyDisk {
+        index: u32,
+        file: String,
+        capacity: u64,
+    },
+    #[error("{what}: sha256 {actual}, expected {expected}")]
+    ChecksumMismatch {
+        what: String,
+        expected: String,
+        actual: String,
+    },
+    #[error("qemu-img {what} failed: {detail}")]
+    QemuImg { what: String, detail: String },
+    #[error("local I/O on {path}: {detail}")]
+    Io { path: String, detail: String },
+}
+
+impl Error {
+    pub fn class(&self) -> ErrorClass {
+        match self {
+            Error::Spec(_) => ErrorClass::Permanent,
+            Error::Source(e) => e.class(),
+            Error::Staging { .. } => ErrorClass::Transient,
+            Error::ShortRead { .. } | Error::EmptyDisk { .. } | Error::ChecksumMismatch { .. } => {
+                ErrorClass::BoundedRetryable
+            }
+            Error::QemuImg { .. } | Error::Io { .. } => ErrorClass::BoundedRetryable,
+        }
+    }
+
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Error::Spec(_) => "InvalidConversionSpec",
+            Error::Source(e) => e.reason(),
+            Error::Staging { .. } => "StagingUnavailable",
+            Error::ShortRead { .. } => "ShortRead",
+            Error::EmptyDisk { .. } => "EmptyDisk",
+            Error::ChecksumMismatch { .. } => "ChecksumMismatch",
+            Error::QemuImg { .. } => "ConversionFailed",
+            Error::Io { .. } => "ScratchIOFailed",
+        }
+    }
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,100 @@
+//! The conversion Job's input: which disks to move, from where, to where. Credentials are paths to mounted
+//! files, never values, so the spec itself holds no secret.
+
+use std::path::{Path, PathBuf};
+
+use ferry_api::DiskFormat;
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct ConvertSpec {
+    pub source: SourceSpec,
+    pub disks: Vec<DiskSpec>,
+    pub format: DiskFormat,
+    pub staging: StagingSpec,
+    /// Where qcow2 conversion keeps its scratch copy.
+    #[serde(default = "default_scratch")]
+    pub scratch_dir: PathBuf,
+    /// Disks converted at once.
+    #[serde(default = "default_parallel")]
+    pub parallel: usize,
+}
+
+fn default_scratch() -> PathBuf {
+    std::env::temp_dir()
+}
+
+fn default_parallel() -> usize {
+    2
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct SourceSpec {
+    pub url: String,
+    /// A directory with the files `user` and `password` (a mounted Secret).
+    pub credentials_dir: PathBuf,
+    /// Exactly one of: a PEM file, a pinned thumbprint, or `insecure`.
+    #[serde(default)]
+    pub ca_file: Option<PathBuf>,
+    #[serde(default)]
+    pub thumbprint: Option<String>,
+    #[serde(default)]
+    pub insecure: bool,
+    pub datacenter: String,
+    /// The VM's identity, recorded with each staged disk.
+    pub vm_uuid: String,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct DiskSpec {
+    pub index: u32,
+    /// `[datastore] dir/disk.vmdk`
+    pub file: String,
+    pub capacity_bytes: u64,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct StagingSpec {
+    /// `file:///dir/prefix` or `s3://bucket/prefix`.
+    pub url: String,
+    /// For s3: a directory with `accessKeyId` and `secretKey` files (a mounted Secret).
+    #[serde(default)]
+    pub credentials_dir: Option<PathBuf>,
+    /// For s3 outside AWS, for example `http://minio.storage:9000`.
+    #[serde(default)]
+    pub endpoint: Option<String>,
+    #[serde(default)]
+    pub region: Option<String>,
+}
+
+impl ConvertSpec {
+    pub fn load(path: &Path) -> Result<Self> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| Error::Spec(format!("reading {}: {e}", path.display())))?;
+        let spec: Self = serde_json::from_str(&text)
+            .map_err(|e| Error::Spec(format!("{}: {e}", path.display())))?;
+        if spec.disks.is_empty() {
+            return Err(Error::Spec("the spec lists no disk".into()));
+        }
+        Ok(spec)
+    }
+}
+
+/// Reads one value of a mounted Secret, without a trailing newline.
+pub fn read_secret(dir: &Path, key: &str) -> Result<String> {
+    let path = dir.join(key);
+    std::fs::read_to_string(&path)
+        .map(|s| s.trim_end_matches(['\r', '\n']).to_string())
+        .map_err(|e| {
+            Error::Spec(format!(
+                "reading the credential file {}: {e}",
+                path.display()
+            ))
+        })
+}
