@@ -6,7 +6,7 @@ use ferry_api::{DiskFormat, ErrorClass};
 use ferry_datapath::progress::Progress;
 use ferry_datapath::spec::{DiskSpec, SourceSpec, StagingSpec};
 use ferry_datapath::{ConvertSpec, convert_all};
-use ferry_testkit::TestVcsim;
+use ferry_testkit::{TestMinio, TestVcsim};
 use ferry_testkit::disks::{FlatVmdk, make_flat_vmdk, qemu_img, sha256_file, write_pattern};
 use ferry_testkit::proxy::CuttingProxy;
 use ferry_vsphere::inventory::{self, VmSelector};
@@ -221,4 +221,34 @@ async fn a_short_source_is_an_error_and_nothing_is_staged() {
         "a short copy must never appear under its name"
     );
     assert!(!staged(&f.staging_dir(), "disk-3.raw.manifest.json").exists());
+}
+
+#[tokio::test]
+async fn staging_to_a_real_s3_server_in_both_formats() {
+    let f = fixture().await;
+    let minio = TestMinio::start().await.unwrap();
+    let quiet = Progress::new(true);
+    for format in [DiskFormat::Raw, DiskFormat::Qcow2] {
+        let mut spec = f.spec(format, None);
+        spec.staging = StagingSpec {
+            url: format!("{}/migrations/legacy-1", minio.bucket_url()),
+            credentials_dir: Some(minio.credentials_dir().to_path_buf()),
+            endpoint: Some(minio.endpoint().to_string()),
+            region: None,
+        };
+        let result = &convert_all(&spec, &quiet).await.unwrap()[0];
+        assert_eq!(result.source_sha256, f.disk.sha256);
+        assert!(result.url.starts_with("s3://ferry-staging/migrations/legacy-1/disk-0."), "{}", result.url);
+
+        // Read back through S3: the object and its manifest agree.
+        let store = ferry_datapath::staging::Staging::open(&spec.staging).unwrap();
+        let name = ferry_datapath::convert::object_name(&spec.disks[0], format);
+        let (sha, bytes) = store.read_sha256(&name).await.unwrap();
+        assert_eq!((sha.as_str(), bytes), (result.object_sha256.as_str(), result.object_bytes));
+        let manifest = store.manifest(&name).await.unwrap().expect("a manifest beside the object");
+        assert_eq!(manifest.source_sha256, f.disk.sha256);
+
+        let again = &convert_all(&spec, &quiet).await.unwrap()[0];
+        assert_eq!((again.skipped, again.bytes_read), (true, 0));
+    }
 }

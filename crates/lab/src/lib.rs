@@ -3,6 +3,7 @@
 
 pub mod components;
 pub mod lab;
+pub mod minio;
 pub mod pki;
 pub mod probe;
 pub mod process;

@@ -23,6 +23,8 @@ pub enum Probe {
         path: String,
         kubeconfig: PathBuf,
     },
+    /// A plain HTTP GET on loopback answers 200.
+    HttpOk { port: u16, path: String },
     /// The process printed a line starting with `prefix`; the rest of the line is its URL.
     LogLine { prefix: String },
 }
@@ -70,6 +72,14 @@ async fn check(probe: &Probe, process: &ProcessRecord) -> Result<Option<Ready>> 
             let body =
                 tokio::task::spawn_blocking(move || http_get_loopback(port, "/health")).await??;
             Ok(body.contains(r#""health":"true""#).then(|| Ready {
+                url: Some(format!("http://127.0.0.1:{port}")),
+            }))
+        }
+        Probe::HttpOk { port, path } => {
+            let (port, path) = (*port, path.clone());
+            let response = tokio::task::spawn_blocking(move || http_get_loopback(port, &path)).await??;
+            let ok = response.lines().next().is_some_and(|status| status.split_whitespace().nth(1) == Some("200"));
+            Ok(ok.then(|| Ready {
                 url: Some(format!("http://127.0.0.1:{port}")),
             }))
         }

@@ -40,15 +40,7 @@ impl TestLab {
 
     /// A lab of this test's own.
     pub async fn start() -> Result<TestLab> {
-        let root = tests_root();
-        std::fs::create_dir_all(&root)?;
-        sweep_abandoned(&root);
-        let dir = root.join(format!(
-            "{}-{}",
-            std::process::id(),
-            NEXT_ID.fetch_add(1, Ordering::Relaxed)
-        ));
-        exit::register(&dir);
+        let dir = fresh_dir()?;
         let options = LabOptions {
             dir: dir.clone(),
             tools: ferry_lab::tools::bin_dir()?,
@@ -164,15 +156,7 @@ pub struct TestVcsim {
 
 impl TestVcsim {
     pub async fn start(esx: bool) -> Result<Self> {
-        let root = tests_root();
-        std::fs::create_dir_all(&root)?;
-        sweep_abandoned(&root);
-        let dir = root.join(format!(
-            "{}-{}",
-            std::process::id(),
-            NEXT_ID.fetch_add(1, Ordering::Relaxed)
-        ));
-        exit::register(&dir);
+        let dir = fresh_dir()?;
         let tools = ferry_lab::tools::bin_dir()?;
         match ferry_lab::vcsim::StandaloneVcsim::start(
             &dir,
@@ -200,6 +184,47 @@ impl TestVcsim {
 }
 
 impl Drop for TestVcsim {
+    fn drop(&mut self) {
+        let _ = self.inner.stop();
+        exit::teardown(self.inner.dir());
+    }
+}
+
+/// A MinIO server of its own with the bucket `ferry-staging`, stopped and removed on drop.
+pub struct TestMinio {
+    inner: ferry_lab::minio::StandaloneMinio,
+}
+
+impl TestMinio {
+    pub async fn start() -> Result<Self> {
+        let dir = fresh_dir()?;
+        let tools = ferry_lab::tools::bin_dir()?;
+        match ferry_lab::minio::StandaloneMinio::start(&dir, &tools, Lifetime::TiedToThisProcess).await {
+            Ok(inner) => Ok(Self { inner }),
+            Err(e) => {
+                exit::teardown(&dir);
+                Err(e)
+            }
+        }
+    }
+
+    /// `http://127.0.0.1:PORT`
+    pub fn endpoint(&self) -> &str {
+        &self.inner.endpoint
+    }
+
+    /// `accessKeyId` and `secretKey` files.
+    pub fn credentials_dir(&self) -> &Path {
+        &self.inner.credentials_dir
+    }
+
+    /// `s3://ferry-staging`
+    pub fn bucket_url(&self) -> String {
+        format!("s3://{}", ferry_lab::minio::BUCKET)
+    }
+}
+
+impl Drop for TestMinio {
     fn drop(&mut self) {
         let _ = self.inner.stop();
         exit::teardown(self.inner.dir());
@@ -257,6 +282,17 @@ impl Drop for TestNamespace {
             tracing::warn!("test namespace {} not deleted: {e:#}", self.name);
         }
     }
+}
+
+/// A new directory for one lab or server, removed at drop or exit; abandoned ones are swept first.
+fn fresh_dir() -> Result<PathBuf> {
+    let root = tests_root();
+    std::fs::create_dir_all(&root)?;
+    sweep_abandoned(&root);
+    let dir = root.join(format!("{}-{}", std::process::id(), NEXT_ID.fetch_add(1, Ordering::Relaxed)));
+    std::fs::create_dir_all(&dir)?;
+    exit::register(&dir);
+    Ok(dir)
 }
 
 fn tests_root() -> PathBuf {
