@@ -1,5 +1,6 @@
 //! The `ferry` command line: one binary for the controller, the lab and the tools around them.
 
+mod bench;
 mod convert;
 mod inventory;
 mod lab;
@@ -19,6 +20,8 @@ enum Command {
     Lab(lab::LabArgs),
     /// Print every CustomResourceDefinition as YAML (`ferry crds | kubectl apply -f -`).
     Crds,
+    /// Benchmarks that print ratios against baselines measured in the same run.
+    Bench(bench::BenchArgs),
     /// Stream, convert, checksum and stage disks (the conversion Job's entrypoint).
     Convert(convert::ConvertArgs),
     /// List the VMs of a vSphere endpoint, or describe one, as Ferry sees them.
@@ -49,6 +52,7 @@ async fn run() -> anyhow::Result<()> {
         Command::Lab(args) => lab::run(args).await,
         Command::Inventory(args) => inventory::run(args).await,
         Command::Convert(args) => convert::run(args).await,
+        Command::Bench(args) => bench::run(args).await,
         Command::Crds => {
             print!("{}", ferry_api::crds::to_yaml()?);
             Ok(())

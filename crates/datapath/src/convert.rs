@@ -217,10 +217,10 @@ async fn stream_raw(
 ) -> Result<(String, u64)> {
     let mut download = Download::open(session, datacenter, &flat.extent, 0).await?;
     let mut upload = staging.writer(name).await?;
-    let outcome: Result<String> = async {
-        let mut hash = Sha256::new();
+    let hasher = Hasher::start();
+    let outcome: Result<()> = async {
         while let Some(chunk) = download.next_chunk().await? {
-            hash.update(&chunk);
+            hasher.update(chunk.clone());
             upload
                 .wait_for_capacity(UPLOAD_CONCURRENCY)
                 .await
@@ -235,11 +235,12 @@ async fn stream_raw(
                 expected: flat.size,
             });
         }
-        Ok(crate::hex(&hash.finalize()))
+        Ok(())
     }
     .await;
+    let sha = hasher.finish();
     match outcome {
-        Ok(sha) => {
+        Ok(()) => {
             upload.finish().await.map_err(|e| staging.error(e))?;
             Ok((sha, flat.size))
         }
@@ -247,6 +248,36 @@ async fn stream_raw(
             let _ = upload.abort().await;
             Err(e)
         }
+    }
+}
+
+/// sha256 on a thread of its own, so hashing overlaps the network reads instead of adding to them.
+struct Hasher {
+    chunks: std::sync::mpsc::SyncSender<Bytes>,
+    thread: std::thread::JoinHandle<String>,
+}
+
+impl Hasher {
+    fn start() -> Self {
+        let (chunks, incoming) = std::sync::mpsc::sync_channel::<Bytes>(64);
+        let thread = std::thread::spawn(move || {
+            let mut hash = Sha256::new();
+            for chunk in incoming {
+                hash.update(&chunk);
+            }
+            crate::hex(&hash.finalize())
+        });
+        Self { chunks, thread }
+    }
+
+    fn update(&self, chunk: Bytes) {
+        // Blocks only when the hasher is 64 chunks behind, which bounds memory.
+        let _ = self.chunks.send(chunk);
+    }
+
+    fn finish(self) -> String {
+        drop(self.chunks);
+        self.thread.join().unwrap_or_default()
     }
 }
 
@@ -261,21 +292,23 @@ async fn via_qcow2(
     progress: &Progress,
 ) -> Result<(String, u64, String)> {
     let scratch = Scratch::new(&spec.scratch_dir, name)?;
+    let started = std::time::Instant::now();
     let source_sha = {
         let mut download =
             Download::open(session, &spec.source.datacenter, &flat.extent, 0).await?;
         let mut file = tokio::fs::File::create(&scratch.raw)
             .await
             .map_err(|e| io(&scratch.raw, e))?;
-        let mut hash = Sha256::new();
+        let hasher = Hasher::start();
         while let Some(chunk) = download.next_chunk().await? {
-            hash.update(&chunk);
+            hasher.update(chunk.clone());
             file.write_all(&chunk)
                 .await
                 .map_err(|e| io(&scratch.raw, e))?;
             progress.bytes(index, download.offset(), flat.size);
         }
         file.flush().await.map_err(|e| io(&scratch.raw, e))?;
+        let sha = hasher.finish();
         if download.offset() != flat.size {
             return Err(Error::ShortRead {
                 index,
@@ -283,18 +316,20 @@ async fn via_qcow2(
                 expected: flat.size,
             });
         }
-        crate::hex(&hash.finalize())
+        sha
     };
+    let downloaded = started.elapsed();
     qemu_img_convert(&scratch.raw, &scratch.qcow2).await?;
     tokio::fs::remove_file(&scratch.raw)
         .await
         .map_err(|e| io(&scratch.raw, e))?;
+    let converted = started.elapsed();
 
     let mut upload = staging.writer(name).await?;
     let mut file = tokio::fs::File::open(&scratch.qcow2)
         .await
         .map_err(|e| io(&scratch.qcow2, e))?;
-    let (mut hash, mut bytes) = (Sha256::new(), 0u64);
+    let (hasher, mut bytes) = (Hasher::start(), 0u64);
     loop {
         let mut buf = vec![0u8; 4 << 20];
         let n = file
@@ -305,16 +340,24 @@ async fn via_qcow2(
             break;
         }
         buf.truncate(n);
-        hash.update(&buf);
         bytes += n as u64;
+        let chunk = Bytes::from(buf);
+        hasher.update(chunk.clone());
         upload
             .wait_for_capacity(UPLOAD_CONCURRENCY)
             .await
             .map_err(|e| staging.error(e))?;
-        upload.put(Bytes::from(buf));
+        upload.put(chunk);
     }
     upload.finish().await.map_err(|e| staging.error(e))?;
-    Ok((crate::hex(&hash.finalize()), bytes, source_sha))
+    tracing::info!(
+        disk = index,
+        download_s = downloaded.as_secs_f64(),
+        convert_s = (converted - downloaded).as_secs_f64(),
+        upload_s = (started.elapsed() - converted).as_secs_f64(),
+        "qcow2 stages (sequential: qemu-img needs a whole, seekable source, and a qcow2 is final only when closed)"
+    );
+    Ok((hasher.finish(), bytes, source_sha))
 }
 
 async fn qemu_img_convert(raw: &Path, qcow2: &Path) -> Result<()> {

@@ -98,3 +98,32 @@ pub fn read_secret(dir: &Path, key: &str) -> Result<String> {
             ))
         })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_spec_without_disks_or_with_bad_json_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("spec.json");
+        std::fs::write(&path, "{not json").unwrap();
+        assert!(matches!(ConvertSpec::load(&path), Err(Error::Spec(_))));
+        let empty = serde_json::json!({
+            "source": {"url": "https://vc/sdk", "credentialsDir": "/creds", "insecure": true, "datacenter": "DC0", "vmUuid": "u"},
+            "disks": [], "format": "raw", "staging": {"url": "file:///tmp/s"}
+        });
+        std::fs::write(&path, empty.to_string()).unwrap();
+        let e = ConvertSpec::load(&path).unwrap_err();
+        assert!(e.to_string().contains("no disk"), "{e}");
+        assert_eq!(e.class(), ferry_api::ErrorClass::Permanent);
+    }
+
+    #[test]
+    fn secrets_are_read_without_their_trailing_newline() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("password"), "s3cret\n").unwrap();
+        assert_eq!(read_secret(dir.path(), "password").unwrap(), "s3cret");
+        assert!(read_secret(dir.path(), "user").is_err());
+    }
+}

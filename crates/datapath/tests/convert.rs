@@ -6,9 +6,9 @@ use ferry_api::{DiskFormat, ErrorClass};
 use ferry_datapath::progress::Progress;
 use ferry_datapath::spec::{DiskSpec, SourceSpec, StagingSpec};
 use ferry_datapath::{ConvertSpec, convert_all};
-use ferry_testkit::{TestMinio, TestVcsim};
 use ferry_testkit::disks::{FlatVmdk, make_flat_vmdk, qemu_img, sha256_file, write_pattern};
 use ferry_testkit::proxy::CuttingProxy;
+use ferry_testkit::{TestMinio, TestVcsim};
 use ferry_vsphere::inventory::{self, VmSelector};
 use ferry_vsphere::{ConnectConfig, Session, TlsMode, seed};
 
@@ -238,14 +238,27 @@ async fn staging_to_a_real_s3_server_in_both_formats() {
         };
         let result = &convert_all(&spec, &quiet).await.unwrap()[0];
         assert_eq!(result.source_sha256, f.disk.sha256);
-        assert!(result.url.starts_with("s3://ferry-staging/migrations/legacy-1/disk-0."), "{}", result.url);
+        assert!(
+            result
+                .url
+                .starts_with("s3://ferry-staging/migrations/legacy-1/disk-0."),
+            "{}",
+            result.url
+        );
 
         // Read back through S3: the object and its manifest agree.
         let store = ferry_datapath::staging::Staging::open(&spec.staging).unwrap();
         let name = ferry_datapath::convert::object_name(&spec.disks[0], format);
         let (sha, bytes) = store.read_sha256(&name).await.unwrap();
-        assert_eq!((sha.as_str(), bytes), (result.object_sha256.as_str(), result.object_bytes));
-        let manifest = store.manifest(&name).await.unwrap().expect("a manifest beside the object");
+        assert_eq!(
+            (sha.as_str(), bytes),
+            (result.object_sha256.as_str(), result.object_bytes)
+        );
+        let manifest = store
+            .manifest(&name)
+            .await
+            .unwrap()
+            .expect("a manifest beside the object");
         assert_eq!(manifest.source_sha256, f.disk.sha256);
 
         let again = &convert_all(&spec, &quiet).await.unwrap()[0];

@@ -1,7 +1,9 @@
 //! Ferry's lab: the real Kubernetes control plane (etcd, kube-apiserver, kube-controller-manager) and vcsim,
 //! started as supervised local processes. Later the stand-ins for what a cluster provides join it.
 
+pub mod bench;
 pub mod components;
+pub mod disks;
 pub mod lab;
 pub mod minio;
 pub mod pki;

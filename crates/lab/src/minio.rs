@@ -44,16 +44,27 @@ impl StandaloneMinio {
                 "--quiet".into(),
             ],
             // MinIO takes its root credentials from the environment only; this is a test server.
-            env: vec![("MINIO_ROOT_USER".into(), ACCESS_KEY.into()), ("MINIO_ROOT_PASSWORD".into(), secret)],
+            env: vec![
+                ("MINIO_ROOT_USER".into(), ACCESS_KEY.into()),
+                ("MINIO_ROOT_PASSWORD".into(), secret),
+            ],
         };
         let log = dir.join("minio.log");
         let record = process::start(&spec, &log, lifetime)?;
-        let probe = Probe::HttpOk { port, path: "/minio/health/live".into() };
+        let probe = Probe::HttpOk {
+            port,
+            path: "/minio/health/live".into(),
+        };
         if let Err(e) = crate::probe::wait_ready(&probe, &record, dir).await {
             let _ = process::stop(&record, Duration::from_secs(5));
             return Err(e);
         }
-        Ok(Self { process: record, endpoint: format!("http://127.0.0.1:{port}"), credentials_dir, dir: dir.to_path_buf() })
+        Ok(Self {
+            process: record,
+            endpoint: format!("http://127.0.0.1:{port}"),
+            credentials_dir,
+            dir: dir.to_path_buf(),
+        })
     }
 
     pub fn dir(&self) -> &Path {

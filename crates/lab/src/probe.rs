@@ -77,8 +77,12 @@ async fn check(probe: &Probe, process: &ProcessRecord) -> Result<Option<Ready>> 
         }
         Probe::HttpOk { port, path } => {
             let (port, path) = (*port, path.clone());
-            let response = tokio::task::spawn_blocking(move || http_get_loopback(port, &path)).await??;
-            let ok = response.lines().next().is_some_and(|status| status.split_whitespace().nth(1) == Some("200"));
+            let response =
+                tokio::task::spawn_blocking(move || http_get_loopback(port, &path)).await??;
+            let ok = response
+                .lines()
+                .next()
+                .is_some_and(|status| status.split_whitespace().nth(1) == Some("200"));
             Ok(ok.then(|| Ready {
                 url: Some(format!("http://127.0.0.1:{port}")),
             }))

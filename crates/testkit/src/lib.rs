@@ -199,7 +199,9 @@ impl TestMinio {
     pub async fn start() -> Result<Self> {
         let dir = fresh_dir()?;
         let tools = ferry_lab::tools::bin_dir()?;
-        match ferry_lab::minio::StandaloneMinio::start(&dir, &tools, Lifetime::TiedToThisProcess).await {
+        match ferry_lab::minio::StandaloneMinio::start(&dir, &tools, Lifetime::TiedToThisProcess)
+            .await
+        {
             Ok(inner) => Ok(Self { inner }),
             Err(e) => {
                 exit::teardown(&dir);
@@ -289,7 +291,11 @@ fn fresh_dir() -> Result<PathBuf> {
     let root = tests_root();
     std::fs::create_dir_all(&root)?;
     sweep_abandoned(&root);
-    let dir = root.join(format!("{}-{}", std::process::id(), NEXT_ID.fetch_add(1, Ordering::Relaxed)));
+    let dir = root.join(format!(
+        "{}-{}",
+        std::process::id(),
+        NEXT_ID.fetch_add(1, Ordering::Relaxed)
+    ));
     std::fs::create_dir_all(&dir)?;
     exit::register(&dir);
     Ok(dir)

@@ -1,0 +1,72 @@
+//! `ferry bench ...`: benchmarks that print ratios against baselines measured in the same run.
+
+use anyhow::{Result, bail};
+use clap::{Args, Subcommand, ValueEnum};
+use ferry_api::DiskFormat;
+
+#[derive(Args)]
+pub struct BenchArgs {
+    #[command(subcommand)]
+    command: BenchCommand,
+}
+
+#[derive(Subcommand)]
+enum BenchCommand {
+    /// The disk path: datastore download, conversion and staging upload, each alone, then Ferry end to end.
+    Datapath {
+        /// Disk size, for example 1GiB or 512MiB.
+        #[arg(long, default_value = "1GiB", value_parser = parse_size)]
+        size: u64,
+        #[arg(long, value_enum, default_value = "raw")]
+        format: Format,
+    },
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum Format {
+    Raw,
+    Qcow2,
+}
+
+fn parse_size(text: &str) -> Result<u64, String> {
+    let (number, unit) = text.trim().split_at(
+        text.trim()
+            .find(|c: char| !c.is_ascii_digit())
+            .unwrap_or(text.len()),
+    );
+    let n: u64 = number
+        .parse()
+        .map_err(|_| format!("{text:?} is not a size like 1GiB or 512MiB"))?;
+    let scale = match unit {
+        "GiB" | "G" => 1 << 30,
+        "MiB" | "M" => 1 << 20,
+        _ => return Err(format!("{text:?}: use MiB or GiB")),
+    };
+    Ok(n * scale)
+}
+
+pub async fn run(args: BenchArgs) -> Result<()> {
+    match args.command {
+        BenchCommand::Datapath { size, format } => {
+            if cfg!(debug_assertions) {
+                eprintln!(
+                    "note: a debug build; measure with `cargo run --release --bin ferry -- bench ...`"
+                );
+            }
+            if size < (1 << 20) {
+                bail!("the disk must be at least 1 MiB");
+            }
+            let format = match format {
+                Format::Raw => DiskFormat::Raw,
+                Format::Qcow2 => DiskFormat::Qcow2,
+            };
+            let tools = ferry_lab::tools::bin_dir()?;
+            let work = std::env::temp_dir().join(format!("ferry-bench-{}", std::process::id()));
+            std::fs::create_dir_all(&work)?;
+            let report = ferry_lab::bench::datapath(&work, &tools, size, format).await;
+            let _ = std::fs::remove_dir_all(&work);
+            report?.print();
+            Ok(())
+        }
+    }
+}
