@@ -26,12 +26,8 @@ const UPLOAD_CONCURRENCY: usize = 4;
 #[serde(rename_all = "camelCase")]
 pub struct DiskResult {
     pub index: u32,
-    pub url: String,
-    pub format: String,
-    pub object_sha256: String,
-    pub object_bytes: u64,
-    pub source_sha256: String,
-    pub source_bytes: u64,
+    #[serde(flatten)]
+    pub staged: StagedObject,
     /// Bytes read from the source in this run: 0 when an identical staged object was found.
     pub bytes_read: u64,
     pub skipped: bool,
@@ -160,12 +156,7 @@ async fn convert_disk(
 fn result(disk: &DiskSpec, staged: StagedObject, bytes_read: u64, skipped: bool) -> DiskResult {
     DiskResult {
         index: disk.index,
-        url: staged.url,
-        format: staged.format,
-        object_sha256: staged.object_sha256,
-        object_bytes: staged.object_bytes,
-        source_sha256: staged.source_sha256,
-        source_bytes: staged.source_bytes,
+        staged,
         bytes_read,
         skipped,
     }
@@ -220,12 +211,7 @@ async fn stream_raw(
     let hasher = Hasher::start();
     let outcome: Result<()> = async {
         while let Some(chunk) = download.next_chunk().await? {
-            hasher.update(chunk.clone());
-            upload
-                .wait_for_capacity(UPLOAD_CONCURRENCY)
-                .await
-                .map_err(|e| staging.error(e))?;
-            upload.put(chunk);
+            send(staging, &mut upload, &hasher, chunk).await?;
             progress.bytes(index, download.offset(), flat.size);
         }
         if download.offset() != flat.size {
@@ -325,31 +311,7 @@ async fn via_qcow2(
         .map_err(|e| io(&scratch.raw, e))?;
     let converted = started.elapsed();
 
-    let mut upload = staging.writer(name).await?;
-    let mut file = tokio::fs::File::open(&scratch.qcow2)
-        .await
-        .map_err(|e| io(&scratch.qcow2, e))?;
-    let (hasher, mut bytes) = (Hasher::start(), 0u64);
-    loop {
-        let mut buf = vec![0u8; 4 << 20];
-        let n = file
-            .read(&mut buf)
-            .await
-            .map_err(|e| io(&scratch.qcow2, e))?;
-        if n == 0 {
-            break;
-        }
-        buf.truncate(n);
-        bytes += n as u64;
-        let chunk = Bytes::from(buf);
-        hasher.update(chunk.clone());
-        upload
-            .wait_for_capacity(UPLOAD_CONCURRENCY)
-            .await
-            .map_err(|e| staging.error(e))?;
-        upload.put(chunk);
-    }
-    upload.finish().await.map_err(|e| staging.error(e))?;
+    let (object_sha, bytes) = upload_file(staging, name, &scratch.qcow2).await?;
     tracing::info!(
         disk = index,
         download_s = downloaded.as_secs_f64(),
@@ -357,7 +319,42 @@ async fn via_qcow2(
         upload_s = (started.elapsed() - converted).as_secs_f64(),
         "qcow2 stages (sequential: qemu-img needs a whole, seekable source, and a qcow2 is final only when closed)"
     );
-    Ok((hasher.finish(), bytes, source_sha))
+    Ok((object_sha, bytes, source_sha))
+}
+
+/// Uploads a local file to `name`, hashing it on the way; returns (sha256, bytes).
+pub async fn upload_file(staging: &Staging, name: &str, path: &Path) -> Result<(String, u64)> {
+    let mut upload = staging.writer(name).await?;
+    let mut file = tokio::fs::File::open(path).await.map_err(|e| io(path, e))?;
+    let (hasher, mut bytes) = (Hasher::start(), 0u64);
+    loop {
+        let mut buf = vec![0u8; 4 << 20];
+        let n = file.read(&mut buf).await.map_err(|e| io(path, e))?;
+        if n == 0 {
+            break;
+        }
+        buf.truncate(n);
+        bytes += n as u64;
+        send(staging, &mut upload, &hasher, Bytes::from(buf)).await?;
+    }
+    upload.finish().await.map_err(|e| staging.error(e))?;
+    Ok((hasher.finish(), bytes))
+}
+
+/// Hands a chunk to the hasher and the upload, waiting while too many parts are in flight.
+async fn send(
+    staging: &Staging,
+    upload: &mut object_store::WriteMultipart,
+    hasher: &Hasher,
+    chunk: Bytes,
+) -> Result<()> {
+    hasher.update(chunk.clone());
+    upload
+        .wait_for_capacity(UPLOAD_CONCURRENCY)
+        .await
+        .map_err(|e| staging.error(e))?;
+    upload.put(chunk);
+    Ok(())
 }
 
 async fn qemu_img_convert(raw: &Path, qcow2: &Path) -> Result<()> {

@@ -105,7 +105,10 @@ async fn raw_and_qcow2_carry_the_source_bytes_and_a_rerun_reads_nothing() {
         .await
         .unwrap()[0];
     assert_eq!(
-        (raw.source_sha256.as_str(), raw.object_sha256.as_str()),
+        (
+            raw.staged.source_sha256.as_str(),
+            raw.staged.object_sha256.as_str()
+        ),
         (f.disk.sha256.as_str(), f.disk.sha256.as_str())
     );
     assert_eq!((raw.bytes_read, raw.skipped), (DISK_BYTES, false));
@@ -122,18 +125,18 @@ async fn raw_and_qcow2_carry_the_source_bytes_and_a_rerun_reads_nothing() {
         (0, true),
         "a rerun must skip the staged disk"
     );
-    assert_eq!(again.object_sha256, f.disk.sha256);
+    assert_eq!(again.staged.object_sha256, f.disk.sha256);
 
     let qcow2 = &convert_all(&f.spec(DiskFormat::Qcow2, None), &quiet)
         .await
         .unwrap()[0];
-    assert_eq!(qcow2.source_sha256, f.disk.sha256);
+    assert_eq!(qcow2.staged.source_sha256, f.disk.sha256);
     assert_eq!(
         qcow2.bytes_read, DISK_BYTES,
         "bytes read / disk size must be 1"
     );
     let staged_qcow2 = staged(&f.staging_dir(), "disk-0.qcow2");
-    assert_eq!(sha256_file(&staged_qcow2), qcow2.object_sha256);
+    assert_eq!(sha256_file(&staged_qcow2), qcow2.staged.object_sha256);
     let back = f.work.path().join("back.raw");
     qemu_img(
         &["convert", "-f", "qcow2", "-O", "raw"],
@@ -197,7 +200,7 @@ async fn a_connection_cut_halfway_still_ends_byte_exact() {
     .await
     .unwrap()[0];
     assert!(proxy.has_cut(), "the proxy never cut the connection");
-    assert_eq!(result.object_sha256, f.disk.sha256);
+    assert_eq!(result.staged.object_sha256, f.disk.sha256);
     assert_eq!(
         sha256_file(&staged(&f.staging_dir(), "disk-0.raw")),
         f.disk.sha256
@@ -237,13 +240,14 @@ async fn staging_to_a_real_s3_server_in_both_formats() {
             region: None,
         };
         let result = &convert_all(&spec, &quiet).await.unwrap()[0];
-        assert_eq!(result.source_sha256, f.disk.sha256);
+        assert_eq!(result.staged.source_sha256, f.disk.sha256);
         assert!(
             result
+                .staged
                 .url
                 .starts_with("s3://ferry-staging/migrations/legacy-1/disk-0."),
             "{}",
-            result.url
+            result.staged.url
         );
 
         // Read back through S3: the object and its manifest agree.
@@ -252,7 +256,10 @@ async fn staging_to_a_real_s3_server_in_both_formats() {
         let (sha, bytes) = store.read_sha256(&name).await.unwrap();
         assert_eq!(
             (sha.as_str(), bytes),
-            (result.object_sha256.as_str(), result.object_bytes)
+            (
+                result.staged.object_sha256.as_str(),
+                result.staged.object_bytes
+            )
         );
         let manifest = store
             .manifest(&name)

@@ -188,7 +188,7 @@ async fn run(
         let results = ferry_datapath::convert_all(&spec, &Progress::new(true)).await?;
         let disk0 = &results[0];
         anyhow::ensure!(
-            disk0.source_sha256 == disk.sha256,
+            disk0.staged.source_sha256 == disk.sha256,
             "the staged disk does not match the source"
         );
         bytes_read = disk0.bytes_read;
@@ -221,21 +221,8 @@ async fn timed(
 }
 
 async fn upload_file(spec: &StagingSpec, path: &Path) -> Result<()> {
-    use tokio::io::AsyncReadExt;
     let staging = Staging::open(spec)?;
-    let mut writer = staging.writer("baseline-upload").await?;
-    let mut file = tokio::fs::File::open(path).await?;
-    loop {
-        let mut buf = vec![0u8; 4 << 20];
-        let n = file.read(&mut buf).await?;
-        if n == 0 {
-            break;
-        }
-        buf.truncate(n);
-        writer.wait_for_capacity(4).await?;
-        writer.put(bytes::Bytes::from(buf));
-    }
-    writer.finish().await?;
+    ferry_datapath::convert::upload_file(&staging, "baseline-upload", path).await?;
     staging.delete("baseline-upload").await?;
     Ok(())
 }
