@@ -21,6 +21,15 @@ enum LabCommand {
     Down(DirArg),
     /// Say whether the lab runs, and where.
     Status(DirArg),
+    /// Write a raw demo disk: a boot sector that prints MARKER on COM1, then pseudo-random data.
+    MakeDisk {
+        /// Size in MiB (a whole number), for example 64MiB.
+        #[arg(long, default_value = "64MiB")]
+        size: String,
+        #[arg(long)]
+        marker: String,
+        out: PathBuf,
+    },
 }
 
 #[derive(Args)]
@@ -64,6 +73,14 @@ pub async fn run(args: LabArgs) -> Result<()> {
                     report.ports
                 );
             }
+            Ok(())
+        }
+        LabCommand::MakeDisk { size, marker, out } => {
+            let mib: u64 = size.trim_end_matches("MiB").parse().map_err(|_| {
+                anyhow::anyhow!("--size {size:?}: give a whole number of MiB, like 64MiB")
+            })?;
+            let sha = ferry_lab::bootdisk::make_boot_disk(&out, mib << 20, &marker)?;
+            println!("{}  {} ({mib} MiB, marker {marker:?})", sha, out.display());
             Ok(())
         }
         LabCommand::Status(DirArg { dir }) => {

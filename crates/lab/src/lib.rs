@@ -2,6 +2,7 @@
 //! started as supervised local processes. Later the stand-ins for what a cluster provides join it.
 
 pub mod bench;
+pub mod bootdisk;
 pub mod components;
 pub mod disks;
 pub mod lab;
