@@ -78,7 +78,7 @@ pub fn boot_sector(marker: &str) -> Result<[u8; 512]> {
 /// Writes a raw disk of `size` bytes: the boot sector, then pseudo-random data seeded by the marker.
 /// Returns the sha256 of the whole disk.
 pub fn make_boot_disk(path: &Path, size: u64, marker: &str) -> Result<String> {
-    if size < (1 << 20) || size % (1 << 20) != 0 {
+    if size < (1 << 20) || !size.is_multiple_of(1 << 20) {
         bail!("the disk size must be a whole number of MiB, at least 1 MiB");
     }
     let seed = marker
