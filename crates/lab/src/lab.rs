@@ -158,6 +158,7 @@ async fn start_all(state: &mut LabState, lifetime: Lifetime) -> Result<()> {
     let etcd = start_component(state, lifetime, |ports| ctx.etcd(ports)).await?;
     let api = start_component(state, lifetime, |ports| ctx.kube_apiserver(ports, &etcd)).await?;
     state.api_url = api.url.clone().unwrap_or_default();
+    crate::crds::install(&probe::client_for(&state.kubeconfig, None).await?).await?;
     start_component(state, lifetime, |ports| ctx.kube_controller_manager(ports)).await?;
     let vcsim = start_component(state, lifetime, |_| Ok(ctx.vcsim())).await?;
     let endpoint = crate::vcsim::endpoint(&dir, vcsim.url)?;

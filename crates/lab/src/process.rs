@@ -47,8 +47,9 @@ impl ProcessRecord {
         if is_zombie(self.pid) {
             return false;
         }
+        // Right after exec the kernel can show an empty command line for a moment: still ours.
         let marker = marker.to_string_lossy();
-        String::from_utf8_lossy(&cmdline).contains(marker.as_ref())
+        cmdline.is_empty() || String::from_utf8_lossy(&cmdline).contains(marker.as_ref())
     }
 }
 

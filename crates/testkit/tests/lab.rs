@@ -151,3 +151,43 @@ fn a_failing_test_leaves_no_lab_behind() {
         );
     }
 }
+
+#[tokio::test]
+async fn kubevirt_and_cdi_resources_are_served_with_their_real_schemas() {
+    use kube::api::{DynamicObject, Patch, PatchParams};
+    use kube::core::{ApiResource, GroupVersionKind};
+    let lab = TestLab::shared().await;
+    let ns = lab.namespace("schemas").await;
+    let client = lab.client().await;
+    let vm_resource = ApiResource::from_gvk(&GroupVersionKind::gvk(
+        "kubevirt.io",
+        "v1",
+        "VirtualMachine",
+    ));
+    let vms: Api<DynamicObject> = Api::namespaced_with(client.clone(), ns.name(), &vm_resource);
+    let vm = |spec: serde_json::Value| serde_json::json!({"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine", "metadata": {"name": "t"}, "spec": spec});
+    let strict = PatchParams::apply("lab-test").validation_strict();
+    let good = vm(
+        serde_json::json!({"runStrategy": "Halted", "template": {"spec": {"domain": {"devices": {}}}}}),
+    );
+    vms.patch("t", &strict, &Patch::Apply(&good)).await.unwrap();
+    // A typo that a real cluster rejects (or silently prunes) is rejected here too.
+    let typo = vm(
+        serde_json::json!({"runstrategy": "Always", "template": {"spec": {"domain": {"devices": {}}}}}),
+    );
+    let e = vms
+        .patch("t", &strict, &Patch::Apply(&typo))
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("runstrategy"), "{e}");
+
+    let dv_resource = ApiResource::from_gvk(&GroupVersionKind::gvk(
+        "cdi.kubevirt.io",
+        "v1beta1",
+        "DataVolume",
+    ));
+    let dvs: Api<DynamicObject> = Api::namespaced_with(client, ns.name(), &dv_resource);
+    let dv = serde_json::json!({"apiVersion": "cdi.kubevirt.io/v1beta1", "kind": "DataVolume", "metadata": {"name": "d"},
+        "spec": {"source": {"http": {"url": "http://127.0.0.1/disk.img"}}, "storage": {"resources": {"requests": {"storage": "1Gi"}}}}});
+    dvs.patch("d", &strict, &Patch::Apply(&dv)).await.unwrap();
+}

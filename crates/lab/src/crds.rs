@@ -1,0 +1,66 @@
+//! CRDs the lab serves from its start: Ferry's own, and the real KubeVirt and CDI schemas of the resources the
+//! stand-ins implement. They go in before kube-controller-manager starts, whose garbage collector would
+//! otherwise learn about them only at its next discovery resync (up to 30 s).
+
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Patch, PatchParams};
+use kube::runtime::wait::{await_condition, conditions};
+use kube::{Api, Client};
+
+const MANAGER: &str = "ferry-lab";
+
+/// KubeVirt VirtualMachine/VirtualMachineInstance and CDI DataVolume, from `hack/gen_test_crds.py`.
+const STAND_IN_CRDS: [(&str, &str); 3] = [
+    (
+        "kubevirt-vm.yaml",
+        include_str!("../../../deploy/test-crds/kubevirt-vm.yaml"),
+    ),
+    (
+        "kubevirt-vmi.yaml",
+        include_str!("../../../deploy/test-crds/kubevirt-vmi.yaml"),
+    ),
+    (
+        "cdi-datavolume.yaml",
+        include_str!("../../../deploy/test-crds/cdi-datavolume.yaml"),
+    ),
+];
+
+pub fn all() -> Result<Vec<CustomResourceDefinition>> {
+    let mut crds = ferry_api::crds::all();
+    for (file, yaml) in STAND_IN_CRDS {
+        crds.push(
+            serde_saphyr::from_str(yaml)
+                .with_context(|| format!("parsing deploy/test-crds/{file}"))?,
+        );
+    }
+    Ok(crds)
+}
+
+/// Applies every CRD (server-side, idempotent) and waits until each is established.
+pub async fn install(client: &Client) -> Result<()> {
+    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let crds = all()?;
+    for crd in &crds {
+        let name = crd.metadata.name.clone().unwrap_or_default();
+        api.patch(
+            &name,
+            &PatchParams::apply(MANAGER).force(),
+            &Patch::Apply(crd),
+        )
+        .await
+        .with_context(|| format!("installing CRD {name}"))?;
+    }
+    for crd in &crds {
+        let name = crd.metadata.name.clone().unwrap_or_default();
+        tokio::time::timeout(
+            Duration::from_secs(60),
+            await_condition(api.clone(), &name, conditions::is_crd_established()),
+        )
+        .await
+        .with_context(|| format!("CRD {name} not established within 60 s"))??;
+    }
+    Ok(())
+}
