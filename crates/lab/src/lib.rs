@@ -11,6 +11,7 @@ pub mod minio;
 pub mod pki;
 pub mod probe;
 pub mod process;
+pub mod standins;
 pub mod tools;
 pub mod vcsim;
 
