@@ -1,0 +1,373 @@
+//! The CDI stand-in: each DataVolume gets a PVC and a hostPath PV that the real binder binds, then its `http` or
+//! `s3` source is really downloaded, converted to a raw `disk.img` as CDI's importer does, and reported through
+//! the phases and `progress` CDI uses. The annotation `lab.ferry.dev/fault: fail|stall` injects failures.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Secret};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{DynamicObject, Patch, PatchParams, PostParams};
+use kube::core::{ApiResource, GroupVersionKind};
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::watcher;
+use kube::{Api, Client, Resource, ResourceExt};
+use serde_json::{Value, json};
+
+pub const FAULT_ANNOTATION: &str = "lab.ferry.dev/fault";
+pub const STORAGE_CLASS: &str = "lab-hostpath";
+const MANAGER: &str = "cdi-standin";
+
+pub fn dv_resource() -> ApiResource {
+    ApiResource::from_gvk(&GroupVersionKind::gvk(
+        "cdi.kubevirt.io",
+        "v1beta1",
+        "DataVolume",
+    ))
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error(transparent)]
+    Kube(#[from] kube::Error),
+    #[error("{0}")]
+    Volume(String),
+}
+
+struct Context {
+    client: Client,
+    volumes: PathBuf,
+    /// Imports in flight, by DataVolume uid.
+    imports: Mutex<HashMap<String, tokio::task::JoinHandle<()>>>,
+}
+
+pub async fn run(
+    client: Client,
+    namespace: Option<&str>,
+    state_dir: &Path,
+    shutdown: impl Future<Output = ()> + Send + Sync + 'static,
+) -> anyhow::Result<()> {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let volumes = state_dir.join("volumes");
+    std::fs::create_dir_all(&volumes)?;
+    let ctx = Arc::new(Context {
+        client: client.clone(),
+        volumes: volumes.canonicalize()?,
+        imports: Mutex::default(),
+    });
+    let dvs = match namespace {
+        Some(ns) => Api::<DynamicObject>::namespaced_with(client.clone(), ns, &dv_resource()),
+        None => Api::<DynamicObject>::all_with(client.clone(), &dv_resource()),
+    };
+    let claims = match namespace {
+        Some(ns) => Api::<PersistentVolumeClaim>::namespaced(client.clone(), ns),
+        None => Api::<PersistentVolumeClaim>::all(client.clone()),
+    };
+    Controller::new_with(dvs, watcher::Config::default(), dv_resource())
+        .owns(claims, watcher::Config::default())
+        .graceful_shutdown_on(shutdown)
+        .run(reconcile, error_policy, ctx.clone())
+        .for_each(|_| async {})
+        .await;
+    for (_, task) in ctx
+        .imports
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .drain()
+    {
+        task.abort();
+    }
+    Ok(())
+}
+
+fn error_policy(_dv: Arc<DynamicObject>, error: &Error, _ctx: Arc<Context>) -> Action {
+    tracing::warn!("cdi stand-in: {error}");
+    Action::requeue(Duration::from_secs(2))
+}
+
+async fn reconcile(dv: Arc<DynamicObject>, ctx: Arc<Context>) -> Result<Action, Error> {
+    if dv.metadata.deletion_timestamp.is_some() {
+        return Ok(Action::await_change());
+    }
+    let ns = dv.namespace().unwrap_or_default();
+    let name = dv.name_any();
+    let uid = dv.uid().unwrap_or_default();
+    let phase = dv.data["status"]["phase"].as_str().unwrap_or("");
+    if matches!(phase, "Succeeded" | "Failed") {
+        return Ok(Action::await_change());
+    }
+    if dv.annotations().get(FAULT_ANNOTATION).map(String::as_str) == Some("fail") {
+        set_status(
+            &ctx.client,
+            &dv,
+            "Failed",
+            "N/A",
+            false,
+            "LabFaultInjected",
+            "the lab's fault switch failed this import",
+        )
+        .await?;
+        return Ok(Action::await_change());
+    }
+    let dir = ctx
+        .volumes
+        .join(&ns)
+        .join(format!("{name}-{}", &uid[..uid.len().min(8)]));
+    let bound = ensure_volume(&ctx.client, &dv, &dir).await?;
+    if !bound {
+        set_status(
+            &ctx.client,
+            &dv,
+            "Pending",
+            "N/A",
+            false,
+            "PVCPending",
+            "waiting for the PVC to bind",
+        )
+        .await?;
+        return Ok(Action::requeue(Duration::from_secs(1)));
+    }
+    let mut imports = ctx.imports.lock().unwrap_or_else(|p| p.into_inner());
+    let running = imports.get(&uid).is_some_and(|t| !t.is_finished());
+    if !running {
+        let (client, dv, dir) = (ctx.client.clone(), (*dv).clone(), dir.clone());
+        imports.insert(
+            uid,
+            tokio::spawn(async move { import(client, dv, dir).await }),
+        );
+    }
+    Ok(Action::requeue(Duration::from_secs(10)))
+}
+
+/// The PVC `<dv>` (owned by the DataVolume) and a hostPath PV pre-bound to it. True once the PVC is bound.
+async fn ensure_volume(client: &Client, dv: &DynamicObject, dir: &Path) -> Result<bool, Error> {
+    let ns = dv.namespace().unwrap_or_default();
+    let name = dv.name_any();
+    std::fs::create_dir_all(dir).map_err(|e| Error::Volume(format!("{}: {e}", dir.display())))?;
+    let storage = &dv.data["spec"]["storage"];
+    let size = storage["resources"]["requests"]["storage"]
+        .as_str()
+        .or(dv.data["spec"]["pvc"]["resources"]["requests"]["storage"].as_str())
+        .unwrap_or("1Gi")
+        .to_string();
+    let volume_mode = storage["volumeMode"].as_str().unwrap_or("Filesystem");
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), &ns);
+    let pv_name = format!(
+        "lab-{}-{}",
+        ns,
+        dir.file_name().unwrap_or_default().to_string_lossy()
+    );
+    let owner = dv
+        .controller_owner_ref(&dv_resource())
+        .expect("a stored DataVolume has a uid");
+    let claim: PersistentVolumeClaim = serde_json::from_value(json!({
+        "metadata": {"name": name, "namespace": ns, "ownerReferences": [owner], "labels": dv.labels()},
+        "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": STORAGE_CLASS, "volumeMode": volume_mode,
+                 "volumeName": pv_name, "resources": {"requests": {"storage": size}}},
+    }))
+    .map_err(|e| Error::Volume(e.to_string()))?;
+    let existing = claims.get_opt(&name).await?;
+    if existing.is_none() {
+        claims.create(&PostParams::default(), &claim).await?;
+    }
+    let pvs: Api<PersistentVolume> = Api::all(client.clone());
+    if pvs.get_opt(&pv_name).await?.is_none() {
+        let pv: PersistentVolume = serde_json::from_value(json!({
+            "metadata": {"name": pv_name, "labels": {"lab.ferry.dev/datavolume-uid": dv.uid()}},
+            "spec": {"capacity": {"storage": size}, "accessModes": ["ReadWriteOnce"], "storageClassName": STORAGE_CLASS,
+                     "volumeMode": volume_mode, "persistentVolumeReclaimPolicy": "Delete",
+                     "hostPath": {"path": dir.display().to_string()},
+                     "claimRef": {"namespace": ns, "name": name}},
+        }))
+        .map_err(|e| Error::Volume(e.to_string()))?;
+        pvs.create(&PostParams::default(), &pv).await?;
+    }
+    Ok(existing
+        .and_then(|c| c.status)
+        .and_then(|s| s.phase)
+        .as_deref()
+        == Some("Bound"))
+}
+
+async fn set_status(
+    client: &Client,
+    dv: &DynamicObject,
+    phase: &str,
+    progress: &str,
+    ready: bool,
+    reason: &str,
+    message: &str,
+) -> Result<(), Error> {
+    let restarts = dv.data["status"]["restartCount"].as_i64().unwrap_or(0);
+    let status = json!({
+        "phase": phase,
+        "progress": progress,
+        "restartCount": restarts,
+        "claimName": dv.name_any(),
+        "conditions": [
+            {"type": "Bound", "status": if phase == "Pending" { "False" } else { "True" }, "reason": reason, "message": message,
+             "lastTransitionTime": Timestamp::now().to_string(), "lastHeartbeatTime": Timestamp::now().to_string()},
+            {"type": "Ready", "status": if ready { "True" } else { "False" }, "reason": reason, "message": message,
+             "lastTransitionTime": Timestamp::now().to_string(), "lastHeartbeatTime": Timestamp::now().to_string()},
+            {"type": "Running", "status": if phase == "ImportInProgress" { "True" } else { "False" }, "reason": reason,
+             "message": message, "lastTransitionTime": Timestamp::now().to_string(), "lastHeartbeatTime": Timestamp::now().to_string()},
+        ],
+    });
+    let same = dv.data["status"]["phase"] == phase
+        && dv.data["status"]["progress"] == progress
+        && dv.data["status"]["conditions"][1]["reason"] == reason;
+    if same {
+        return Ok(());
+    }
+    let dvs = Api::<DynamicObject>::namespaced_with(
+        client.clone(),
+        &dv.namespace().unwrap_or_default(),
+        &dv_resource(),
+    );
+    let patch =
+        json!({"apiVersion": "cdi.kubevirt.io/v1beta1", "kind": "DataVolume", "status": status});
+    dvs.patch_status(
+        &dv.name_any(),
+        &PatchParams::apply(MANAGER).force(),
+        &Patch::Apply(&patch),
+    )
+    .await?;
+    Ok(())
+}
+
+/// Downloads the source into the volume and converts it to raw `disk.img`, reporting progress.
+async fn import(client: Client, dv: DynamicObject, dir: PathBuf) {
+    let result = import_once(&client, &dv, &dir).await;
+    let outcome = match result {
+        Ok(()) => {
+            set_status(
+                &client,
+                &dv,
+                "Succeeded",
+                "100.0%",
+                true,
+                "Completed",
+                "Import Complete",
+            )
+            .await
+        }
+        Err(e) => {
+            tracing::warn!(dv = %dv.name_any(), "import failed: {e:#}");
+            set_status(
+                &client,
+                &dv,
+                "Failed",
+                "N/A",
+                false,
+                "ImportFailed",
+                &format!("{e:#}"),
+            )
+            .await
+        }
+    };
+    if let Err(e) = outcome {
+        tracing::warn!(dv = %dv.name_any(), "recording the import result: {e}");
+    }
+}
+
+async fn import_once(client: &Client, dv: &DynamicObject, dir: &Path) -> anyhow::Result<()> {
+    let source = &dv.data["spec"]["source"];
+    let partial = dir.join("download.partial");
+    let mut response = request(client, dv, source).await?;
+    let total = response.content_length();
+    let mut file = tokio::fs::File::create(&partial).await?;
+    let (mut done, mut reported) = (0u64, Instant::now());
+    set_status(
+        client,
+        dv,
+        "ImportInProgress",
+        "0.00%",
+        false,
+        "Pending",
+        "Import in progress",
+    )
+    .await?;
+    let stall = dv.annotations().get(FAULT_ANNOTATION).map(String::as_str) == Some("stall");
+    while let Some(chunk) = response.chunk().await? {
+        use tokio::io::AsyncWriteExt;
+        file.write_all(&chunk).await?;
+        done += chunk.len() as u64;
+        if stall {
+            futures::future::pending::<()>().await;
+        }
+        if reported.elapsed() > Duration::from_millis(250)
+            && let Some(total) = total
+        {
+            reported = Instant::now();
+            let percent = format!("{:.2}%", done as f64 * 100.0 / total as f64);
+            let current = Api::<DynamicObject>::namespaced_with(
+                client.clone(),
+                &dv.namespace().unwrap_or_default(),
+                &dv_resource(),
+            )
+            .get(&dv.name_any())
+            .await?;
+            set_status(
+                client,
+                &current,
+                "ImportInProgress",
+                &percent,
+                false,
+                "Pending",
+                "Import in progress",
+            )
+            .await?;
+        }
+    }
+    anyhow::ensure!(
+        total.is_none_or(|t| t == done),
+        "the source ended after {done} of {} bytes",
+        total.unwrap_or(0)
+    );
+    drop(file);
+    // CDI's importer converts whatever it gets (raw, qcow2, ...) to a raw disk.img.
+    let image = dir.join("disk.img");
+    crate::disks::qemu_img(&["convert", "-O", "raw"], &[&partial, &image])?;
+    tokio::fs::remove_file(&partial).await?;
+    Ok(())
+}
+
+/// GETs an `http` source (Basic auth from `secretRef`: accessKeyId/secretKey, CA from `certConfigMap`).
+async fn request(
+    client: &Client,
+    dv: &DynamicObject,
+    source: &Value,
+) -> anyhow::Result<reqwest::Response> {
+    let http = &source["http"];
+    let url = http["url"]
+        .as_str()
+        .ok_or_else(|| anyhow::anyhow!("only the http source is supported by the lab's CDI"))?;
+    let ns = dv.namespace().unwrap_or_default();
+    let mut builder = reqwest::Client::builder();
+    if let Some(cm) = http["certConfigMap"].as_str() {
+        let config = Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(client.clone(), &ns)
+            .get(cm)
+            .await?;
+        for pem in config.data.unwrap_or_default().values() {
+            for cert in reqwest::Certificate::from_pem_bundle(pem.as_bytes())? {
+                builder = builder.add_root_certificate(cert);
+            }
+        }
+    }
+    let mut request = builder.build()?.get(url);
+    if let Some(secret) = http["secretRef"].as_str() {
+        let secret = Api::<Secret>::namespaced(client.clone(), &ns)
+            .get(secret)
+            .await?;
+        let data = secret.data.unwrap_or_default();
+        let value = |k: &str| {
+            data.get(k)
+                .map(|v| String::from_utf8_lossy(&v.0).to_string())
+        };
+        request = request.basic_auth(value("accessKeyId").unwrap_or_default(), value("secretKey"));
+    }
+    Ok(request.send().await?.error_for_status()?)
+}

@@ -1,0 +1,206 @@
+//! The CDI stand-in against the lab's real API server and PV binder: a DataVolume from an http URL of a qcow2
+//! image ends Succeeded with a raw `disk.img` of the right content, reporting progress on the way; the fault
+//! switch fails it.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use ferry_lab::standins::cdi::{self, FAULT_ANNOTATION};
+use ferry_testkit::TestLab;
+use ferry_testkit::disks::{qemu_img, sha256_file, write_pattern};
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
+use kube::api::{DynamicObject, ListParams, Patch, PatchParams};
+use kube::runtime::WatchStreamExt;
+use kube::runtime::watcher;
+use kube::{Api, ResourceExt};
+use serde_json::json;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// Serves one file over plain HTTP at about `bytes_per_sec`, so that progress has time to show.
+async fn serve_slowly(file: PathBuf, bytes_per_sec: u64) -> (u16, tokio::task::JoinHandle<()>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let task = tokio::spawn(async move {
+        while let Ok((mut socket, _)) = listener.accept().await {
+            let file = file.clone();
+            tokio::spawn(async move {
+                let mut request = [0u8; 4096];
+                let _ = socket.read(&mut request).await;
+                let body = tokio::fs::read(&file).await.unwrap();
+                let head = format!(
+                    "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                    body.len()
+                );
+                if socket.write_all(head.as_bytes()).await.is_err() {
+                    return;
+                }
+                for chunk in body.chunks(1 << 20) {
+                    if socket.write_all(chunk).await.is_err() {
+                        return;
+                    }
+                    tokio::time::sleep(Duration::from_millis(
+                        1000 * chunk.len() as u64 / bytes_per_sec,
+                    ))
+                    .await;
+                }
+            });
+        }
+    });
+    (port, task)
+}
+
+fn data_volume(name: &str, url: &str, fault: Option<&str>) -> serde_json::Value {
+    let mut dv = json!({
+        "apiVersion": "cdi.kubevirt.io/v1beta1", "kind": "DataVolume", "metadata": {"name": name},
+        "spec": {"source": {"http": {"url": url}}, "storage": {"resources": {"requests": {"storage": "64Mi"}}}},
+    });
+    if let Some(fault) = fault {
+        dv["metadata"]["annotations"] = json!({FAULT_ANNOTATION: fault});
+    }
+    dv
+}
+
+async fn wait_phase(
+    dvs: &Api<DynamicObject>,
+    name: &str,
+    phase: &str,
+    timeout: Duration,
+) -> DynamicObject {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(dv) = dvs.get_opt(name).await.unwrap()
+            && dv.data["status"]["phase"] == phase
+        {
+            return dv;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "DataVolume {name} not {phase} within {timeout:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+fn image_of(pv: &PersistentVolume) -> PathBuf {
+    Path::new(&pv.spec.as_ref().unwrap().host_path.as_ref().unwrap().path).join("disk.img")
+}
+
+#[tokio::test]
+async fn an_http_qcow2_source_imports_to_a_raw_disk_with_progress_and_the_fault_switch_fails() {
+    let lab = TestLab::shared().await;
+    let ns = lab.namespace("cdi").await;
+    let client = lab.client().await;
+    let work = tempfile::tempdir().unwrap();
+    let raw = work.path().join("source.raw");
+    let sha = write_pattern(&raw, 48 << 20, 3);
+    let qcow2 = work.path().join("source.qcow2");
+    qemu_img(&["convert", "-f", "raw", "-O", "qcow2"], &[&raw, &qcow2]);
+    let (port, server) = serve_slowly(qcow2, 24 << 20).await;
+    let url = format!("http://127.0.0.1:{port}/source.qcow2");
+
+    let state = work.path().join("cdi");
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let (standin_client, ns_name, standin_state) =
+        (client.clone(), ns.name().to_string(), state.clone());
+    let standin = tokio::spawn(async move {
+        cdi::run(standin_client, Some(&ns_name), &standin_state, async {
+            let _ = stopped.await;
+        })
+        .await
+    });
+
+    let dvs = Api::<DynamicObject>::namespaced_with(client.clone(), ns.name(), &cdi::dv_resource());
+    // Record every progress value the DataVolume reports.
+    let watched = dvs.clone();
+    let progress = tokio::spawn(async move {
+        let mut seen = Vec::new();
+        let stream = watcher(watched, watcher::Config::default()).applied_objects();
+        futures::pin_mut!(stream);
+        while let Some(Ok(dv)) = futures::StreamExt::next(&mut stream).await {
+            if let Some(p) = dv.data["status"]["progress"].as_str()
+                && seen.last().map(String::as_str) != Some(p)
+            {
+                seen.push(p.to_string());
+            }
+            if dv.data["status"]["phase"] == "Succeeded" {
+                return seen;
+            }
+        }
+        seen
+    });
+    dvs.patch(
+        "disk-0",
+        &PatchParams::apply("test"),
+        &Patch::Apply(&data_volume("disk-0", &url, None)),
+    )
+    .await
+    .unwrap();
+    let done = wait_phase(&dvs, "disk-0", "Succeeded", Duration::from_secs(90)).await;
+    assert_eq!(done.data["status"]["progress"], "100.0%");
+    let seen = tokio::time::timeout(Duration::from_secs(10), progress)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        seen.iter()
+            .any(|p| p.ends_with('%') && p != "0.00%" && p != "100.0%"),
+        "no progress along the way: {seen:?}"
+    );
+
+    let claim = Api::<PersistentVolumeClaim>::namespaced(client.clone(), ns.name())
+        .get("disk-0")
+        .await
+        .unwrap();
+    assert!(
+        claim
+            .owner_references()
+            .iter()
+            .any(|o| o.kind == "DataVolume")
+    );
+    let pv = Api::<PersistentVolume>::all(client.clone())
+        .get(claim.spec.unwrap().volume_name.as_deref().unwrap())
+        .await
+        .unwrap();
+    let image = image_of(&pv);
+    assert_eq!(
+        sha256_file(&image),
+        sha,
+        "disk.img holds the source's raw bytes"
+    );
+    let info = std::process::Command::new("qemu-img")
+        .args(["info", "--output=json"])
+        .arg(&image)
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&info.stdout).contains("\"format\": \"raw\""));
+
+    dvs.patch(
+        "broken",
+        &PatchParams::apply("test"),
+        &Patch::Apply(&data_volume("broken", &url, Some("fail"))),
+    )
+    .await
+    .unwrap();
+    let failed = wait_phase(&dvs, "broken", "Failed", Duration::from_secs(30)).await;
+    assert_eq!(
+        failed.data["status"]["conditions"][1]["reason"],
+        "LabFaultInjected"
+    );
+
+    let _ = stop.send(());
+    let _ = tokio::time::timeout(Duration::from_secs(10), standin).await;
+    server.abort();
+    // The PVs are cluster-scoped: remove the ones this test made.
+    let pvs = Api::<PersistentVolume>::all(client);
+    for pv in pvs.list(&ListParams::default()).await.unwrap() {
+        if pv
+            .spec
+            .as_ref()
+            .and_then(|s| s.claim_ref.as_ref())
+            .and_then(|c| c.namespace.as_deref())
+            == Some(ns.name())
+        {
+            let _ = pvs.delete(&pv.name_any(), &Default::default()).await;
+        }
+    }
+}
