@@ -5,7 +5,7 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 
 # Debian packages: binary -> package.
-declare -A need=([qemu-img]=qemu-utils [qemu-system-x86_64]=qemu-system-x86 [flock]=util-linux [curl]=curl)
+declare -A need=([qemu-img]=qemu-utils [qemu-system-x86_64]=qemu-system-x86 [bwrap]=bubblewrap [flock]=util-linux [curl]=curl)
 missing=()
 for bin in "${!need[@]}"; do
   command -v "$bin" >/dev/null 2>&1 || missing+=("${need[$bin]}")

@@ -3,4 +3,5 @@
 
 pub mod cdi;
 pub mod kubevirt;
+pub mod node;
 pub mod qemu;

@@ -1,0 +1,564 @@
+//! The node agent: the lab's kubelet. It registers Node `lab-node`, binds unscheduled pods that fit it, and runs
+//! each pod's container as a local process isolated with bubblewrap: images named `ferry` run the local `ferry`
+//! binary, Secret/ConfigMap/PVC/emptyDir/hostPath volumes are mounted at their paths, and pod status (phases,
+//! container states, termination message) is written as a kubelet does, so the real job controller counts it.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{
+    Binding, ConfigMap, Container, Node, ObjectReference, PersistentVolume, PersistentVolumeClaim,
+    Pod, Secret,
+};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::watcher;
+use kube::{Api, Client, ResourceExt};
+use serde_json::json;
+
+use super::kubevirt::NODE;
+
+const MANAGER: &str = "lab-node-agent";
+/// Paths that stay read-only system directories inside the sandbox; volumes cannot be mounted below them.
+const SYSTEM_DIRS: [&str; 6] = ["/usr", "/etc", "/bin", "/sbin", "/lib", "/lib64"];
+
+pub struct NodeAgentConfig {
+    /// The binary that images named `ferry` run.
+    pub ferry_binary: PathBuf,
+    pub state_dir: PathBuf,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error(transparent)]
+    Kube(#[from] kube::Error),
+    #[error("{0}")]
+    Local(String),
+}
+
+struct Context {
+    client: Client,
+    config: NodeAgentConfig,
+    running: Mutex<HashMap<String, tokio::task::JoinHandle<()>>>,
+}
+
+pub async fn run(
+    client: Client,
+    namespace: Option<&str>,
+    config: NodeAgentConfig,
+    shutdown: impl Future<Output = ()> + Send + Sync + 'static,
+) -> anyhow::Result<()> {
+    std::fs::create_dir_all(&config.state_dir)?;
+    register_node(&client).await?;
+    let pods = match namespace {
+        Some(ns) => Api::<Pod>::namespaced(client.clone(), ns),
+        None => Api::<Pod>::all(client.clone()),
+    };
+    let ctx = Arc::new(Context {
+        client,
+        config,
+        running: Mutex::default(),
+    });
+    Controller::new(pods, watcher::Config::default())
+        .graceful_shutdown_on(shutdown)
+        .run(reconcile, error_policy, ctx.clone())
+        .for_each(|_| async {})
+        .await;
+    for (_, task) in ctx
+        .running
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .drain()
+    {
+        task.abort();
+    }
+    Ok(())
+}
+
+fn node_labels() -> BTreeMap<String, String> {
+    BTreeMap::from([
+        ("kubernetes.io/hostname".to_string(), NODE.to_string()),
+        ("kubernetes.io/os".to_string(), "linux".to_string()),
+        ("kubernetes.io/arch".to_string(), "amd64".to_string()),
+    ])
+}
+
+async fn register_node(client: &Client) -> anyhow::Result<()> {
+    let nodes: Api<Node> = Api::all(client.clone());
+    let node = json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE, "labels": node_labels()}});
+    nodes
+        .patch(
+            NODE,
+            &PatchParams::apply(MANAGER).force(),
+            &Patch::Apply(&node),
+        )
+        .await?;
+    let now = Timestamp::now().to_string();
+    let resources = json!({"cpu": "2", "memory": "16Gi", "pods": "110"});
+    let status = json!({"apiVersion": "v1", "kind": "Node", "status": {
+        "capacity": resources, "allocatable": resources,
+        "addresses": [{"type": "InternalIP", "address": "127.0.0.1"}, {"type": "Hostname", "address": NODE}],
+        "conditions": [{"type": "Ready", "status": "True", "reason": "LabNodeAgentReady",
+                        "message": "the lab's node agent runs pods as local processes",
+                        "lastHeartbeatTime": now, "lastTransitionTime": now}],
+    }});
+    nodes
+        .patch_status(
+            NODE,
+            &PatchParams::apply(MANAGER).force(),
+            &Patch::Apply(&status),
+        )
+        .await?;
+    Ok(())
+}
+
+fn error_policy(_pod: Arc<Pod>, error: &Error, _ctx: Arc<Context>) -> Action {
+    tracing::warn!("node agent: {error}");
+    Action::requeue(Duration::from_secs(2))
+}
+
+fn pod_dir(ctx: &Context, pod: &Pod) -> PathBuf {
+    ctx.config.state_dir.join(pod.uid().unwrap_or_default())
+}
+
+async fn reconcile(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let ns = pod.namespace().unwrap_or_default();
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
+    let spec = pod.spec.clone().unwrap_or_default();
+    let uid = pod.uid().unwrap_or_default();
+    match spec.node_name.as_deref() {
+        None | Some("") => {
+            let fits = spec
+                .node_selector
+                .unwrap_or_default()
+                .iter()
+                .all(|(k, v)| node_labels().get(k) == Some(v));
+            if fits {
+                let binding = Binding {
+                    metadata: kube::api::ObjectMeta {
+                        name: pod.metadata.name.clone(),
+                        ..Default::default()
+                    },
+                    target: ObjectReference {
+                        kind: Some("Node".into()),
+                        name: Some(NODE.into()),
+                        ..Default::default()
+                    },
+                };
+                pods.create_subresource::<Binding, Binding>(
+                    "binding",
+                    &pod.name_any(),
+                    &PostParams::default(),
+                    &binding,
+                )
+                .await?;
+            }
+            return Ok(Action::await_change());
+        }
+        Some(NODE) => {}
+        Some(_) => return Ok(Action::await_change()),
+    }
+    if pod.metadata.deletion_timestamp.is_some() {
+        // A kubelet confirms a graceful delete once its containers stopped.
+        if let Some(task) = ctx
+            .running
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&uid)
+        {
+            task.abort();
+        }
+        let _ = std::fs::remove_dir_all(pod_dir(&ctx, &pod));
+        let force = DeleteParams {
+            grace_period_seconds: Some(0),
+            ..DeleteParams::default()
+        };
+        match pods.delete(&pod.name_any(), &force).await {
+            Ok(_) | Err(kube::Error::Api(_)) => {}
+            Err(e) => return Err(e.into()),
+        }
+        return Ok(Action::await_change());
+    }
+    let phase = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.phase.clone())
+        .unwrap_or_default();
+    if matches!(phase.as_str(), "Succeeded" | "Failed") {
+        return Ok(Action::await_change());
+    }
+    let mut running = ctx.running.lock().unwrap_or_else(|p| p.into_inner());
+    if !running.contains_key(&uid) {
+        let (pod, ctx2) = ((*pod).clone(), ctx.clone());
+        running.insert(uid, tokio::spawn(async move { run_pod(pod, ctx2).await }));
+    }
+    Ok(Action::requeue(Duration::from_secs(30)))
+}
+
+/// Runs the pod's container to its end and records each state, as a kubelet with `restartPolicy: Never` does.
+async fn run_pod(pod: Pod, ctx: Arc<Context>) {
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &pod.namespace().unwrap_or_default());
+    let started = Timestamp::now().to_string();
+    let outcome = match prepare(&pod, &ctx).await {
+        Err(e) => Outcome {
+            exit_code: 128,
+            reason: "CreateContainerConfigError".into(),
+            message: e,
+            started: started.clone(),
+        },
+        Ok(mut command) => {
+            let _ = write_status(&pods, &pod, running_status(&pod, &started)).await;
+            let deadline = pod
+                .spec
+                .as_ref()
+                .and_then(|s| s.active_deadline_seconds)
+                .map(|s| Duration::from_secs(s.max(0) as u64));
+            let waited = match deadline {
+                Some(limit) => tokio::time::timeout(limit, command.status()).await.ok(),
+                None => Some(command.status().await),
+            };
+            let message = std::fs::read(pod_dir(&ctx, &pod).join("termination-log"))
+                .map(|m| String::from_utf8_lossy(&m[..m.len().min(4096)]).to_string())
+                .unwrap_or_default();
+            match waited {
+                None => Outcome {
+                    exit_code: 137,
+                    reason: "DeadlineExceeded".into(),
+                    message,
+                    started: started.clone(),
+                },
+                Some(Err(e)) => Outcome {
+                    exit_code: 128,
+                    reason: "StartError".into(),
+                    message: e.to_string(),
+                    started: started.clone(),
+                },
+                Some(Ok(status)) => {
+                    let code = status.code().unwrap_or(137);
+                    let reason = if code == 0 { "Completed" } else { "Error" };
+                    Outcome {
+                        exit_code: code,
+                        reason: reason.into(),
+                        message,
+                        started: started.clone(),
+                    }
+                }
+            }
+        }
+    };
+    if let Err(e) = write_status(&pods, &pod, terminated_status(&pod, &outcome)).await {
+        tracing::warn!(pod = %pod.name_any(), "recording the pod's end: {e}");
+    }
+}
+
+struct Outcome {
+    exit_code: i32,
+    reason: String,
+    message: String,
+    started: String,
+}
+
+fn container(pod: &Pod) -> Option<&Container> {
+    pod.spec.as_ref().and_then(|s| s.containers.first())
+}
+
+fn running_status(pod: &Pod, started: &str) -> serde_json::Value {
+    let c = container(pod).cloned().unwrap_or_default();
+    json!({"phase": "Running", "hostIP": "127.0.0.1", "podIP": "127.0.0.1", "startTime": started,
+        "conditions": conditions(true),
+        "containerStatuses": [{"name": c.name, "image": c.image, "imageID": "", "ready": true, "restartCount": 0,
+                               "started": true, "state": {"running": {"startedAt": started}}}]})
+}
+
+fn terminated_status(pod: &Pod, o: &Outcome) -> serde_json::Value {
+    let c = container(pod).cloned().unwrap_or_default();
+    let phase = if o.exit_code == 0 {
+        "Succeeded"
+    } else {
+        "Failed"
+    };
+    let mut status = json!({"phase": phase, "hostIP": "127.0.0.1", "podIP": "127.0.0.1", "startTime": o.started,
+        "conditions": conditions(false),
+        "containerStatuses": [{"name": c.name, "image": c.image, "imageID": "", "ready": false, "restartCount": 0,
+            "started": false, "state": {"terminated": {"exitCode": o.exit_code, "reason": o.reason, "message": o.message,
+            "startedAt": o.started, "finishedAt": Timestamp::now().to_string()}}}]});
+    if o.reason == "DeadlineExceeded" {
+        status["reason"] = json!("DeadlineExceeded");
+        status["message"] = json!("the pod ran longer than its activeDeadlineSeconds");
+    }
+    status
+}
+
+fn conditions(ready: bool) -> serde_json::Value {
+    let now = Timestamp::now().to_string();
+    let c = |t: &str, s: bool| json!({"type": t, "status": if s { "True" } else { "False" }, "lastTransitionTime": now});
+    json!([
+        c("PodScheduled", true),
+        c("Initialized", true),
+        c("ContainersReady", ready),
+        c("Ready", ready)
+    ])
+}
+
+async fn write_status(
+    pods: &Api<Pod>,
+    pod: &Pod,
+    status: serde_json::Value,
+) -> Result<(), kube::Error> {
+    let patch = json!({"status": status});
+    pods.patch_status(
+        &pod.name_any(),
+        &PatchParams::default(),
+        &Patch::Merge(&patch),
+    )
+    .await
+    .map(|_| ())
+}
+
+/// The sandboxed command for the pod's one container, with its volumes materialized.
+async fn prepare(pod: &Pod, ctx: &Context) -> Result<tokio::process::Command, String> {
+    let spec = pod.spec.clone().unwrap_or_default();
+    if spec.containers.len() != 1 || spec.init_containers.as_ref().is_some_and(|i| !i.is_empty()) {
+        return Err(
+            "the lab's node runs pods with exactly one container and no init containers".into(),
+        );
+    }
+    let container = &spec.containers[0];
+    let image = container.image.clone().unwrap_or_default();
+    let repository = image
+        .split(['@', ':'])
+        .next()
+        .unwrap_or_default()
+        .rsplit('/')
+        .next()
+        .unwrap_or_default();
+    if repository != "ferry" {
+        return Err(format!(
+            "image {image:?} is not known to the lab node: only images named ferry run (as the local ferry binary)"
+        ));
+    }
+    let mut args: Vec<String> = container
+        .command
+        .clone()
+        .unwrap_or_default()
+        .into_iter()
+        .skip(1)
+        .collect();
+    args.extend(container.args.clone().unwrap_or_default());
+
+    let dir = pod_dir(ctx, pod);
+    std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+    let termination = dir.join("termination-log");
+    std::fs::write(&termination, b"").map_err(|e| e.to_string())?;
+    let termination_path = container
+        .termination_message_path
+        .clone()
+        .unwrap_or_else(|| "/dev/termination-log".into());
+
+    let mut sandbox: Vec<String> = vec!["--tmpfs".into(), "/".into()];
+    for system in SYSTEM_DIRS.iter().filter(|d| Path::new(d).exists()) {
+        sandbox.extend(["--ro-bind".into(), system.to_string(), system.to_string()]);
+    }
+    sandbox.extend(["--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp"].map(String::from));
+    sandbox.extend([
+        "--ro-bind".into(),
+        ctx.config.ferry_binary.display().to_string(),
+        "/ferry/bin/ferry".into(),
+    ]);
+    let volumes = materialize_volumes(pod, ctx, &dir).await?;
+    for mount in container.volume_mounts.clone().unwrap_or_default() {
+        if SYSTEM_DIRS.iter().any(|d| mount.mount_path.starts_with(d)) {
+            return Err(format!(
+                "mountPath {} is inside a system directory of the lab's sandbox",
+                mount.mount_path
+            ));
+        }
+        let (source, read_only) = volumes
+            .get(&mount.name)
+            .ok_or_else(|| format!("volume {} is not defined", mount.name))?;
+        let ro = *read_only || mount.read_only.unwrap_or(false);
+        sandbox.extend([
+            if ro { "--ro-bind" } else { "--bind" }.into(),
+            source.display().to_string(),
+            mount.mount_path.clone(),
+        ]);
+    }
+    sandbox.extend([
+        "--bind".into(),
+        termination.display().to_string(),
+        termination_path,
+    ]);
+    sandbox.extend(
+        [
+            "--unshare-pid",
+            "--unshare-ipc",
+            "--die-with-parent",
+            "--new-session",
+            "--",
+        ]
+        .map(String::from),
+    );
+    sandbox.push("/ferry/bin/ferry".into());
+    sandbox.extend(args);
+
+    let mut command = tokio::process::Command::new("bwrap");
+    command
+        .args(&sandbox)
+        .env_clear()
+        .env("PATH", "/usr/local/bin:/usr/bin:/bin")
+        .kill_on_drop(true);
+    for (name, value) in environment(pod, container, ctx).await? {
+        command.env(name, value);
+    }
+    let log = std::fs::File::create(dir.join("container.log")).map_err(|e| e.to_string())?;
+    command
+        .stdin(std::process::Stdio::null())
+        .stdout(log.try_clone().map_err(|e| e.to_string())?)
+        .stderr(log);
+    Ok(command)
+}
+
+async fn environment(
+    pod: &Pod,
+    container: &Container,
+    ctx: &Context,
+) -> Result<Vec<(String, String)>, String> {
+    let ns = pod.namespace().unwrap_or_default();
+    let mut out = Vec::new();
+    for var in container.env.clone().unwrap_or_default() {
+        let value = match (var.value, var.value_from) {
+            (Some(v), _) => v,
+            (None, Some(from)) => {
+                if let Some(key) = from.secret_key_ref {
+                    let secret = Api::<Secret>::namespaced(ctx.client.clone(), &ns)
+                        .get(&key.name)
+                        .await
+                        .map_err(|e| e.to_string())?;
+                    let bytes = secret
+                        .data
+                        .unwrap_or_default()
+                        .remove(&key.key)
+                        .ok_or_else(|| format!("Secret {} has no key {}", key.name, key.key))?;
+                    String::from_utf8_lossy(&bytes.0).to_string()
+                } else if let Some(field) = from.field_ref {
+                    match field.field_path.as_str() {
+                        "metadata.name" => pod.name_any(),
+                        "metadata.namespace" => ns.clone(),
+                        "metadata.uid" => pod.uid().unwrap_or_default(),
+                        other => {
+                            return Err(format!(
+                                "fieldRef {other} is not supported by the lab node"
+                            ));
+                        }
+                    }
+                } else {
+                    return Err(format!(
+                        "env {} uses a source the lab node does not support",
+                        var.name
+                    ));
+                }
+            }
+            (None, None) => String::new(),
+        };
+        out.push((var.name, value));
+    }
+    Ok(out)
+}
+
+/// Each volume as a host path, and whether it must stay read-only.
+async fn materialize_volumes(
+    pod: &Pod,
+    ctx: &Context,
+    dir: &Path,
+) -> Result<HashMap<String, (PathBuf, bool)>, String> {
+    let ns = pod.namespace().unwrap_or_default();
+    let mut out = HashMap::new();
+    for volume in pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.volumes.clone())
+        .unwrap_or_default()
+    {
+        let target = dir.join("volumes").join(&volume.name);
+        let entry = if let Some(secret) = volume.secret {
+            let name = secret.secret_name.unwrap_or_default();
+            let found = Api::<Secret>::namespaced(ctx.client.clone(), &ns)
+                .get(&name)
+                .await
+                .map_err(|e| format!("Secret {name}: {e}"))?;
+            let files = found
+                .data
+                .unwrap_or_default()
+                .into_iter()
+                .map(|(k, v)| (k, v.0))
+                .collect();
+            write_files(&target, files)?;
+            (target, true)
+        } else if let Some(config_map) = volume.config_map {
+            let found = Api::<ConfigMap>::namespaced(ctx.client.clone(), &ns)
+                .get(&config_map.name)
+                .await
+                .map_err(|e| format!("ConfigMap {}: {e}", config_map.name))?;
+            let files = found
+                .data
+                .unwrap_or_default()
+                .into_iter()
+                .map(|(k, v)| (k, v.into_bytes()))
+                .collect();
+            write_files(&target, files)?;
+            (target, true)
+        } else if let Some(claim) = volume.persistent_volume_claim {
+            let pvc = Api::<PersistentVolumeClaim>::namespaced(ctx.client.clone(), &ns)
+                .get(&claim.claim_name)
+                .await
+                .map_err(|e| e.to_string())?;
+            let pv_name = pvc
+                .spec
+                .and_then(|s| s.volume_name)
+                .ok_or_else(|| format!("PVC {} is not bound", claim.claim_name))?;
+            let pv = Api::<PersistentVolume>::all(ctx.client.clone())
+                .get(&pv_name)
+                .await
+                .map_err(|e| e.to_string())?;
+            let path = pv
+                .spec
+                .and_then(|s| s.host_path)
+                .map(|h| h.path)
+                .ok_or_else(|| format!("PV {pv_name} is not a hostPath volume"))?;
+            (PathBuf::from(path), claim.read_only.unwrap_or(false))
+        } else if let Some(host) = volume.host_path {
+            (PathBuf::from(host.path), false)
+        } else if volume.empty_dir.is_some() {
+            std::fs::create_dir_all(&target).map_err(|e| e.to_string())?;
+            (target, false)
+        } else {
+            return Err(format!(
+                "volume {} has a type the lab node does not support",
+                volume.name
+            ));
+        };
+        out.insert(volume.name, entry);
+    }
+    Ok(out)
+}
+
+fn write_files(dir: &Path, files: BTreeMap<String, Vec<u8>>) -> Result<(), String> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::create_dir_all(dir).map_err(|e| e.to_string())?;
+    for (name, bytes) in files {
+        let mut file = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o400)
+            .open(dir.join(&name))
+            .map_err(|e| e.to_string())?;
+        file.write_all(&bytes).map_err(|e| e.to_string())?;
+    }
+    Ok(())
+}
