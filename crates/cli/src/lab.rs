@@ -21,6 +21,14 @@ enum LabCommand {
     Down(DirArg),
     /// Say whether the lab runs, and where.
     Status(DirArg),
+    /// Run one stand-in (node, cdi or kubevirt) against the lab in DIR; `ferry lab up` starts them.
+    #[command(hide = true)]
+    Standin {
+        #[arg(value_parser = ["node", "cdi", "kubevirt"])]
+        name: String,
+        #[arg(long)]
+        dir: PathBuf,
+    },
     /// Write a raw demo disk: a boot sector that prints MARKER on COM1, then pseudo-random data.
     MakeDisk {
         /// Size in MiB (a whole number), for example 64MiB.
@@ -47,6 +55,8 @@ pub async fn run(args: LabArgs) -> Result<()> {
                 dir,
                 tools: ferry_lab::tools::bin_dir()?,
                 lifetime: Lifetime::Detached,
+                standins: Some(std::env::current_exe()?),
+                demo_vms: true,
             };
             let outcome = ferry_lab::up(&options).await?;
             let verb = match outcome {
@@ -75,6 +85,7 @@ pub async fn run(args: LabArgs) -> Result<()> {
             }
             Ok(())
         }
+        LabCommand::Standin { name, dir } => standin(&name, &dir).await,
         LabCommand::MakeDisk { size, marker, out } => {
             let mib: u64 = size.trim_end_matches("MiB").parse().map_err(|_| {
                 anyhow::anyhow!("--size {size:?}: give a whole number of MiB, like 64MiB")
@@ -113,5 +124,33 @@ fn print_summary(state: &LabState) {
     }
     for p in &state.processes {
         println!("  {:<24} pid {:<8} log {}", p.name, p.pid, p.log.display());
+    }
+}
+
+async fn standin(name: &str, dir: &std::path::Path) -> Result<()> {
+    use ferry_lab::standins::{cdi, kubevirt, node};
+    let state =
+        LabState::load(dir)?.ok_or_else(|| anyhow::anyhow!("no lab in {}", dir.display()))?;
+    let client = state.client().await?;
+    client.apiserver_version().await?;
+    let state_dir = state.dir.join(format!("standin-{name}"));
+    let shutdown = async {
+        if let Ok(mut term) =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        {
+            term.recv().await;
+        }
+    };
+    println!("{}{name}", ferry_lab::lab::STANDIN_READY);
+    match name {
+        "node" => {
+            let config = node::NodeAgentConfig {
+                ferry_binary: std::env::current_exe()?,
+                state_dir,
+            };
+            node::run(client, None, config, shutdown).await
+        }
+        "cdi" => cdi::run(client, None, &state_dir, shutdown).await,
+        _ => kubevirt::run(client, None, &state_dir, shutdown).await,
     }
 }

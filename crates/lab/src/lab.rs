@@ -24,7 +24,16 @@ pub struct LabOptions {
     pub dir: PathBuf,
     pub tools: PathBuf,
     pub lifetime: Lifetime,
+    /// The `ferry` binary that runs the node agent, CDI and KubeVirt stand-ins; None starts none.
+    pub standins: Option<PathBuf>,
+    /// Replace the empty disks of vcsim's demo VMs with bootable VMDKs.
+    pub demo_vms: bool,
 }
+
+/// The stand-ins `ferry lab up` starts, each a process of its own: `ferry lab standin <name> --dir DIR`.
+pub const STANDINS: [&str; 3] = ["node", "cdi", "kubevirt"];
+/// What a stand-in prints once it serves.
+pub const STANDIN_READY: &str = "FERRY-STANDIN-READY ";
 
 /// Everything a client of the lab needs, kept in `DIR/lab.json`.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -136,7 +145,7 @@ pub async fn up(options: &LabOptions) -> Result<UpOutcome> {
         stop_all(&existing)?;
     }
     let mut state = LabState::empty(&dir, &options.tools);
-    match start_all(&mut state, options.lifetime).await {
+    match start_all(&mut state, options).await {
         Ok(()) => {
             std::fs::write(dir.join("env"), state.env_file())?;
             Ok(UpOutcome::Started(state))
@@ -150,7 +159,8 @@ pub async fn up(options: &LabOptions) -> Result<UpOutcome> {
     }
 }
 
-async fn start_all(state: &mut LabState, lifetime: Lifetime) -> Result<()> {
+async fn start_all(state: &mut LabState, options: &LabOptions) -> Result<()> {
+    let lifetime = options.lifetime;
     let dir = state.dir.clone();
     let pki = Pki::open_or_create(&dir.join("pki"))?;
     let ctx = components::Context::prepare(&dir, &state.tools, &pki)?;
@@ -163,8 +173,39 @@ async fn start_all(state: &mut LabState, lifetime: Lifetime) -> Result<()> {
     let vcsim = start_component(state, lifetime, |_| Ok(ctx.vcsim())).await?;
     let endpoint = crate::vcsim::endpoint(&dir, vcsim.url)?;
     state.ports.push(endpoint.port()?);
+    if options.demo_vms {
+        crate::demo::seed_demo_vms(&endpoint, &dir)
+            .await
+            .context("seeding the demo VMs")?;
+    }
     state.vcsim = Some(endpoint);
-    state.save()
+    state.save()?;
+    if let Some(ferry) = &options.standins {
+        for name in STANDINS {
+            start_component(state, lifetime, |_| Ok(standin(ferry, &dir, name))).await?;
+        }
+    }
+    Ok(())
+}
+
+fn standin(ferry: &Path, dir: &Path, name: &str) -> crate::components::Component {
+    crate::components::Component {
+        spec: crate::process::ProcessSpec {
+            name: format!("standin-{name}"),
+            program: ferry.to_path_buf(),
+            args: vec![
+                "lab".into(),
+                "standin".into(),
+                name.into(),
+                format!("--dir={}", dir.display()),
+            ],
+            env: vec![("RUST_LOG".into(), "info,kube=warn".into())],
+        },
+        ports: vec![],
+        probe: probe::Probe::LogLine {
+            prefix: STANDIN_READY.into(),
+        },
+    }
 }
 
 /// Starts one component and waits until its probe passes, retrying on fresh ports if it dies on start.

@@ -5,6 +5,7 @@ pub mod bench;
 pub mod bootdisk;
 pub mod components;
 pub mod crds;
+pub mod demo;
 pub mod disks;
 pub mod lab;
 pub mod minio;

@@ -3,6 +3,7 @@
 //! switch fails it.
 
 use std::path::{Path, PathBuf};
+
 use std::time::{Duration, Instant};
 
 use ferry_lab::standins::cdi::{self, FAULT_ANNOTATION};
@@ -14,40 +15,6 @@ use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher;
 use kube::{Api, ResourceExt};
 use serde_json::json;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-
-/// Serves one file over plain HTTP at about `bytes_per_sec`, so that progress has time to show.
-async fn serve_slowly(file: PathBuf, bytes_per_sec: u64) -> (u16, tokio::task::JoinHandle<()>) {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let port = listener.local_addr().unwrap().port();
-    let task = tokio::spawn(async move {
-        while let Ok((mut socket, _)) = listener.accept().await {
-            let file = file.clone();
-            tokio::spawn(async move {
-                let mut request = [0u8; 4096];
-                let _ = socket.read(&mut request).await;
-                let body = tokio::fs::read(&file).await.unwrap();
-                let head = format!(
-                    "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-                    body.len()
-                );
-                if socket.write_all(head.as_bytes()).await.is_err() {
-                    return;
-                }
-                for chunk in body.chunks(1 << 20) {
-                    if socket.write_all(chunk).await.is_err() {
-                        return;
-                    }
-                    tokio::time::sleep(Duration::from_millis(
-                        1000 * chunk.len() as u64 / bytes_per_sec,
-                    ))
-                    .await;
-                }
-            });
-        }
-    });
-    (port, task)
-}
 
 fn data_volume(name: &str, url: &str, fault: Option<&str>) -> serde_json::Value {
     let mut dv = json!({
@@ -95,8 +62,8 @@ async fn an_http_qcow2_source_imports_to_a_raw_disk_with_progress_and_the_fault_
     let sha = write_pattern(&raw, 48 << 20, 3);
     let qcow2 = work.path().join("source.qcow2");
     qemu_img(&["convert", "-f", "raw", "-O", "qcow2"], &[&raw, &qcow2]);
-    let (port, server) = serve_slowly(qcow2, 24 << 20).await;
-    let url = format!("http://127.0.0.1:{port}/source.qcow2");
+    let server = ferry_testkit::http::FileServer::start(qcow2, Some(24 << 20)).await;
+    let url = server.url("source.qcow2");
 
     let state = work.path().join("cdi");
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
@@ -189,7 +156,7 @@ async fn an_http_qcow2_source_imports_to_a_raw_disk_with_progress_and_the_fault_
 
     let _ = stop.send(());
     let _ = tokio::time::timeout(Duration::from_secs(10), standin).await;
-    server.abort();
+    drop(server);
     // The PVs are cluster-scoped: remove the ones this test made.
     let pvs = Api::<PersistentVolume>::all(client);
     for pv in pvs.list(&ListParams::default()).await.unwrap() {
@@ -203,4 +170,71 @@ async fn an_http_qcow2_source_imports_to_a_raw_disk_with_progress_and_the_fault_
             let _ = pvs.delete(&pv.name_any(), &Default::default()).await;
         }
     }
+}
+
+#[tokio::test]
+async fn an_s3_source_with_a_secret_imports_from_a_real_s3_server() {
+    use k8s_openapi::api::core::v1::Secret;
+    use kube::api::PostParams;
+    let lab = TestLab::shared().await;
+    let ns = lab.namespace("cdi-s3").await;
+    let client = lab.client().await;
+    let minio = ferry_testkit::TestMinio::start().await.unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let raw = work.path().join("source.raw");
+    let sha = write_pattern(&raw, 16 << 20, 11);
+    let qcow2 = work.path().join("source.qcow2");
+    qemu_img(&["convert", "-f", "raw", "-O", "qcow2"], &[&raw, &qcow2]);
+    let staging = ferry_datapath::staging::Staging::open(&ferry_datapath::spec::StagingSpec {
+        url: format!("{}/imports", minio.bucket_url()),
+        credentials_dir: Some(minio.credentials_dir().to_path_buf()),
+        endpoint: Some(minio.endpoint().to_string()),
+        region: None,
+    })
+    .unwrap();
+    ferry_datapath::convert::upload_file(&staging, "source.qcow2", &qcow2)
+        .await
+        .unwrap();
+
+    let key = |k: &str| std::fs::read_to_string(minio.credentials_dir().join(k)).unwrap();
+    let secret: Secret = serde_json::from_value(json!({"metadata": {"name": "s3-creds"},
+        "stringData": {"accessKeyId": key("accessKeyId"), "secretKey": key("secretKey")}}))
+    .unwrap();
+    Api::<Secret>::namespaced(client.clone(), ns.name())
+        .create(&PostParams::default(), &secret)
+        .await
+        .unwrap();
+
+    let state = work.path().join("cdi");
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let (standin_client, ns_name, standin_state) =
+        (client.clone(), ns.name().to_string(), state.clone());
+    let standin = tokio::spawn(async move {
+        cdi::run(standin_client, Some(&ns_name), &standin_state, async {
+            let _ = stopped.await;
+        })
+        .await
+    });
+    let dvs = Api::<DynamicObject>::namespaced_with(client.clone(), ns.name(), &cdi::dv_resource());
+    let dv = json!({"apiVersion": "cdi.kubevirt.io/v1beta1", "kind": "DataVolume", "metadata": {"name": "from-s3"},
+        "spec": {"source": {"s3": {"url": format!("{}/ferry-staging/imports/source.qcow2", minio.endpoint()), "secretRef": "s3-creds"}},
+                 "storage": {"resources": {"requests": {"storage": "64Mi"}}}}});
+    dvs.patch("from-s3", &PatchParams::apply("test"), &Patch::Apply(&dv))
+        .await
+        .unwrap();
+    wait_phase(&dvs, "from-s3", "Succeeded", Duration::from_secs(60)).await;
+    let claim = Api::<PersistentVolumeClaim>::namespaced(client.clone(), ns.name())
+        .get("from-s3")
+        .await
+        .unwrap();
+    let pvs = Api::<PersistentVolume>::all(client.clone());
+    let pv = pvs
+        .get(claim.spec.unwrap().volume_name.as_deref().unwrap())
+        .await
+        .unwrap();
+    assert_eq!(sha256_file(&image_of(&pv)), sha);
+
+    let _ = stop.send(());
+    let _ = tokio::time::timeout(Duration::from_secs(10), standin).await;
+    let _ = pvs.delete(&pv.name_any(), &Default::default()).await;
 }

@@ -19,6 +19,7 @@ use kube::{Api, Client};
 
 pub mod disks;
 mod exit;
+pub mod http;
 pub mod proxy;
 
 /// A running lab owned by this test process.
@@ -45,6 +46,9 @@ impl TestLab {
             dir: dir.clone(),
             tools: ferry_lab::tools::bin_dir()?,
             lifetime: Lifetime::TiedToThisProcess,
+            // Tests run the stand-ins they need in-process.
+            standins: None,
+            demo_vms: false,
         };
         match ferry_lab::up(&options).await {
             Ok(outcome) => Ok(TestLab {

@@ -86,6 +86,8 @@ async fn up_twice_starts_no_second_copy_and_down_leaves_nothing() {
         dir: dir.clone(),
         tools: state.tools.clone(),
         lifetime: ferry_lab::Lifetime::TiedToThisProcess,
+        standins: None,
+        demo_vms: false,
     })
     .await
     .unwrap();

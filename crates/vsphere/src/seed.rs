@@ -103,6 +103,34 @@ pub async fn attach_flat_vmdk(
     Ok(target)
 }
 
+/// Detaches and deletes the disks with these device keys (simulator VMs come with an empty disk).
+pub async fn remove_disks(session: &Session, vm: &MoRef, keys: &[i32]) -> Result<()> {
+    let info = describe_vm(session, vm).await?;
+    let changes: String = info
+        .disks
+        .iter()
+        .filter(|d| keys.contains(&d.key))
+        .map(|d| {
+            format!(
+                r#"<deviceChange><operation>remove</operation><fileOperation>destroy</fileOperation><device xsi:type="VirtualDisk"><key>{}</key><controllerKey>{}</controllerKey><unitNumber>{}</unitNumber><capacityInKB>0</capacityInKB></device></deviceChange>"#,
+                d.key, d.controller_key, d.unit_number
+            )
+        })
+        .collect();
+    if changes.is_empty() {
+        return Ok(());
+    }
+    let task = start_task(
+        session,
+        "ReconfigVM_Task",
+        vm,
+        &format!("<spec>{changes}</spec>"),
+    )
+    .await?;
+    wait_task(session, &task, Duration::from_secs(60)).await?;
+    Ok(())
+}
+
 fn io_error(path: &Path, e: std::io::Error) -> Error {
     Error::UnsupportedDisk {
         file: path.display().to_string(),

@@ -15,7 +15,7 @@ use kube::core::{ApiResource, GroupVersionKind};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::watcher;
 use kube::{Api, Client, Resource, ResourceExt};
-use serde_json::{Value, json};
+use serde_json::json;
 
 pub const FAULT_ANNOTATION: &str = "lab.ferry.dev/fault";
 pub const STORAGE_CLASS: &str = "lab-hostpath";
@@ -274,10 +274,8 @@ async fn import(client: Client, dv: DynamicObject, dir: PathBuf) {
 }
 
 async fn import_once(client: &Client, dv: &DynamicObject, dir: &Path) -> anyhow::Result<()> {
-    let source = &dv.data["spec"]["source"];
     let partial = dir.join("download.partial");
-    let mut response = request(client, dv, source).await?;
-    let total = response.content_length();
+    let (mut body, total) = open_source(client, dv).await?;
     let mut file = tokio::fs::File::create(&partial).await?;
     let (mut done, mut reported) = (0u64, Instant::now());
     set_status(
@@ -291,8 +289,9 @@ async fn import_once(client: &Client, dv: &DynamicObject, dir: &Path) -> anyhow:
     )
     .await?;
     let stall = dv.annotations().get(FAULT_ANNOTATION).map(String::as_str) == Some("stall");
-    while let Some(chunk) = response.chunk().await? {
+    while let Some(chunk) = body.next().await {
         use tokio::io::AsyncWriteExt;
+        let chunk = chunk?;
         file.write_all(&chunk).await?;
         done += chunk.len() as u64;
         if stall {
@@ -335,17 +334,65 @@ async fn import_once(client: &Client, dv: &DynamicObject, dir: &Path) -> anyhow:
     Ok(())
 }
 
-/// GETs an `http` source (Basic auth from `secretRef`: accessKeyId/secretKey, CA from `certConfigMap`).
-async fn request(
+type ByteStream = futures::stream::BoxStream<'static, anyhow::Result<bytes::Bytes>>;
+
+/// The source's bytes and length: `http` (Basic auth from `secretRef`: accessKeyId/secretKey, CA from
+/// `certConfigMap`) or `s3` (`url` = endpoint/bucket/key, keys from `secretRef`).
+async fn open_source(
     client: &Client,
     dv: &DynamicObject,
-    source: &Value,
-) -> anyhow::Result<reqwest::Response> {
+) -> anyhow::Result<(ByteStream, Option<u64>)> {
+    let source = &dv.data["spec"]["source"];
+    let ns = dv.namespace().unwrap_or_default();
+    let secret_value = |secret: Option<Secret>, key: &str| {
+        secret.and_then(|s| s.data).and_then(|d| {
+            d.get(key)
+                .map(|v| String::from_utf8_lossy(&v.0).to_string())
+        })
+    };
+    let secret = match source["http"]["secretRef"]
+        .as_str()
+        .or(source["s3"]["secretRef"].as_str())
+    {
+        Some(name) => Some(
+            Api::<Secret>::namespaced(client.clone(), &ns)
+                .get(name)
+                .await?,
+        ),
+        None => None,
+    };
+    if let Some(url) = source["s3"]["url"].as_str() {
+        use object_store::ObjectStoreExt;
+        let parsed = reqwest::Url::parse(url)?;
+        let endpoint = format!(
+            "{}://{}",
+            parsed.scheme(),
+            parsed.host_str().unwrap_or_default()
+        ) + &parsed.port().map(|p| format!(":{p}")).unwrap_or_default();
+        let path = parsed.path().trim_start_matches('/');
+        let (bucket, key) = path
+            .split_once('/')
+            .ok_or_else(|| anyhow::anyhow!("s3 url {url} has no bucket and key"))?;
+        let store = object_store::aws::AmazonS3Builder::new()
+            .with_endpoint(&endpoint)
+            .with_allow_http(endpoint.starts_with("http://"))
+            .with_bucket_name(bucket)
+            .with_region("us-east-1")
+            .with_virtual_hosted_style_request(false)
+            .with_access_key_id(secret_value(secret.clone(), "accessKeyId").unwrap_or_default())
+            .with_secret_access_key(secret_value(secret, "secretKey").unwrap_or_default())
+            .build()?;
+        let found = store.get(&object_store::path::Path::from(key)).await?;
+        let size = found.meta.size;
+        return Ok((
+            found.into_stream().map(|c| c.map_err(Into::into)).boxed(),
+            Some(size),
+        ));
+    }
     let http = &source["http"];
     let url = http["url"]
         .as_str()
-        .ok_or_else(|| anyhow::anyhow!("only the http source is supported by the lab's CDI"))?;
-    let ns = dv.namespace().unwrap_or_default();
+        .ok_or_else(|| anyhow::anyhow!("the lab's CDI supports the http and s3 sources"))?;
     let mut builder = reqwest::Client::builder();
     if let Some(cm) = http["certConfigMap"].as_str() {
         let config = Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(client.clone(), &ns)
@@ -358,16 +405,19 @@ async fn request(
         }
     }
     let mut request = builder.build()?.get(url);
-    if let Some(secret) = http["secretRef"].as_str() {
-        let secret = Api::<Secret>::namespaced(client.clone(), &ns)
-            .get(secret)
-            .await?;
-        let data = secret.data.unwrap_or_default();
-        let value = |k: &str| {
-            data.get(k)
-                .map(|v| String::from_utf8_lossy(&v.0).to_string())
-        };
-        request = request.basic_auth(value("accessKeyId").unwrap_or_default(), value("secretKey"));
+    if secret.is_some() {
+        request = request.basic_auth(
+            secret_value(secret.clone(), "accessKeyId").unwrap_or_default(),
+            secret_value(secret, "secretKey"),
+        );
     }
-    Ok(request.send().await?.error_for_status()?)
+    let response = request.send().await?.error_for_status()?;
+    let total = response.content_length();
+    Ok((
+        response
+            .bytes_stream()
+            .map(|c| c.map_err(Into::into))
+            .boxed(),
+        total,
+    ))
 }
