@@ -207,3 +207,63 @@ async fn a_conversion_job_runs_to_completion_and_a_failing_one_is_retried_then_f
     let _ = stop.send(());
     let _ = tokio::time::timeout(Duration::from_secs(10), agent).await;
 }
+
+#[tokio::test]
+async fn a_pod_with_an_image_the_lab_cannot_run_fails_with_a_clear_reason() {
+    let lab = TestLab::shared().await;
+    let ns = lab.namespace("node-image").await;
+    let client = lab.client().await;
+    let work = tempfile::tempdir().unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let (agent_client, ns_name) = (client.clone(), ns.name().to_string());
+    let config = NodeAgentConfig {
+        ferry_binary: env!("CARGO_BIN_EXE_ferry").into(),
+        state_dir: work.path().join("node"),
+    };
+    let agent = tokio::spawn(async move {
+        node::run(agent_client, Some(&ns_name), config, async {
+            let _ = stopped.await;
+        })
+        .await
+    });
+    let pod: Pod = serde_json::from_value(json!({"metadata": {"name": "web"},
+        "spec": {"restartPolicy": "Never", "containers": [{"name": "web", "image": "nginx:1.27"}]}})).unwrap();
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns.name());
+    pods.create(&PostParams::default(), &pod).await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let failed = loop {
+        let pod = pods.get("web").await.unwrap();
+        if pod.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Failed") {
+            break pod;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the pod did not fail: {:?}",
+            pod.status
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert_eq!(
+        failed.spec.unwrap().node_name.as_deref(),
+        Some("lab-node"),
+        "the agent bound it"
+    );
+    let terminated = failed.status.unwrap().container_statuses.unwrap()[0]
+        .state
+        .clone()
+        .unwrap()
+        .terminated
+        .unwrap();
+    assert_eq!(
+        terminated.reason.as_deref(),
+        Some("CreateContainerConfigError")
+    );
+    assert!(
+        terminated
+            .message
+            .unwrap_or_default()
+            .contains("not known to the lab node")
+    );
+    let _ = stop.send(());
+    let _ = tokio::time::timeout(Duration::from_secs(10), agent).await;
+}

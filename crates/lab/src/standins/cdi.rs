@@ -130,14 +130,31 @@ async fn reconcile(dv: Arc<DynamicObject>, ctx: Arc<Context>) -> Result<Action, 
         .await?;
         return Ok(Action::requeue(Duration::from_secs(1)));
     }
-    let mut imports = ctx.imports.lock().unwrap_or_else(|p| p.into_inner());
-    let running = imports.get(&uid).is_some_and(|t| !t.is_finished());
-    if !running {
+    // One import per DataVolume per stand-in run; it records its own end, so a stale read cannot restart it.
+    let started = ctx
+        .imports
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .contains_key(&uid);
+    if !started {
+        if phase != "ImportInProgress" {
+            set_status(
+                &ctx.client,
+                &dv,
+                "ImportScheduled",
+                "N/A",
+                false,
+                "ImportScheduled",
+                "Import into disk.img scheduled",
+            )
+            .await?;
+        }
         let (client, dv, dir) = (ctx.client.clone(), (*dv).clone(), dir.clone());
-        imports.insert(
-            uid,
-            tokio::spawn(async move { import(client, dv, dir).await }),
-        );
+        let task = tokio::spawn(async move { import(client, dv, dir).await });
+        ctx.imports
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(uid, task);
     }
     Ok(Action::requeue(Duration::from_secs(10)))
 }
