@@ -10,6 +10,7 @@
 
 pub mod crds;
 pub mod migration;
+pub mod names;
 pub mod provider;
 mod refs;
 

@@ -4,6 +4,7 @@ mod bench;
 mod convert;
 mod inventory;
 mod lab;
+mod verify;
 
 use clap::{Parser, Subcommand};
 
@@ -24,6 +25,8 @@ enum Command {
     Bench(bench::BenchArgs),
     /// Stream, convert, checksum and stage disks (the conversion Job's entrypoint).
     Convert(convert::ConvertArgs),
+    /// Prove an imported disk holds the source's bytes (the verification Job's entrypoint).
+    Verify(verify::VerifyArgs),
     /// List the VMs of a vSphere endpoint, or describe one, as Ferry sees them.
     Inventory(inventory::InventoryArgs),
 }
@@ -52,6 +55,7 @@ async fn run() -> anyhow::Result<()> {
         Command::Lab(args) => lab::run(args).await,
         Command::Inventory(args) => inventory::run(args).await,
         Command::Convert(args) => convert::run(args).await,
+        Command::Verify(args) => verify::run(args).await,
         Command::Bench(args) => bench::run(args).await,
         Command::Crds => {
             print!("{}", ferry_api::crds::to_yaml()?);

@@ -7,6 +7,7 @@ pub mod error;
 pub mod progress;
 pub mod spec;
 pub mod staging;
+pub mod verify;
 
 pub use convert::{DiskResult, convert_all};
 pub use error::{Error, Result};
