@@ -1,6 +1,6 @@
 //! `ferry convert`: the conversion Job's entrypoint.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 use clap::Args;
@@ -22,16 +22,27 @@ pub struct ConvertArgs {
 pub async fn run(args: ConvertArgs) -> Result<()> {
     let spec = ConvertSpec::load(&args.spec)?;
     let outcome = ferry_datapath::convert_all(&spec, &Progress::new(args.quiet)).await;
-    // The controller reads the result, or the error's class and reason, from the termination message.
+    report(
+        &args.result_file,
+        outcome.map(|disks| serde_json::json!({"disks": disks})),
+    )
+}
+
+/// Writes a Job's result, or its error's class and reason, where the controller reads it (the termination
+/// message), and echoes it; the exit code follows the outcome.
+pub fn report(
+    result_file: &Path,
+    outcome: ferry_datapath::Result<serde_json::Value>,
+) -> Result<()> {
     let report = match &outcome {
-        Ok(disks) => serde_json::json!({"disks": disks}),
+        Ok(value) => value.clone(),
         Err(e) => {
             serde_json::json!({"error": {"class": e.class(), "reason": e.reason(), "message": e.to_string()}})
         }
     };
     let text = serde_json::to_string(&report)?;
-    std::fs::write(&args.result_file, &text)
-        .with_context(|| format!("writing {}", args.result_file.display()))?;
+    std::fs::write(result_file, &text)
+        .with_context(|| format!("writing {}", result_file.display()))?;
     println!("{text}");
     outcome.map(|_| ()).map_err(Into::into)
 }

@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use clap::Args;
 
 #[derive(Args)]
@@ -23,15 +23,8 @@ pub struct VerifyArgs {
 
 pub async fn run(args: VerifyArgs) -> Result<()> {
     let outcome = ferry_datapath::verify::verify(&args.file, &args.sha256, args.size).await;
-    let report = match &outcome {
-        Ok(v) => serde_json::json!({"verified": v}),
-        Err(e) => {
-            serde_json::json!({"error": {"class": e.class(), "reason": e.reason(), "message": e.to_string()}})
-        }
-    };
-    let text = serde_json::to_string(&report)?;
-    std::fs::write(&args.result_file, &text)
-        .with_context(|| format!("writing {}", args.result_file.display()))?;
-    println!("{text}");
-    outcome.map(|_| ()).map_err(Into::into)
+    crate::convert::report(
+        &args.result_file,
+        outcome.map(|v| serde_json::json!({"verified": v})),
+    )
 }

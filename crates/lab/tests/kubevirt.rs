@@ -4,29 +4,11 @@
 use std::time::{Duration, Instant};
 
 use ferry_lab::standins::kubevirt::{self, MARKER_ANNOTATION, READY_MARKER};
-use ferry_testkit::TestLab;
+use ferry_testkit::{TestLab, eventually};
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use kube::api::{DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
 use kube::{Api, ResourceExt};
 use serde_json::json;
-
-async fn eventually<T, F: Future<Output = Option<T>>>(
-    what: &str,
-    timeout: Duration,
-    mut probe: impl FnMut() -> F,
-) -> T {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Some(value) = probe().await {
-            return value;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "timed out after {timeout:?} waiting for: {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
-}
 
 #[tokio::test]
 async fn a_vm_boots_its_disk_in_qemu_and_halting_stops_it() {

@@ -342,3 +342,22 @@ pub fn processes_mentioning(path: &Path) -> Vec<String> {
         .filter(|cmdline| cmdline.contains(&needle))
         .collect()
 }
+
+/// Polls `probe` until it yields a value; fails the test after `timeout`, naming `what` it waited for.
+pub async fn eventually<T, F: Future<Output = Option<T>>>(
+    what: &str,
+    timeout: std::time::Duration,
+    mut probe: impl FnMut() -> F,
+) -> T {
+    let deadline = std::time::Instant::now() + timeout;
+    loop {
+        if let Some(value) = probe().await {
+            return value;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "timed out after {timeout:?} waiting for: {what}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+}

@@ -1,8 +1,8 @@
 //! The Greeting controller against the lab's real kube-apiserver and garbage collector.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use ferry_testkit::{TestLab, TestNamespace};
+use ferry_testkit::{TestLab, TestNamespace, eventually};
 use greeting::crd::{Greeting, GreetingSpec};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::ConfigMap;
@@ -41,24 +41,6 @@ impl RunningController {
     async fn stop(mut self) {
         let _ = self.stop.take().unwrap().send(());
         let _ = tokio::time::timeout(Duration::from_secs(10), &mut self.task).await;
-    }
-}
-
-async fn eventually<T, F: Future<Output = Option<T>>>(
-    what: &str,
-    timeout: Duration,
-    mut probe: impl FnMut() -> F,
-) -> T {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Some(value) = probe().await {
-            return value;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "timed out after {timeout:?} waiting for: {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
 
