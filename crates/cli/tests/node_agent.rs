@@ -5,14 +5,26 @@ use std::time::{Duration, Instant};
 
 use ferry_lab::standins::node::{self, NodeAgentConfig};
 use ferry_testkit::disks::make_flat_vmdk;
-use ferry_testkit::{TestLab, TestVcsim};
+use ferry_testkit::{Background, TestLab, TestVcsim};
 use ferry_vsphere::inventory::{self, VmSelector};
-use ferry_vsphere::{ConnectConfig, Session, TlsMode, seed};
+use ferry_vsphere::{Session, seed};
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
 use kube::api::{ListParams, PostParams};
 use kube::{Api, Client};
 use serde_json::json;
+
+/// The node agent, in this test process, running the `ferry` binary cargo built for these tests.
+fn start_agent(client: &Client, namespace: &str, state_dir: std::path::PathBuf) -> Background {
+    let (client, namespace) = (client.clone(), namespace.to_string());
+    let config = NodeAgentConfig {
+        ferry_binary: env!("CARGO_BIN_EXE_ferry").into(),
+        state_dir,
+    };
+    Background::spawn(move |shutdown| async move {
+        node::run(client, Some(&namespace), config, shutdown).await
+    })
+}
 
 fn job(name: &str, secret: &str, backoff_limit: i32, staging: &std::path::Path) -> Job {
     serde_json::from_value(json!({
@@ -83,15 +95,9 @@ async fn a_conversion_job_runs_to_completion_and_a_failing_one_is_retried_then_f
     let vcsim = TestVcsim::start(false).await.unwrap();
     let endpoint = vcsim.endpoint().clone();
     let ca = std::fs::read_to_string(&endpoint.ca_file).unwrap();
-    let session = Session::connect(ConnectConfig {
-        url: endpoint.url.clone(),
-        username: endpoint.username.clone(),
-        password: endpoint.password().unwrap(),
-        tls: TlsMode::CaBundle(ca.clone()),
-        timeout: Duration::from_secs(60),
-    })
-    .await
-    .unwrap();
+    let session = Session::connect(endpoint.connect_config(Duration::from_secs(60)).unwrap())
+        .await
+        .unwrap();
     let vm = inventory::find_vm(&session, &VmSelector::Name("DC0_H0_VM0".into()))
         .await
         .unwrap();
@@ -138,18 +144,7 @@ async fn a_conversion_job_runs_to_completion_and_a_failing_one_is_retried_then_f
         .unwrap();
 
     let agent_state = work.path().join("node");
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let (agent_client, ns_name) = (client.clone(), ns.name().to_string());
-    let config = NodeAgentConfig {
-        ferry_binary: env!("CARGO_BIN_EXE_ferry").into(),
-        state_dir: agent_state.clone(),
-    };
-    let agent = tokio::spawn(async move {
-        node::run(agent_client, Some(&ns_name), config, async {
-            let _ = stopped.await;
-        })
-        .await
-    });
+    let agent = start_agent(&client, ns.name(), agent_state.clone());
 
     let staging = work.path().join("staging");
     std::fs::create_dir_all(&staging).unwrap();
@@ -204,8 +199,7 @@ async fn a_conversion_job_runs_to_completion_and_a_failing_one_is_retried_then_f
         );
     }
 
-    let _ = stop.send(());
-    let _ = tokio::time::timeout(Duration::from_secs(10), agent).await;
+    agent.stop().await;
 }
 
 #[tokio::test]
@@ -214,18 +208,7 @@ async fn a_pod_with_an_image_the_lab_cannot_run_fails_with_a_clear_reason() {
     let ns = lab.namespace("node-image").await;
     let client = lab.client().await;
     let work = tempfile::tempdir().unwrap();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let (agent_client, ns_name) = (client.clone(), ns.name().to_string());
-    let config = NodeAgentConfig {
-        ferry_binary: env!("CARGO_BIN_EXE_ferry").into(),
-        state_dir: work.path().join("node"),
-    };
-    let agent = tokio::spawn(async move {
-        node::run(agent_client, Some(&ns_name), config, async {
-            let _ = stopped.await;
-        })
-        .await
-    });
+    let agent = start_agent(&client, ns.name(), work.path().join("node"));
     let pod: Pod = serde_json::from_value(json!({"metadata": {"name": "web"},
         "spec": {"restartPolicy": "Never", "containers": [{"name": "web", "image": "nginx:1.27"}]}})).unwrap();
     let pods: Api<Pod> = Api::namespaced(client.clone(), ns.name());
@@ -264,6 +247,5 @@ async fn a_pod_with_an_image_the_lab_cannot_run_fails_with_a_clear_reason() {
             .unwrap_or_default()
             .contains("not known to the lab node")
     );
-    let _ = stop.send(());
-    let _ = tokio::time::timeout(Duration::from_secs(10), agent).await;
+    agent.stop().await;
 }

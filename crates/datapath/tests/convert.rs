@@ -10,7 +10,7 @@ use ferry_testkit::disks::{FlatVmdk, make_flat_vmdk, qemu_img, sha256_file, writ
 use ferry_testkit::proxy::CuttingProxy;
 use ferry_testkit::{TestMinio, TestVcsim};
 use ferry_vsphere::inventory::{self, VmSelector};
-use ferry_vsphere::{ConnectConfig, Session, TlsMode, seed};
+use ferry_vsphere::{Session, seed};
 
 const DISK_BYTES: u64 = 512 << 20;
 
@@ -26,15 +26,10 @@ struct Fixture {
 async fn fixture() -> Fixture {
     let vcsim = TestVcsim::start(false).await.unwrap();
     let endpoint = vcsim.endpoint().clone();
-    let session = Session::connect(ConnectConfig {
-        url: endpoint.url.clone(),
-        username: endpoint.username.clone(),
-        password: endpoint.password().unwrap(),
-        tls: TlsMode::CaBundle(std::fs::read_to_string(&endpoint.ca_file).unwrap()),
-        timeout: std::time::Duration::from_secs(120),
-    })
-    .await
-    .unwrap();
+    let config = endpoint
+        .connect_config(std::time::Duration::from_secs(120))
+        .unwrap();
+    let session = Session::connect(config).await.unwrap();
     let vm = inventory::find_vm(&session, &VmSelector::Name("DC0_H0_VM0".into()))
         .await
         .unwrap();

@@ -9,9 +9,9 @@ use ferry_api::DiskFormat;
 use ferry_datapath::progress::Progress;
 use ferry_datapath::spec::{ConvertSpec, DiskSpec, SourceSpec, StagingSpec};
 use ferry_datapath::staging::Staging;
+use ferry_vsphere::Session;
 use ferry_vsphere::datastore::{Download, flat_disk};
 use ferry_vsphere::inventory::{self, VmSelector};
-use ferry_vsphere::{ConnectConfig, Session, TlsMode};
 
 use crate::minio::StandaloneMinio;
 use crate::process::Lifetime;
@@ -103,14 +103,7 @@ async fn run(
     format: DiskFormat,
 ) -> Result<DatapathReport> {
     let endpoint = &vcsim.endpoint;
-    let config = ConnectConfig {
-        url: endpoint.url.clone(),
-        username: endpoint.username.clone(),
-        password: endpoint.password()?,
-        tls: TlsMode::CaBundle(std::fs::read_to_string(&endpoint.ca_file)?),
-        timeout: Duration::from_secs(600),
-    };
-    let session = Session::connect(config).await?;
+    let session = Session::connect(endpoint.connect_config(Duration::from_secs(600))?).await?;
     let vm = inventory::find_vm(&session, &VmSelector::Name("DC0_H0_VM0".into())).await?;
     eprintln!("making a {} MiB source disk...", size >> 20);
     let disk = crate::disks::make_flat_vmdk(work, "bench", size, 42)?;

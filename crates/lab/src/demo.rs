@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use ferry_vsphere::inventory::{self, VmSelector};
-use ferry_vsphere::{ConnectConfig, Session, TlsMode, seed};
+use ferry_vsphere::{Session, seed};
 
 use crate::standins::kubevirt::READY_MARKER;
 use crate::vcsim::VcsimEndpoint;
@@ -20,14 +20,7 @@ pub fn marker(vm: &str) -> String {
 }
 
 pub async fn seed_demo_vms(endpoint: &VcsimEndpoint, dir: &Path) -> Result<()> {
-    let session = Session::connect(ConnectConfig {
-        url: endpoint.url.clone(),
-        username: endpoint.username.clone(),
-        password: endpoint.password()?,
-        tls: TlsMode::CaBundle(std::fs::read_to_string(&endpoint.ca_file)?),
-        timeout: Duration::from_secs(120),
-    })
-    .await?;
+    let session = Session::connect(endpoint.connect_config(Duration::from_secs(120))?).await?;
     let disks_dir = dir.join("demo-disks");
     std::fs::create_dir_all(&disks_dir)?;
     for (vm_name, sizes) in DEMO_VMS {

@@ -36,6 +36,20 @@ impl VcsimEndpoint {
             .with_context(|| format!("no port in {}", self.url))
     }
 
+    /// A client configuration trusting the lab CA, with the simulator's credentials.
+    pub fn connect_config(
+        &self,
+        timeout: std::time::Duration,
+    ) -> Result<ferry_vsphere::ConnectConfig> {
+        Ok(ferry_vsphere::ConnectConfig {
+            url: self.url.clone(),
+            username: self.username.clone(),
+            password: self.password()?,
+            tls: ferry_vsphere::TlsMode::CaBundle(std::fs::read_to_string(&self.ca_file)?),
+            timeout,
+        })
+    }
+
     pub fn password(&self) -> Result<String> {
         Ok(std::fs::read_to_string(&self.password_file)?
             .trim()

@@ -7,8 +7,8 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use ferry_lab::standins::cdi::{self, FAULT_ANNOTATION};
-use ferry_testkit::TestLab;
 use ferry_testkit::disks::{qemu_img, sha256_file, write_pattern};
+use ferry_testkit::{Background, TestLab};
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use kube::api::{DynamicObject, ListParams, Patch, PatchParams};
 use kube::runtime::WatchStreamExt;
@@ -66,14 +66,9 @@ async fn an_http_qcow2_source_imports_to_a_raw_disk_with_progress_and_the_fault_
     let url = server.url("source.qcow2");
 
     let state = work.path().join("cdi");
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let (standin_client, ns_name, standin_state) =
-        (client.clone(), ns.name().to_string(), state.clone());
-    let standin = tokio::spawn(async move {
-        cdi::run(standin_client, Some(&ns_name), &standin_state, async {
-            let _ = stopped.await;
-        })
-        .await
+    let (standin_client, ns_name) = (client.clone(), ns.name().to_string());
+    let standin = Background::spawn(move |shutdown| async move {
+        cdi::run(standin_client, Some(&ns_name), &state, shutdown).await
     });
 
     let dvs = Api::<DynamicObject>::namespaced_with(client.clone(), ns.name(), &cdi::dv_resource());
@@ -154,8 +149,7 @@ async fn an_http_qcow2_source_imports_to_a_raw_disk_with_progress_and_the_fault_
         "LabFaultInjected"
     );
 
-    let _ = stop.send(());
-    let _ = tokio::time::timeout(Duration::from_secs(10), standin).await;
+    standin.stop().await;
     drop(server);
     // The PVs are cluster-scoped: remove the ones this test made.
     let pvs = Api::<PersistentVolume>::all(client);
@@ -206,14 +200,9 @@ async fn an_s3_source_with_a_secret_imports_from_a_real_s3_server() {
         .unwrap();
 
     let state = work.path().join("cdi");
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let (standin_client, ns_name, standin_state) =
-        (client.clone(), ns.name().to_string(), state.clone());
-    let standin = tokio::spawn(async move {
-        cdi::run(standin_client, Some(&ns_name), &standin_state, async {
-            let _ = stopped.await;
-        })
-        .await
+    let (standin_client, ns_name) = (client.clone(), ns.name().to_string());
+    let standin = Background::spawn(move |shutdown| async move {
+        cdi::run(standin_client, Some(&ns_name), &state, shutdown).await
     });
     let dvs = Api::<DynamicObject>::namespaced_with(client.clone(), ns.name(), &cdi::dv_resource());
     let dv = json!({"apiVersion": "cdi.kubevirt.io/v1beta1", "kind": "DataVolume", "metadata": {"name": "from-s3"},
@@ -234,7 +223,6 @@ async fn an_s3_source_with_a_secret_imports_from_a_real_s3_server() {
         .unwrap();
     assert_eq!(sha256_file(&image_of(&pv)), sha);
 
-    let _ = stop.send(());
-    let _ = tokio::time::timeout(Duration::from_secs(10), standin).await;
+    standin.stop().await;
     let _ = pvs.delete(&pv.name_any(), &Default::default()).await;
 }

@@ -4,7 +4,7 @@
 use std::time::{Duration, Instant};
 
 use ferry_lab::standins::kubevirt::{self, MARKER_ANNOTATION, READY_MARKER};
-use ferry_testkit::{TestLab, eventually};
+use ferry_testkit::{Background, TestLab, eventually};
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use kube::api::{DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
 use kube::{Api, ResourceExt};
@@ -43,14 +43,10 @@ async fn a_vm_boots_its_disk_in_qemu_and_halting_stops_it() {
         .unwrap();
 
     let state = work.path().join("guests");
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let ns_name = ns.name().to_string();
-    let (standin_client, standin_state) = (client.clone(), state.clone());
-    let standin = tokio::spawn(async move {
-        kubevirt::run(standin_client, Some(&ns_name), &standin_state, async {
-            let _ = stopped.await;
-        })
-        .await
+    let (standin_client, ns_name, standin_state) =
+        (client.clone(), ns.name().to_string(), state.clone());
+    let standin = Background::spawn(move |shutdown| async move {
+        kubevirt::run(standin_client, Some(&ns_name), &standin_state, shutdown).await
     });
 
     let vms =
@@ -119,8 +115,7 @@ async fn a_vm_boots_its_disk_in_qemu_and_halting_stops_it() {
         "QEMU still runs after the VMI went away"
     );
 
-    let _ = stop.send(());
-    let _ = tokio::time::timeout(Duration::from_secs(10), standin).await;
+    standin.stop().await;
     pvs.delete(&pv_name, &DeleteParams::default())
         .await
         .unwrap();

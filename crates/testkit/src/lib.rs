@@ -361,3 +361,36 @@ pub async fn eventually<T, F: Future<Output = Option<T>>>(
         tokio::time::sleep(std::time::Duration::from_millis(200)).await;
     }
 }
+
+/// The shutdown signal handed to a [`Background`] task.
+pub type Shutdown = std::pin::Pin<Box<dyn Future<Output = ()> + Send + Sync>>;
+
+/// A controller (a stand-in, say) run in the background of a test until [`Background::stop`].
+pub struct Background {
+    stop: tokio::sync::oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Background {
+    pub fn spawn<Fut>(run: impl FnOnce(Shutdown) -> Fut) -> Self
+    where
+        Fut: Future<Output = anyhow::Result<()>> + Send + 'static,
+    {
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let future = run(Box::pin(async move {
+            let _ = stopped.await;
+        }));
+        let task = tokio::spawn(async move {
+            if let Err(e) = future.await {
+                panic!("background task failed: {e:#}");
+            }
+        });
+        Self { stop, task }
+    }
+
+    /// Signals shutdown and waits (up to 10 s) for the task to end.
+    pub async fn stop(self) {
+        let _ = self.stop.send(());
+        let _ = tokio::time::timeout(std::time::Duration::from_secs(10), self.task).await;
+    }
+}

@@ -8,7 +8,7 @@ use ferry_testkit::disks::{hex, make_flat_vmdk};
 use ferry_testkit::proxy::CuttingProxy;
 use ferry_vsphere::datastore::{Download, flat_disk};
 use ferry_vsphere::inventory::{self, VmSelector};
-use ferry_vsphere::{ConnectConfig, Session, TlsMode, seed};
+use ferry_vsphere::{ConnectConfig, Session, seed};
 use sha2::{Digest, Sha256};
 
 const DISK_BYTES: u64 = 256 << 20;
@@ -30,13 +30,7 @@ async fn download_sha(session: &Session, datacenter: &str, disk_file: &str) -> (
 async fn a_real_flat_vmdk_downloads_byte_exact_even_when_the_connection_is_cut() {
     let vcsim = TestVcsim::start(false).await.unwrap();
     let endpoint = vcsim.endpoint().clone();
-    let config = ConnectConfig {
-        url: endpoint.url.clone(),
-        username: endpoint.username.clone(),
-        password: endpoint.password().unwrap(),
-        tls: TlsMode::CaBundle(std::fs::read_to_string(&endpoint.ca_file).unwrap()),
-        timeout: Duration::from_secs(120),
-    };
+    let config = endpoint.connect_config(Duration::from_secs(120)).unwrap();
     let session = Session::connect(config.clone()).await.unwrap();
     let vm = inventory::find_vm(&session, &VmSelector::Name("DC0_H0_VM0".into()))
         .await
