@@ -8,9 +8,12 @@ use ferry_datapath::{ConvertSpec, progress::Progress};
 
 #[derive(Args)]
 pub struct ConvertArgs {
-    /// The conversion spec (JSON): source, disks, format and staging. Credentials are paths to mounted files.
+    /// The conversion spec (JSON file): source, disks, format and staging. Credentials are paths to mounted files.
+    #[arg(long, required_unless_present = "spec_json", conflicts_with = "spec_json")]
+    spec: Option<PathBuf>,
+    /// The same spec inline, as the controller passes it to a Job (it holds no secret, only paths).
     #[arg(long)]
-    spec: PathBuf,
+    spec_json: Option<String>,
     /// Where to write the result manifest; in a pod, its termination message path.
     #[arg(long, default_value = "/dev/termination-log")]
     result_file: PathBuf,
@@ -20,7 +23,11 @@ pub struct ConvertArgs {
 }
 
 pub async fn run(args: ConvertArgs) -> Result<()> {
-    let spec = ConvertSpec::load(&args.spec)?;
+    let spec = match (&args.spec, &args.spec_json) {
+        (Some(path), _) => ConvertSpec::load(path)?,
+        (None, Some(text)) => ConvertSpec::parse(text)?,
+        (None, None) => anyhow::bail!("give --spec or --spec-json"),
+    };
     let outcome = ferry_datapath::convert_all(&spec, &Progress::new(args.quiet)).await;
     report(
         &args.result_file,

@@ -1,6 +1,7 @@
 //! The `ferry` command line: one binary for the controller, the lab and the tools around them.
 
 mod bench;
+mod controller;
 mod convert;
 mod inventory;
 mod lab;
@@ -17,6 +18,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Run the migration controller (leader election, metrics and health on --metrics-addr, JSON logs).
+    Controller(controller::ControllerArgs),
     /// Run the local lab: a real control plane and vSphere simulator on this machine.
     Lab(lab::LabArgs),
     /// Print every CustomResourceDefinition as YAML (`ferry crds | kubectl apply -f -`).
@@ -44,14 +47,20 @@ async fn main() -> std::process::ExitCode {
 }
 
 async fn run() -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "info,kube=warn,kube_client=off".into()),
-        )
-        .with_writer(std::io::stderr)
-        .init();
-    match Cli::parse().command {
+    let cli = Cli::parse();
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| "info,kube=warn,kube_client=off,kube_lease_manager=warn".into());
+    let logs = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    // The controller logs JSON for log pipelines, with the migration's key from the reconcile span.
+    if matches!(cli.command, Command::Controller(_)) {
+        logs.json().with_current_span(true).init();
+    } else {
+        logs.init();
+    }
+    match cli.command {
+        Command::Controller(args) => controller::run(args).await,
         Command::Lab(args) => lab::run(args).await,
         Command::Inventory(args) => inventory::run(args).await,
         Command::Convert(args) => convert::run(args).await,

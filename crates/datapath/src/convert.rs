@@ -35,16 +35,22 @@ pub struct DiskResult {
 
 pub async fn connect(spec: &ConvertSpec) -> Result<Session> {
     let source = &spec.source;
-    let tls = match (&source.thumbprint, &source.ca_file, source.insecure) {
-        (Some(t), None, false) => TlsMode::Thumbprint(t.clone()),
-        (None, Some(ca), false) => TlsMode::CaBundle(
+    let tls = match (
+        &source.thumbprint,
+        &source.ca_file,
+        &source.ca_bundle,
+        source.insecure,
+    ) {
+        (Some(t), None, None, false) => TlsMode::Thumbprint(t.clone()),
+        (None, Some(ca), None, false) => TlsMode::CaBundle(
             std::fs::read_to_string(ca)
                 .map_err(|e| Error::Spec(format!("reading {}: {e}", ca.display())))?,
         ),
-        (None, None, true) => TlsMode::InsecureSkipVerify,
+        (None, None, Some(pem), false) => TlsMode::CaBundle(pem.clone()),
+        (None, None, None, true) => TlsMode::InsecureSkipVerify,
         _ => {
             return Err(Error::Spec(
-                "the source needs exactly one of caFile, thumbprint or insecure".into(),
+                "the source needs exactly one of caFile, caBundle, thumbprint or insecure".into(),
             ));
         }
     };

@@ -37,9 +37,11 @@ pub struct SourceSpec {
     pub url: String,
     /// A directory with the files `user` and `password` (a mounted Secret).
     pub credentials_dir: PathBuf,
-    /// Exactly one of: a PEM file, a pinned thumbprint, or `insecure`.
+    /// Exactly one of: a PEM file, PEM text (a Provider's public caBundle), a pinned thumbprint, or `insecure`.
     #[serde(default)]
     pub ca_file: Option<PathBuf>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_bundle: Option<String>,
     #[serde(default)]
     pub thumbprint: Option<String>,
     #[serde(default)]
@@ -77,8 +79,11 @@ impl ConvertSpec {
     pub fn load(path: &Path) -> Result<Self> {
         let text = std::fs::read_to_string(path)
             .map_err(|e| Error::Spec(format!("reading {}: {e}", path.display())))?;
-        let spec: Self = serde_json::from_str(&text)
-            .map_err(|e| Error::Spec(format!("{}: {e}", path.display())))?;
+        Self::parse(&text).map_err(|e| Error::Spec(format!("{}: {e}", path.display())))
+    }
+
+    pub fn parse(text: &str) -> Result<Self> {
+        let spec: Self = serde_json::from_str(text).map_err(|e| Error::Spec(e.to_string()))?;
         if spec.disks.is_empty() {
             return Err(Error::Spec("the spec lists no disk".into()));
         }

@@ -51,6 +51,15 @@ pub struct Staging {
 
 impl Staging {
     pub fn open(spec: &StagingSpec) -> Result<Self> {
+        Self::open_with(spec, None)
+    }
+
+    /// Opens s3 staging with keys held in memory (the controller reads them from a Secret, never from files).
+    pub fn open_with_keys(spec: &StagingSpec, access_key: String, secret_key: String) -> Result<Self> {
+        Self::open_with(spec, Some((access_key, secret_key)))
+    }
+
+    fn open_with(spec: &StagingSpec, keys: Option<(String, String)>) -> Result<Self> {
         let url = spec.url.trim_end_matches('/').to_string();
         let fail = |detail: String| Error::Staging {
             url: url.clone(),
@@ -67,13 +76,19 @@ impl Staging {
         }
         if let Some(rest) = url.strip_prefix("s3://") {
             let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
-            let credentials = spec.credentials_dir.as_deref().ok_or_else(|| {
-                fail("s3 staging needs a credentials directory (accessKeyId, secretKey)".into())
-            })?;
+            let (access_key, secret_key) = match (&keys, spec.credentials_dir.as_deref()) {
+                (Some(keys), _) => keys.clone(),
+                (None, Some(dir)) => (read_secret(dir, "accessKeyId")?, read_secret(dir, "secretKey")?),
+                (None, None) => {
+                    return Err(fail(
+                        "s3 staging needs a credentials directory (accessKeyId, secretKey)".into(),
+                    ));
+                }
+            };
             let mut builder = AmazonS3Builder::new()
                 .with_bucket_name(bucket)
-                .with_access_key_id(read_secret(credentials, "accessKeyId")?)
-                .with_secret_access_key(read_secret(credentials, "secretKey")?)
+                .with_access_key_id(access_key)
+                .with_secret_access_key(secret_key)
                 .with_region(spec.region.clone().unwrap_or_else(|| "us-east-1".into()))
                 .with_virtual_hosted_style_request(false)
                 // The manifest's sha256 already proves the content; signing each part would hash every byte again.

@@ -64,6 +64,7 @@ impl Fixture {
                 url: url.unwrap_or_else(|| self.vcsim.endpoint().url.clone()),
                 credentials_dir: self.work.path().to_path_buf(),
                 ca_file: Some(self.vcsim.endpoint().ca_file.clone()),
+                ca_bundle: None,
                 thumbprint: None,
                 insecure: false,
                 datacenter: "DC0".into(),

@@ -161,6 +161,7 @@ async fn run(
             url: endpoint.url.clone(),
             credentials_dir: credentials,
             ca_file: Some(endpoint.ca_file.clone()),
+            ca_bundle: None,
             thumbprint: None,
             insecure: false,
             datacenter: info.datacenter.clone(),

@@ -193,6 +193,11 @@ impl Context {
         })
     }
 
+    /// The staging store, in `DIR/staging`.
+    pub fn minio(&self, ports: &Ports) -> Result<Component> {
+        crate::minio::component(&self.dir.join("staging"), &self.tools, ports.0[0], ports.0[1])
+    }
+
     pub fn vcsim(&self) -> Component {
         crate::vcsim::component(&self.dir, &self.tools, &self.serving, false)
     }

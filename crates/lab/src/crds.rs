@@ -39,8 +39,28 @@ pub fn all() -> Result<Vec<CustomResourceDefinition>> {
     Ok(crds)
 }
 
-/// Applies every CRD (server-side, idempotent) and waits until each is established.
+/// The lab's one StorageClass, the default, served by the CDI stand-in's hostPath volumes.
+async fn install_storage_class(client: &Client) -> Result<()> {
+    let class = serde_json::json!({
+        "apiVersion": "storage.k8s.io/v1", "kind": "StorageClass",
+        "metadata": {"name": crate::standins::cdi::STORAGE_CLASS,
+                     "annotations": {"storageclass.kubernetes.io/is-default-class": "true"}},
+        "provisioner": "lab.ferry.dev/hostpath", "reclaimPolicy": "Delete", "volumeBindingMode": "Immediate",
+    });
+    Api::<k8s_openapi::api::storage::v1::StorageClass>::all(client.clone())
+        .patch(
+            crate::standins::cdi::STORAGE_CLASS,
+            &PatchParams::apply(MANAGER).force(),
+            &Patch::Apply(&class),
+        )
+        .await
+        .context("creating the lab's StorageClass")?;
+    Ok(())
+}
+
+/// Applies every CRD (server-side, idempotent) and waits until each is established; adds the StorageClass.
 pub async fn install(client: &Client) -> Result<()> {
+    install_storage_class(client).await?;
     let api: Api<CustomResourceDefinition> = Api::all(client.clone());
     let crds = all()?;
     for crd in &crds {

@@ -11,6 +11,7 @@ use crate::components::{self, Component, Ports};
 use crate::pki::Pki;
 use crate::probe;
 use crate::process::{self, Lifetime, ProcessRecord};
+pub use crate::minio::StagingEndpoint;
 pub use crate::vcsim::VcsimEndpoint;
 
 const STATE_FILE: &str = "lab.json";
@@ -43,6 +44,9 @@ pub struct LabState {
     pub kubeconfig: PathBuf,
     pub api_url: String,
     pub vcsim: Option<VcsimEndpoint>,
+    /// The S3 staging store (MinIO) migrations stage converted disks in.
+    #[serde(default)]
+    pub staging: Option<StagingEndpoint>,
     pub ports: Vec<u16>,
     pub processes: Vec<ProcessRecord>,
 }
@@ -55,6 +59,7 @@ impl LabState {
             kubeconfig: dir.join("kubeconfig"),
             api_url: String::new(),
             vcsim: None,
+            staging: None,
             ports: Vec::new(),
             processes: Vec::new(),
         }
@@ -104,6 +109,13 @@ impl LabState {
                 v.username,
                 shell_quote(&v.password_file),
                 shell_quote(&v.ca_file)
+            ));
+        }
+        if let Some(s) = &self.staging {
+            out.push_str(&format!(
+                "export FERRY_STAGING_ENDPOINT={}\nexport FERRY_STAGING_CREDENTIALS_DIR={}\n",
+                s.endpoint,
+                shell_quote(&s.credentials_dir)
             ));
         }
         out
@@ -179,6 +191,10 @@ async fn start_all(state: &mut LabState, options: &LabOptions) -> Result<()> {
             .context("seeding the demo VMs")?;
     }
     state.vcsim = Some(endpoint);
+    state.save()?;
+    start_component(state, lifetime, |ports| ctx.minio(ports)).await?;
+    let minio_port = *state.ports.iter().rev().nth(1).context("minio has no port")?;
+    state.staging = Some(crate::minio::endpoint(&dir.join("staging"), minio_port));
     state.save()?;
     if let Some(ferry) = &options.standins {
         for name in STANDINS {

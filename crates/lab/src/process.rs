@@ -130,6 +130,18 @@ pub fn stop(record: &ProcessRecord, grace: Duration) -> Result<()> {
     Ok(())
 }
 
+/// SIGKILL to the whole process group, at once, as a crash or an OOM kill would; waits until it is gone.
+pub fn kill_group(record: &ProcessRecord) {
+    let Some(pgid) = Pid::from_raw(record.pid) else {
+        return;
+    };
+    let _ = rustix::process::kill_process_group(pgid, Signal::KILL);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while group_exists(pgid) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// A group exists while any member is alive; zombies of our own children are reaped in the background.
 fn group_exists(pgid: Pid) -> bool {
     if rustix::process::test_kill_process_group(pgid).is_err() {

@@ -20,6 +20,7 @@ use kube::{Api, Client};
 pub mod disks;
 mod exit;
 pub mod http;
+pub mod migration;
 pub mod proxy;
 
 /// A running lab owned by this test process.
@@ -41,14 +42,27 @@ impl TestLab {
 
     /// A lab of this test's own.
     pub async fn start() -> Result<TestLab> {
+        // Tests run the stand-ins they need in-process.
+        Self::start_with(None).await
+    }
+
+    /// The whole lab as `ferry lab up` runs it (stand-ins run by `ferry`, demo VMs), shared by every test of
+    /// this binary.
+    pub async fn shared_with_standins(ferry: &Path) -> &'static TestLab {
+        static FULL: tokio::sync::OnceCell<TestLab> = tokio::sync::OnceCell::const_new();
+        FULL.get_or_try_init(|| TestLab::start_with(Some(ferry.to_path_buf())))
+            .await
+            .expect("starting the shared lab with stand-ins")
+    }
+
+    async fn start_with(standins: Option<PathBuf>) -> Result<TestLab> {
         let dir = fresh_dir()?;
         let options = LabOptions {
             dir: dir.clone(),
             tools: ferry_lab::tools::bin_dir()?,
             lifetime: Lifetime::TiedToThisProcess,
-            // Tests run the stand-ins they need in-process.
-            standins: None,
-            demo_vms: false,
+            demo_vms: standins.is_some(),
+            standins,
         };
         match ferry_lab::up(&options).await {
             Ok(outcome) => Ok(TestLab {

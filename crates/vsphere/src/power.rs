@@ -102,7 +102,8 @@ pub async fn current_power_state(session: &Session, vm: &MoRef) -> Result<PowerS
         })
 }
 
-async fn tools_running(session: &Session, vm: &MoRef) -> Result<bool> {
+/// True when VMware Tools run in the guest, so that it can be asked to shut down.
+pub async fn tools_running(session: &Session, vm: &MoRef) -> Result<bool> {
     let found = props::retrieve(
         session,
         "VirtualMachine",
@@ -156,6 +157,16 @@ pub async fn power_on(session: &Session, vm: &MoRef, timeout: Duration) -> Resul
     match start_power_on(session, vm).await? {
         Some(task) => finish_power_task(session, &task, timeout).await,
         None => Ok(()),
+    }
+}
+
+/// Asks the guest to shut down and returns at once (a level-triggered caller watches the power state itself).
+/// False when the VM was already off.
+pub async fn request_guest_shutdown(session: &Session, vm: &MoRef) -> Result<bool> {
+    match session.call("ShutdownGuest", vm, "").await {
+        Ok(_) => Ok(true),
+        Err(e) if e.fault() == Some("InvalidPowerState") => Ok(false),
+        Err(e) => Err(e),
     }
 }
 

@@ -234,6 +234,15 @@ pub struct StagingSpec {
     pub url: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub secret_ref: Option<SecretReference>,
+    /// For s3 outside AWS (MinIO, Ceph RGW, ...): the endpoint both the conversion Job and CDI use, for example
+    /// `https://minio.storage.svc:9000`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[x_kube(
+        validation = Rule::new("self.matches('^https?://[^/@ ]+/?$')")
+            .message("staging endpoint must be http(s)://host[:port], without a path or credentials")
+    )]
+    #[schemars(length(min = 8, max = 512))]
+    pub endpoint: Option<String>,
 }
 
 #[derive(Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]

@@ -124,6 +124,9 @@ pub struct VirtualMachineMigrationStatus {
     pub start_time: Option<Time>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub completion_time: Option<Time>,
+    /// Everything the migration created was removed (after a failure or a cancel), and power restored if asked.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub cleaned_up: bool,
 }
 
 #[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
@@ -159,9 +162,15 @@ pub struct SourceVmStatus {
     pub guest_os: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub firmware: Option<Firmware>,
+    /// The datacenter whose datastores hold the disks.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub datacenter: Option<String>,
     pub cpus: i32,
     pub cores_per_socket: i32,
     pub memory_mib: i64,
+    /// Snapshots of the VM; its disks are then read through their chains.
+    #[serde(default)]
+    pub snapshots: i32,
     #[serde(default)]
     pub disks: Vec<SourceDisk>,
     #[serde(default)]
@@ -177,8 +186,17 @@ pub struct SourceDisk {
     pub capacity_bytes: i64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub controller: Option<String>,
+    /// `scsi`, `sata`, `ide` or `nvme`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bus: Option<String>,
+    /// The vSphere backing type, for example `VirtualDiskFlatVer2BackingInfo`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backing: Option<String>,
     #[serde(default)]
     pub thin: bool,
+    /// Snapshot delta files below the disk.
+    #[serde(default)]
+    pub snapshot_chain: i32,
 }
 
 #[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
@@ -201,6 +219,9 @@ pub struct PowerStatus {
     /// The vSphere task in flight (its moref), so that a restarted controller follows it instead of repeating it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub task: Option<String>,
+    /// When a guest shutdown was asked for; the forced power-off waits `timeoutSeconds` from here.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shutdown_requested: Option<Time>,
     #[serde(default)]
     pub restored: bool,
 }

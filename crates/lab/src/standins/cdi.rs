@@ -1,6 +1,7 @@
 //! The CDI stand-in: each DataVolume gets a PVC and a hostPath PV that the real binder binds, then its `http` or
 //! `s3` source is really downloaded, converted to a raw `disk.img` as CDI's importer does, and reported through
-//! the phases and `progress` CDI uses. The annotation `lab.ferry.dev/fault: fail|stall` injects failures.
+//! the phases and `progress` CDI uses. The annotation `lab.ferry.dev/fault: fail|stall`, or the namespace's
+//! fault switch (`faults`), injects failures.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -99,7 +100,17 @@ async fn reconcile(dv: Arc<DynamicObject>, ctx: Arc<Context>) -> Result<Action, 
     if matches!(phase, "Succeeded" | "Failed") {
         return Ok(Action::await_change());
     }
-    if dv.annotations().get(FAULT_ANNOTATION).map(String::as_str) == Some("fail") {
+    let started = ctx
+        .imports
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .contains_key(&uid);
+    let injected = dv.annotations().get(FAULT_ANNOTATION).map(String::as_str) == Some("fail")
+        || (!started
+            && phase != "ImportInProgress"
+            && super::faults::take(&ctx.client, &ns, super::faults::FAIL_IMPORTS, dv.labels())
+                .await?);
+    if injected {
         set_status(
             &ctx.client,
             &dv,
@@ -131,11 +142,6 @@ async fn reconcile(dv: Arc<DynamicObject>, ctx: Arc<Context>) -> Result<Action, 
         return Ok(Action::requeue(Duration::from_secs(1)));
     }
     // One import per DataVolume per stand-in run; it records its own end, so a stale read cannot restart it.
-    let started = ctx
-        .imports
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .contains_key(&uid);
     if !started {
         if phase != "ImportInProgress" {
             set_status(

@@ -2,6 +2,7 @@
 //! that does the real work where the machine allows it.
 
 pub mod cdi;
+pub mod faults;
 pub mod kubevirt;
 pub mod node;
 pub mod qemu;

@@ -203,7 +203,27 @@ async fn reconcile(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action, Error> {
 async fn run_pod(pod: Pod, ctx: Arc<Context>) {
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &pod.namespace().unwrap_or_default());
     let started = Timestamp::now().to_string();
-    let outcome = match prepare(&pod, &ctx).await {
+    let ns = pod.namespace().unwrap_or_default();
+    let injected =
+        super::faults::take(&ctx.client, &ns, super::faults::FAIL_PODS, pod.labels()).await;
+    let outcome = if matches!(injected, Ok(true)) {
+        Outcome {
+            exit_code: 1,
+            reason: "Error".into(),
+            message: "the lab's fault switch failed this pod".into(),
+            started: started.clone(),
+        }
+    } else {
+        run_container(&pod, &ctx, &pods, &started).await
+    };
+    if let Err(e) = write_status(&pods, &pod, terminated_status(&pod, &outcome)).await {
+        tracing::warn!(pod = %pod.name_any(), "recording the pod's end: {e}");
+    }
+}
+
+async fn run_container(pod: &Pod, ctx: &Context, pods: &Api<Pod>, started: &str) -> Outcome {
+    let started = started.to_string();
+    match prepare(pod, ctx).await {
         Err(e) => Outcome {
             exit_code: 128,
             reason: "CreateContainerConfigError".into(),
@@ -211,7 +231,7 @@ async fn run_pod(pod: Pod, ctx: Arc<Context>) {
             started: started.clone(),
         },
         Ok(mut command) => {
-            let _ = write_status(&pods, &pod, running_status(&pod, &started)).await;
+            let _ = write_status(pods, pod, running_status(pod, &started)).await;
             let deadline = pod
                 .spec
                 .as_ref()
@@ -221,7 +241,7 @@ async fn run_pod(pod: Pod, ctx: Arc<Context>) {
                 Some(limit) => tokio::time::timeout(limit, command.status()).await.ok(),
                 None => Some(command.status().await),
             };
-            let message = std::fs::read(pod_dir(&ctx, &pod).join("termination-log"))
+            let message = std::fs::read(pod_dir(ctx, pod).join("termination-log"))
                 .map(|m| String::from_utf8_lossy(&m[..m.len().min(4096)]).to_string())
                 .unwrap_or_default();
             match waited {
@@ -249,9 +269,6 @@ async fn run_pod(pod: Pod, ctx: Arc<Context>) {
                 }
             }
         }
-    };
-    if let Err(e) = write_status(&pods, &pod, terminated_status(&pod, &outcome)).await {
-        tracing::warn!(pod = %pod.name_any(), "recording the pod's end: {e}");
     }
 }
 

@@ -1,0 +1,70 @@
+//! `ferry controller`: the migration controller, against the current kubeconfig or the in-cluster identity.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use clap::Args;
+use ferry_controller::{Config, RunOptions};
+
+#[derive(Args)]
+pub struct ControllerArgs {
+    /// A kubeconfig; without it, $KUBECONFIG, ~/.kube/config or the pod's ServiceAccount.
+    #[arg(long)]
+    kubeconfig: Option<PathBuf>,
+    /// Serve /metrics, /healthz and /readyz here.
+    #[arg(long, default_value = "127.0.0.1:8080")]
+    metrics_addr: Option<SocketAddr>,
+    /// The image conversion and verification Jobs run; its entrypoint must be `ferry`.
+    #[arg(long, env = "FERRY_WORKER_IMAGE", default_value = concat!("ferry:", env!("CARGO_PKG_VERSION")))]
+    worker_image: String,
+    /// The namespace of the leader-election Lease: the controller's own.
+    #[arg(long, env = "POD_NAMESPACE", default_value = "ferry-system")]
+    lease_namespace: String,
+    #[arg(long, default_value = "ferry-controller")]
+    lease_name: String,
+    /// The lease holder's name; a restarted process with the same identity leads again at once.
+    #[arg(long, env = "POD_NAME")]
+    identity: Option<String>,
+    #[arg(long, default_value_t = 15)]
+    lease_seconds: u64,
+    /// Watch one namespace only.
+    #[arg(long)]
+    namespace: Option<String>,
+    /// How long a started guest may take to report ready, in seconds.
+    #[arg(long, default_value_t = 900)]
+    guest_ready_timeout: u64,
+}
+
+pub async fn run(args: ControllerArgs) -> Result<()> {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let client = match &args.kubeconfig {
+        Some(path) => {
+            let kubeconfig = kube::config::Kubeconfig::read_from(path)
+                .with_context(|| format!("reading {}", path.display()))?;
+            let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default()).await?;
+            kube::Client::try_from(config)?
+        }
+        None => kube::Client::try_default().await.context("no kubeconfig or in-cluster identity")?,
+    };
+    let identity = args.identity.unwrap_or_else(|| {
+        std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .map(|h| h.trim().to_string())
+            .unwrap_or_else(|_| format!("ferry-{}", std::process::id()))
+    });
+    let options = RunOptions {
+        config: Config {
+            worker_image: args.worker_image,
+            guest_ready_timeout: Duration::from_secs(args.guest_ready_timeout),
+            ..Config::default()
+        },
+        metrics_addr: args.metrics_addr,
+        lease_namespace: args.lease_namespace,
+        lease_name: args.lease_name,
+        identity,
+        lease_seconds: args.lease_seconds,
+        namespace: args.namespace,
+    };
+    ferry_controller::run(client, options).await
+}

@@ -1,0 +1,149 @@
+//! What the migration tests share: one lab with its stand-ins and one controller per test binary, as in a cluster.
+
+#![allow(dead_code)]
+
+use std::path::Path;
+use std::time::Duration;
+
+use ferry_api::{Phase, VirtualMachineMigration};
+use ferry_testkit::TestLab;
+use ferry_testkit::migration::ControllerProcess;
+use kube::api::{DynamicObject, ListParams};
+use kube::{Api, Client, ResourceExt};
+use tokio::sync::Mutex;
+
+pub fn ferry() -> &'static Path {
+    Path::new(env!("CARGO_BIN_EXE_ferry"))
+}
+
+pub async fn lab() -> &'static TestLab {
+    TestLab::shared_with_standins(ferry()).await
+}
+
+/// The one controller of this test binary.
+pub async fn controller() -> &'static Mutex<ControllerProcess> {
+    static CONTROLLER: tokio::sync::OnceCell<Mutex<ControllerProcess>> = tokio::sync::OnceCell::const_new();
+    CONTROLLER
+        .get_or_init(|| async {
+            Mutex::new(ControllerProcess::start(lab().await, ferry()).await.expect("starting ferry controller"))
+        })
+        .await
+}
+
+/// A namespace with the Provider and Secrets, and a client for it.
+pub async fn setup(prefix: &str) -> (Client, ferry_testkit::TestNamespace) {
+    let lab = lab().await;
+    controller().await;
+    let ns = lab.namespace(prefix).await;
+    let client = lab.client().await;
+    ferry_testkit::migration::create_provider(&client, lab, ns.name()).await.unwrap();
+    (client, ns)
+}
+
+pub fn migrations(client: &Client, ns: &str) -> Api<VirtualMachineMigration> {
+    Api::namespaced(client.clone(), ns)
+}
+
+/// Waits for `phase`, failing early with the whole status when the migration ends elsewhere.
+pub async fn wait_for_phase(client: &Client, ns: &str, name: &str, phase: Phase, timeout: Duration) -> VirtualMachineMigration {
+    let api = migrations(client, ns);
+    let deadline = std::time::Instant::now() + timeout;
+    loop {
+        let vmm = api.get(name).await.unwrap();
+        let now = vmm.status.as_ref().and_then(|s| s.phase);
+        if now == Some(phase) {
+            return vmm;
+        }
+        let ended = now.is_some_and(|p| p.is_terminal());
+        if ended || std::time::Instant::now() > deadline {
+            let controller = controller().await.lock().await.logs();
+            let tail: Vec<&str> = controller.lines().rev().take(40).collect();
+            panic!(
+                "{ns}/{name} is {now:?}, not {phase:?}; status: {}\ncontroller log (last lines, newest first):\n{}",
+                serde_json::to_string_pretty(&vmm.status).unwrap(),
+                tail.join("\n")
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+/// Names of the objects of `resource` in `ns` that carry the migration's UID label.
+pub async fn labelled(client: &Client, ns: &str, resource: &kube::core::ApiResource, uid: &str) -> Vec<String> {
+    Api::<DynamicObject>::namespaced_with(client.clone(), ns, resource)
+        .list(&ListParams::default().labels(&format!("migration.platform.example/uid={uid}")))
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .map(|o| o.name_any())
+        .collect()
+}
+
+pub fn resource(group: &str, version: &str, kind: &str) -> kube::core::ApiResource {
+    kube::core::ApiResource::from_gvk(&kube::core::GroupVersionKind::gvk(group, version, kind))
+}
+
+pub async fn source_power(vm: &str) -> ferry_api::PowerState {
+    let vcsim = lab().await.state().vcsim.clone().unwrap();
+    let session = ferry_vsphere::Session::connect(vcsim.connect_config(Duration::from_secs(30)).unwrap())
+        .await
+        .unwrap();
+    let moref = ferry_vsphere::inventory::find_vm(&session, &ferry_vsphere::VmSelector::Name(vm.into()))
+        .await
+        .unwrap();
+    ferry_vsphere::power::current_power_state(&session, &moref).await.unwrap()
+}
+
+pub async fn set_source_power(vm: &str, on: bool) {
+    let vcsim = lab().await.state().vcsim.clone().unwrap();
+    let session = ferry_vsphere::Session::connect(vcsim.connect_config(Duration::from_secs(30)).unwrap())
+        .await
+        .unwrap();
+    let moref = ferry_vsphere::inventory::find_vm(&session, &ferry_vsphere::VmSelector::Name(vm.into()))
+        .await
+        .unwrap();
+    if on {
+        ferry_vsphere::power::power_on(&session, &moref, Duration::from_secs(60)).await.unwrap();
+    } else {
+        ferry_vsphere::power::power_off(&session, &moref, Duration::from_secs(60)).await.unwrap();
+    }
+}
+
+/// Tests that touch one source VM's power take turns.
+pub async fn source_lock(vm: &str) -> tokio::sync::OwnedMutexGuard<()> {
+    static LOCKS: std::sync::Mutex<Vec<(String, std::sync::Arc<Mutex<()>>)>> = std::sync::Mutex::new(Vec::new());
+    let lock = {
+        let mut locks = LOCKS.lock().unwrap();
+        match locks.iter().find(|(name, _)| name == vm) {
+            Some((_, lock)) => lock.clone(),
+            None => {
+                let lock = std::sync::Arc::new(Mutex::new(()));
+                locks.push((vm.to_string(), lock.clone()));
+                lock
+            }
+        }
+    };
+    lock.lock_owned().await
+}
+
+/// The staged objects of a migration that are still in the lab's MinIO.
+pub async fn staged_objects(ns: &str, name: &str, uid: &str, disks: usize) -> Vec<String> {
+    let staging = lab().await.state().staging.clone().unwrap();
+    let store = ferry_datapath::staging::Staging::open(&ferry_datapath::spec::StagingSpec {
+        url: format!("{}/{ns}/{name}-{uid}", staging.url("migrations")),
+        credentials_dir: Some(staging.credentials_dir.clone()),
+        endpoint: Some(staging.endpoint.clone()),
+        region: None,
+    })
+    .unwrap();
+    let mut found = Vec::new();
+    for i in 0..disks {
+        for object in [format!("disk-{i}.raw"), format!("disk-{i}.qcow2"), format!("disk-{i}.raw.manifest.json")] {
+            if store.head(&object).await.unwrap().is_some() {
+                found.push(object);
+            }
+        }
+    }
+    found
+}

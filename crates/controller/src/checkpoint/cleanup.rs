@@ -1,0 +1,99 @@
+//! Cleanup after a cancel, a delete or a failure. Desired: nothing labelled with the migration's UID left (VM,
+//! DataVolumes, Jobs), no staged image, and the source powered on again if `restorePowerState` asks and Ferry
+//! powered it off. Observed: those objects by label, the staged objects by name, the source's power. Action:
+//! delete what is there; power on only once the target VM is gone (never both running). Recorded: power.restored.
+
+use std::time::Duration;
+
+use ferry_api::{ErrorClass, PowerState};
+use k8s_openapi::api::batch::v1::Job;
+use kube::api::{DeleteParams, DynamicObject, ListParams, PropagationPolicy};
+use kube::{Api, ResourceExt};
+
+use super::{Step, jobs, power};
+use crate::build::{dv_resource, vm_resource};
+use crate::children;
+use crate::error::Result;
+
+/// One pass; true when everything is gone and power is as it should be.
+pub async fn cleanup(step: &mut Step<'_>) -> Result<bool> {
+    let ns = step.vmm.namespace().unwrap_or_default();
+    let client = &step.ctx.client;
+    let selector = ListParams::default().labels(&children::uid_selector(step.vmm));
+    let background = DeleteParams {
+        propagation_policy: Some(PropagationPolicy::Background),
+        ..DeleteParams::default()
+    };
+    let mut remaining = 0;
+    for resource in [vm_resource(), dv_resource()] {
+        let api = Api::<DynamicObject>::namespaced_with(client.clone(), &ns, &resource);
+        for object in api.list(&selector).await? {
+            remaining += 1;
+            if object.metadata.deletion_timestamp.is_none() {
+                match api.delete(&object.name_any(), &background).await {
+                    Ok(_) => {}
+                    Err(kube::Error::Api(s)) if s.code == 404 => {}
+                    Err(e) => return Err(e.into()),
+                }
+            }
+        }
+    }
+    for job in Api::<Job>::namespaced(client.clone(), &ns).list(&selector).await? {
+        remaining += 1;
+        if job.metadata.deletion_timestamp.is_none() {
+            jobs::delete(step.ctx, &ns, &job.name_any()).await?;
+        }
+    }
+    remove_staged(step).await?;
+    if remaining > 0 {
+        return Ok(false);
+    }
+    restore_power(step).await
+}
+
+async fn remove_staged(step: &Step<'_>) -> Result<()> {
+    let disks = step
+        .status
+        .source
+        .as_ref()
+        .map_or(step.status.disks.len(), |s| s.disks.len());
+    if disks == 0 {
+        return Ok(());
+    }
+    match crate::staging::open(step.ctx, step.vmm).await {
+        Ok(staging) => {
+            for object in crate::staging::object_names(disks) {
+                staging.delete(&object).await?;
+            }
+            Ok(())
+        }
+        // Without its Secret (or with an unsupported URL) staging cannot be reached: nothing was staged by us
+        // either, since the conversion Job needs the same Secret.
+        Err(e) if e.class == ErrorClass::Permanent => {
+            tracing::warn!("staging not cleaned: {e}");
+            Ok(())
+        }
+        Err(e) => Err(e),
+    }
+}
+
+async fn restore_power(step: &mut Step<'_>) -> Result<bool> {
+    let Some(recorded) = step.status.power.clone() else {
+        return Ok(true);
+    };
+    let asked = step.vmm.spec.source.restore_power_state;
+    if !asked || recorded.original != Some(PowerState::PoweredOn) || recorded.restored {
+        return Ok(true);
+    }
+    let session = power::session(step.ctx, step.vmm).await?;
+    let vm = power::source_vm(step.vmm)?;
+    let observed = ferry_vsphere::power::current_power_state(&session, &vm).await?;
+    if observed != PowerState::PoweredOn {
+        ferry_vsphere::power::power_on(&session, &vm, Duration::from_secs(300)).await?;
+    }
+    let power = step.status.power.get_or_insert_default();
+    power.restored = true;
+    power.current = Some(PowerState::PoweredOn);
+    power.task = None;
+    Ok(true)
+}

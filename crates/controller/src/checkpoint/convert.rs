@@ -1,0 +1,79 @@
+//! Converting. Desired: every disk staged with its sha256 recorded. Observed: this attempt's conversion Job
+//! `<name>-convert-<attempt>` and the result in its termination message. Action: create the Job if absent; after
+//! a failed attempt, delete it and spend one bounded retry. Recorded: staged URL, sha256 and bytes per disk;
+//! DiskConverted.
+
+use std::time::Duration;
+
+use ferry_api::{ErrorClass, Phase};
+use ferry_datapath::convert::DiskResult;
+use kube::ResourceExt;
+
+use super::jobs::{self, JobState};
+use super::{Next, Step};
+use crate::error::{Failure, Result};
+use crate::{build, children, status};
+
+pub async fn run(step: &mut Step<'_>) -> Result<Next> {
+    let ns = step.vmm.namespace().unwrap_or_default();
+    let attempt = status::budget_used(step.status, Phase::Converting) + 1;
+    let name = children::convert_job(step.vmm, attempt);
+    match jobs::observe(step.ctx, &ns, &name).await? {
+        JobState::Absent => {
+            let provider = super::power::provider(step.ctx, step.vmm).await?;
+            let job = build::job::convert_job(step.vmm, &provider, attempt, &step.ctx.config.worker_image);
+            jobs::create(step.ctx, &ns, &job).await?;
+            Ok(Next::wait("ConversionStarted", format!("Job {name} (attempt {attempt}) converts the disks"), WAIT))
+        }
+        JobState::Terminating => Ok(Next::wait("ConversionRestarting", format!("Job {name} is being removed"), WAIT)),
+        JobState::Running => Ok(Next::wait("Converting", format!("Job {name} converts the disks"), WAIT)),
+        JobState::Succeeded(result) => record(step, &name, result),
+        JobState::Failed(failure) => retry(step, &ns, &name, failure).await,
+    }
+}
+
+/// Long enough to stay quiet: the Job's own changes wake the migration up.
+const WAIT: Duration = Duration::from_secs(60);
+
+fn record(step: &mut Step<'_>, job: &str, result: serde_json::Value) -> Result<Next> {
+    let disks: Vec<DiskResult> = serde_json::from_value(result["disks"].clone()).map_err(|e| {
+        Failure::bounded("JobResultUnreadable", format!("Job {job} left a result that does not parse: {e}"))
+    })?;
+    let mut moved = 0;
+    for disk in &mut step.status.disks {
+        let Some(found) = disks.iter().find(|d| d.index == disk.index as u32) else {
+            return Err(Failure::bounded(
+                "DiskNotConverted",
+                format!("Job {job} reported no result for disk {}", disk.index),
+            ));
+        };
+        disk.staged_url = Some(found.staged.url.clone());
+        disk.sha256 = Some(found.staged.source_sha256.clone());
+        disk.bytes_moved = found.bytes_read as i64;
+        moved += found.bytes_read;
+    }
+    step.ctx.metrics.bytes_moved(moved);
+    Ok(Next::advance(
+        Phase::Importing,
+        "DisksStaged",
+        format!("{} disk(s) staged with their sha256 ({moved} bytes read)", disks.len()),
+    ))
+}
+
+/// A failed attempt: permanent errors stop; anything else spends one bounded retry on a fresh Job.
+async fn retry(step: &mut Step<'_>, ns: &str, job: &str, failure: Failure) -> Result<Next> {
+    if failure.class == ErrorClass::Permanent {
+        return Err(failure);
+    }
+    let budget = step.vmm.spec.retry.budget;
+    if !status::spend_budget(step.status, Phase::Converting, budget) {
+        return Err(status::exhausted(&failure, budget));
+    }
+    jobs::delete(step.ctx, ns, job).await?;
+    status::record_error(step.status, &failure, Phase::Converting, &step.now);
+    Ok(Next::wait(
+        "ConversionRetrying",
+        format!("{} (retry {} of {budget})", failure.message, status::budget_used(step.status, Phase::Converting)),
+        Duration::from_secs(2),
+    ))
+}

@@ -1,0 +1,92 @@
+//! Validating (guest). Desired: the guest booted and answered. Observed: the VMI's Ready and AgentConnected
+//! conditions. Action: none until then; then the hand-over: the VM and its DataVolumes stop being owned by the
+//! migration, and its Jobs and staged images are removed. Recorded: GuestReady, then Ready.
+
+use std::time::Duration;
+
+use ferry_api::{Phase, RunStrategy};
+use kube::api::{DynamicObject, ListParams, Patch, PatchParams};
+use kube::{Api, ResourceExt};
+use serde_json::{Value, json};
+
+use super::{Next, Step, jobs};
+use crate::build::{dv_resource, vm_resource, vmi_resource};
+use crate::children;
+use crate::error::{Failure, Result};
+
+pub async fn run(step: &mut Step<'_>) -> Result<Next> {
+    let ns = step.vmm.namespace().unwrap_or_default();
+    let name = children::vm_name(step.vmm);
+    if step.vmm.spec.target.run_strategy != RunStrategy::Halted {
+        let vmi = Api::<DynamicObject>::namespaced_with(step.ctx.client.clone(), &ns, &vmi_resource())
+            .get_opt(&name)
+            .await?;
+        let (ready, agent) = vmi.as_ref().map_or((false, false), |v| {
+            (condition(&v.data, "Ready"), condition(&v.data, "AgentConnected"))
+        });
+        if !(ready && agent) {
+            let entered = step
+                .status
+                .checkpoints
+                .iter()
+                .find(|c| c.phase == Phase::ValidatingGuest)
+                .map(|c| c.entered.0)
+                .unwrap_or(step.now.0);
+            let waited = step.now.0.duration_since(entered).as_secs().max(0) as u64;
+            if waited > step.ctx.config.guest_ready_timeout.as_secs() {
+                return Err(Failure::permanent(
+                    "GuestNotReady",
+                    format!(
+                        "the guest of {name} did not report ready within {}s (Ready={ready}, AgentConnected={agent}); \
+                         check its console: drivers for the disk bus or the boot firmware may be missing",
+                        step.ctx.config.guest_ready_timeout.as_secs()
+                    ),
+                ));
+            }
+            return Ok(Next::wait(
+                "WaitingForGuest",
+                format!("VMI {name}: Ready={ready}, AgentConnected={agent}"),
+                Duration::from_secs(15),
+            ));
+        }
+    }
+    hand_over(step, &ns).await?;
+    Ok(Next::advance(
+        Phase::Succeeded,
+        "GuestReady",
+        format!("the guest of {name} booted and answered; the VM and its disks are handed over"),
+    ))
+}
+
+fn condition(vmi: &Value, kind: &str) -> bool {
+    vmi["status"]["conditions"]
+        .as_array()
+        .is_some_and(|cs| cs.iter().any(|c| c["type"] == kind && c["status"] == "True"))
+}
+
+/// Idempotent: what is already handed over or removed is skipped.
+async fn hand_over(step: &Step<'_>, ns: &str) -> Result<()> {
+    let client = &step.ctx.client;
+    let selector = ListParams::default().labels(&children::uid_selector(step.vmm));
+    let release = json!({"metadata": {
+        "ownerReferences": null,
+        "labels": {children::UID_LABEL: null, children::NAME_LABEL: null, children::STEP_LABEL: null},
+        "annotations": {children::MIGRATED_BY_ANNOTATION: format!("{ns}/{}", step.vmm.name_any())},
+    }});
+    for resource in [vm_resource(), dv_resource()] {
+        let api = Api::<DynamicObject>::namespaced_with(client.clone(), ns, &resource);
+        for object in api.list(&selector).await? {
+            api.patch(&object.name_any(), &PatchParams::default(), &Patch::Merge(&release))
+                .await?;
+        }
+    }
+    let job_api = Api::<k8s_openapi::api::batch::v1::Job>::namespaced(client.clone(), ns);
+    for job in job_api.list(&selector).await? {
+        jobs::delete(step.ctx, ns, &job.name_any()).await?;
+    }
+    let staging = crate::staging::open(step.ctx, step.vmm).await?;
+    for object in crate::staging::object_names(step.status.disks.len()) {
+        staging.delete(&object).await?;
+    }
+    Ok(())
+}

@@ -1,0 +1,124 @@
+//! Importing. Desired: DataVolume `<name>-disk-<i>` Succeeded for every disk, and its content proven to hash to
+//! the source's sha256. Observed: each DataVolume's phase and progress, then each verification Job. Action: create
+//! an absent DataVolume from the staged image; run `ferry verify` on its PVC; a failed import or a mismatch
+//! deletes the DataVolume and spends one bounded retry. Recorded: progress, verified; DiskImported.
+
+use std::time::Duration;
+
+use ferry_api::{ErrorClass, Phase};
+use kube::api::{DeleteParams, DynamicObject, PostParams, PropagationPolicy};
+use kube::{Api, ResourceExt};
+
+use super::jobs::{self, JobState};
+use super::{Next, Step};
+use crate::build::datavolume::{DvState, dv_state};
+use crate::build::{self, dv_resource};
+use crate::error::{Failure, Result};
+use crate::{children, status};
+
+const WAIT: Duration = Duration::from_secs(30);
+
+pub async fn run(step: &mut Step<'_>) -> Result<Next> {
+    let ns = step.vmm.namespace().unwrap_or_default();
+    let dvs = Api::<DynamicObject>::namespaced_with(step.ctx.client.clone(), &ns, &dv_resource());
+    let attempt = status::budget_used(step.status, Phase::Importing) + 1;
+    let mut waiting = Vec::new();
+    for i in 0..step.status.disks.len() {
+        let disk = step.status.disks[i].clone();
+        if disk.verified {
+            continue;
+        }
+        let name = children::data_volume(step.vmm, disk.index);
+        let observed = dvs.get_opt(&name).await?;
+        match dv_state(observed.as_ref()) {
+            DvState::Absent => {
+                let dv = build::datavolume::data_volume(
+                    step.vmm,
+                    &disk,
+                    step.vmm.spec.target.storage_class_name.as_deref(),
+                )
+                .ok_or_else(|| Failure::transient("DiskNotStaged", format!("disk {} has no staged image", disk.index)))?;
+                match dvs.create(&PostParams::default(), &dv).await {
+                    Ok(_) => {}
+                    Err(kube::Error::Api(s)) if s.code == 409 => {}
+                    Err(e) => return Err(e.into()),
+                }
+                step.status.disks[i].data_volume = Some(name.clone());
+                waiting.push(format!("{name} created"));
+            }
+            DvState::Terminating => waiting.push(format!("{name} being removed")),
+            DvState::InProgress { phase, progress } => {
+                step.status.disks[i].data_volume = Some(name.clone());
+                step.status.disks[i].progress = progress.clone();
+                waiting.push(format!("{name} {phase} {}", progress.unwrap_or_default()));
+            }
+            DvState::Failed { message } => {
+                let failure = Failure::bounded("ImportFailed", format!("DataVolume {name}: {message}"));
+                return retry(step, &ns, &name, None, failure).await;
+            }
+            DvState::Succeeded => {
+                step.status.disks[i].progress = Some("100.0%".into());
+                let job = children::verify_job(step.vmm, disk.index, attempt);
+                match jobs::observe(step.ctx, &ns, &job).await? {
+                    JobState::Absent => {
+                        let sha = disk.sha256.clone().unwrap_or_default();
+                        let spec = build::job::verify_job(
+                            step.vmm,
+                            disk.index,
+                            attempt,
+                            &sha,
+                            disk.capacity_bytes,
+                            &step.ctx.config.worker_image,
+                        );
+                        jobs::create(step.ctx, &ns, &spec).await?;
+                        waiting.push(format!("{job} verifies {name}"));
+                    }
+                    JobState::Running | JobState::Terminating => waiting.push(format!("{job} verifies {name}")),
+                    JobState::Succeeded(_) => step.status.disks[i].verified = true,
+                    JobState::Failed(failure) => return retry(step, &ns, &name, Some(&job), failure).await,
+                }
+            }
+        }
+    }
+    if waiting.is_empty() {
+        return Ok(Next::advance(
+            Phase::CreatingVm,
+            "DisksImportedAndVerified",
+            format!("{} disk(s) imported; each hashes to its source's sha256", step.status.disks.len()),
+        ));
+    }
+    Ok(Next::wait("Importing", waiting.join("; "), WAIT))
+}
+
+/// A failed import or verification: permanent errors stop; otherwise the DataVolume (and the failed
+/// verification Job) go, and the import is retried while the budget lasts.
+async fn retry(step: &mut Step<'_>, ns: &str, dv: &str, job: Option<&str>, failure: Failure) -> Result<Next> {
+    if failure.class == ErrorClass::Permanent {
+        return Err(failure);
+    }
+    let budget = step.vmm.spec.retry.budget;
+    if !status::spend_budget(step.status, Phase::Importing, budget) {
+        return Err(status::exhausted(&failure, budget));
+    }
+    if let Some(job) = job {
+        jobs::delete(step.ctx, ns, job).await?;
+    }
+    let dvs = Api::<DynamicObject>::namespaced_with(step.ctx.client.clone(), ns, &dv_resource());
+    let params = DeleteParams { propagation_policy: Some(PropagationPolicy::Background), ..Default::default() };
+    match dvs.delete(dv, &params).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(s)) if s.code == 404 => {}
+        Err(e) => return Err(e.into()),
+    }
+    for disk in &mut step.status.disks {
+        if disk.data_volume.as_deref() == Some(dv) {
+            disk.progress = None;
+        }
+    }
+    status::record_error(step.status, &failure, Phase::Importing, &step.now);
+    Ok(Next::wait(
+        "ImportRetrying",
+        format!("{} (retry {} of {budget})", failure.message, status::budget_used(step.status, Phase::Importing)),
+        Duration::from_secs(2),
+    ))
+}

@@ -1,0 +1,126 @@
+//! A Job's state, and the result its pod left in the termination message.
+
+use ferry_api::ErrorClass;
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{DeleteParams, ListParams, PostParams, PropagationPolicy};
+use kube::Api;
+
+use crate::context::Context;
+use crate::error::{Failure, Result};
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum JobState {
+    Absent,
+    Terminating,
+    Running,
+    Succeeded(serde_json::Value),
+    Failed(Failure),
+}
+
+pub async fn observe(ctx: &Context, ns: &str, name: &str) -> Result<JobState> {
+    let jobs: Api<Job> = Api::namespaced(ctx.client.clone(), ns);
+    let Some(job) = jobs.get_opt(name).await? else {
+        return Ok(JobState::Absent);
+    };
+    if job.metadata.deletion_timestamp.is_some() {
+        return Ok(JobState::Terminating);
+    }
+    let finished = |kind: &str| {
+        job.status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .is_some_and(|cs| cs.iter().any(|c| c.type_ == kind && c.status == "True"))
+    };
+    if !finished("Complete") && !finished("Failed") {
+        return Ok(JobState::Running);
+    }
+    let message = termination_message(ctx, ns, name).await?;
+    Ok(state_of(finished("Complete"), message.as_deref(), name))
+}
+
+/// What a finished Job's result means. Pure.
+pub fn state_of(succeeded: bool, message: Option<&str>, job: &str) -> JobState {
+    let parsed: Option<serde_json::Value> = message.and_then(|m| serde_json::from_str(m).ok());
+    if succeeded {
+        return match parsed {
+            Some(value) if value.get("error").is_none() => JobState::Succeeded(value),
+            _ => JobState::Failed(Failure::bounded(
+                "JobResultUnreadable",
+                format!("Job {job} finished without a readable result"),
+            )),
+        };
+    }
+    let error = parsed.as_ref().and_then(|v| v.get("error"));
+    JobState::Failed(match error {
+        Some(e) => Failure {
+            class: serde_json::from_value(e["class"].clone()).unwrap_or(ErrorClass::BoundedRetryable),
+            reason: e["reason"].as_str().unwrap_or("JobFailed").to_string(),
+            message: format!("Job {job}: {}", e["message"].as_str().unwrap_or("failed")),
+            fixable: false,
+        },
+        None => Failure::bounded(
+            "JobFailed",
+            format!(
+                "Job {job} failed: {}",
+                message.map(|m| m.trim()).filter(|m| !m.is_empty()).unwrap_or("no message")
+            ),
+        ),
+    })
+}
+
+async fn termination_message(ctx: &Context, ns: &str, job: &str) -> Result<Option<String>> {
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
+    let listed = pods
+        .list(&ListParams::default().labels(&format!("batch.kubernetes.io/job-name={job}")))
+        .await?;
+    Ok(listed.items.iter().find_map(|pod| {
+        pod.status
+            .as_ref()?
+            .container_statuses
+            .as_ref()?
+            .iter()
+            .find_map(|c| c.state.as_ref()?.terminated.as_ref()?.message.clone())
+    }))
+}
+
+pub async fn create(ctx: &Context, ns: &str, job: &Job) -> Result<()> {
+    match Api::<Job>::namespaced(ctx.client.clone(), ns)
+        .create(&PostParams::default(), job)
+        .await
+    {
+        Ok(_) => Ok(()),
+        // Created by an earlier reconcile whose answer was lost: the same deterministic name, so it is ours.
+        Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+pub async fn delete(ctx: &Context, ns: &str, name: &str) -> Result<()> {
+    let params = DeleteParams {
+        propagation_policy: Some(PropagationPolicy::Background),
+        ..DeleteParams::default()
+    };
+    match Api::<Job>::namespaced(ctx.client.clone(), ns).delete(name, &params).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn results_and_classed_errors_are_read_from_the_message() {
+        assert!(matches!(state_of(true, Some(r#"{"disks": []}"#), "j"), JobState::Succeeded(_)));
+        let JobState::Failed(f) = state_of(true, None, "j") else { panic!() };
+        assert_eq!(f.reason, "JobResultUnreadable");
+        let msg = r#"{"error": {"class": "Permanent", "reason": "LoginFailed", "message": "login failed"}}"#;
+        let JobState::Failed(f) = state_of(false, Some(msg), "j") else { panic!() };
+        assert_eq!((f.class, f.reason.as_str()), (ErrorClass::Permanent, "LoginFailed"));
+        let JobState::Failed(f) = state_of(false, Some("oom"), "j") else { panic!() };
+        assert_eq!((f.class, f.reason.as_str()), (ErrorClass::BoundedRetryable, "JobFailed"));
+    }
+}

@@ -1,0 +1,48 @@
+//! The source side: the Provider, a session to it, and the source VM's managed object.
+
+use ferry_api::{Provider, VirtualMachineMigration};
+use ferry_vsphere::{MoRef, Session, VmSelector};
+use kube::{Api, ResourceExt};
+
+use crate::context::Context;
+use crate::error::{Failure, Result};
+
+pub async fn provider(ctx: &Context, vmm: &VirtualMachineMigration) -> Result<Provider> {
+    let ns = vmm.namespace().unwrap_or_default();
+    let name = &vmm.spec.source.provider_ref.name;
+    Api::<Provider>::namespaced(ctx.client.clone(), &ns)
+        .get_opt(name)
+        .await?
+        .ok_or_else(|| {
+            Failure::fixable(
+                "ProviderNotFound",
+                format!("Provider {ns}/{name} does not exist; create it, and the migration resumes"),
+            )
+        })
+}
+
+/// A session to the migration's Provider; a failed login is forgotten so the next attempt logs in afresh.
+pub async fn session(ctx: &Context, vmm: &VirtualMachineMigration) -> Result<Session> {
+    let provider = provider(ctx, vmm).await?;
+    ctx.session(&provider).await.inspect_err(|_| ctx.forget_session(&provider))
+}
+
+pub fn selector(vmm: &VirtualMachineMigration) -> VmSelector {
+    let vm = &vmm.spec.source.vm;
+    match (&vm.name, &vm.inventory_path, &vm.uuid, &vm.moref) {
+        (Some(n), ..) => VmSelector::Name(n.clone()),
+        (_, Some(p), ..) => VmSelector::InventoryPath(p.clone()),
+        (_, _, Some(u), _) => VmSelector::Uuid(u.clone()),
+        (_, _, _, Some(m)) => VmSelector::Moref(m.clone()),
+        _ => VmSelector::Name(String::new()),
+    }
+}
+
+/// The source VM as discovery recorded it.
+pub fn source_vm(vmm: &VirtualMachineMigration) -> Result<MoRef> {
+    vmm.status
+        .as_ref()
+        .and_then(|s| s.source.as_ref())
+        .map(|s| MoRef::new("VirtualMachine", s.moref.clone()))
+        .ok_or_else(|| Failure::transient("SourceNotDiscovered", "the source VM was not discovered yet"))
+}

@@ -1,0 +1,169 @@
+//! Preparing. Desired: the source powered off per `powerOff.mode`. Observed: its power state and the power task
+//! in flight. Action: record the original power state first (a status write of its own), then ask the guest to
+//! shut down or power off, keeping the task's moref in status so a restarted controller follows it instead of
+//! repeating it. Recorded: the power state before and after.
+
+use std::time::Duration;
+
+use ferry_api::{Phase, PowerOffMode, PowerState, PowerStatus};
+use ferry_vsphere::MoRef;
+use ferry_vsphere::power::{self, TaskState};
+
+use super::{Next, Step};
+use crate::error::{Failure, Result};
+
+const POLL: Duration = Duration::from_secs(2);
+
+/// What to do about power, from what was observed. Pure.
+#[derive(Debug, PartialEq)]
+pub enum Plan {
+    RecordOriginal(PowerState),
+    Done,
+    FollowTask(String),
+    RequestShutdown,
+    WaitForShutdown,
+    PowerOff,
+    RefuseRunning,
+}
+
+pub fn plan(
+    mode: PowerOffMode,
+    recorded: &PowerStatus,
+    observed: PowerState,
+    tools_running: bool,
+    shutdown_overdue: bool,
+) -> Plan {
+    if recorded.original.is_none() {
+        return Plan::RecordOriginal(observed);
+    }
+    if observed == PowerState::PoweredOff {
+        return Plan::Done;
+    }
+    if let Some(task) = &recorded.task {
+        return Plan::FollowTask(task.clone());
+    }
+    match mode {
+        PowerOffMode::RequireOff => Plan::RefuseRunning,
+        PowerOffMode::Force => Plan::PowerOff,
+        PowerOffMode::Graceful => match (&recorded.shutdown_requested, shutdown_overdue) {
+            (Some(_), false) => Plan::WaitForShutdown,
+            (Some(_), true) => Plan::PowerOff,
+            // Without VMware Tools (or when suspended) the guest cannot be asked.
+            (None, _) if observed != PowerState::PoweredOn || !tools_running => Plan::PowerOff,
+            (None, _) => Plan::RequestShutdown,
+        },
+    }
+}
+
+pub async fn run(step: &mut Step<'_>) -> Result<Next> {
+    let session = super::power::session(step.ctx, step.vmm).await?;
+    let vm = super::power::source_vm(step.vmm)?;
+    let observed = power::current_power_state(&session, &vm).await?;
+    let spec = &step.vmm.spec.source.power_off;
+    let mut recorded = step.status.power.clone().unwrap_or_default();
+    let overdue = recorded.shutdown_requested.as_ref().is_some_and(|t| {
+        step.now.0.duration_since(t.0).as_secs() >= i64::from(spec.timeout_seconds)
+    });
+    let tools = observed == PowerState::PoweredOn
+        && recorded.original.is_some()
+        && spec.mode == PowerOffMode::Graceful
+        && recorded.shutdown_requested.is_none()
+        && power::tools_running(&session, &vm).await?;
+    recorded.current = Some(observed);
+    let next = match plan(spec.mode, &recorded, observed, tools, overdue) {
+        Plan::RecordOriginal(state) => {
+            recorded.original = Some(state);
+            Next::wait("PowerStateRecorded", format!("the source was {state:?}"), Duration::ZERO)
+        }
+        Plan::Done => {
+            recorded.task = None;
+            Next::advance(Phase::Converting, "SourcePoweredOff", "the source is powered off")
+        }
+        Plan::FollowTask(task) => match power::task_state(&session, &MoRef::new("Task", task.clone())).await? {
+            TaskState::Running { progress } => Next::wait(
+                "PoweringOff",
+                format!("power-off task {task} running ({}%)", progress.unwrap_or(0)),
+                POLL,
+            ),
+            TaskState::Succeeded { .. } => {
+                recorded.task = None;
+                Next::wait("PoweringOff", format!("power-off task {task} finished"), Duration::ZERO)
+            }
+            TaskState::Failed { fault, message } if fault == "InvalidPowerState" => {
+                recorded.task = None;
+                Next::wait("PoweringOff", message, Duration::ZERO)
+            }
+            TaskState::Failed { fault, message } => {
+                recorded.task = None;
+                step.status.power = Some(recorded);
+                return Err(Failure::from(ferry_vsphere::Error::TaskFailed { task, fault, message }));
+            }
+        },
+        Plan::RequestShutdown => {
+            power::request_guest_shutdown(&session, &vm).await?;
+            recorded.shutdown_requested = Some(step.now.clone());
+            Next::wait(
+                "GuestShuttingDown",
+                format!("asked the guest to shut down; powering off after {}s", spec.timeout_seconds),
+                POLL,
+            )
+        }
+        Plan::WaitForShutdown => Next::wait("GuestShuttingDown", "waiting for the guest to shut down", POLL),
+        Plan::PowerOff => {
+            recorded.task = power::start_power_off(&session, &vm).await?.map(|t| t.value);
+            Next::wait("PoweringOff", "powering the source off", Duration::from_millis(500))
+        }
+        Plan::RefuseRunning => {
+            return Err(Failure::fixable(
+                "SourcePoweredOn",
+                "powerOff.mode is RequireOff and the source VM is running; shut it down, and the migration resumes",
+            ));
+        }
+    };
+    step.status.power = Some(recorded);
+    Ok(next)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+    fn recorded(original: Option<PowerState>) -> PowerStatus {
+        PowerStatus { original, ..Default::default() }
+    }
+
+    #[test]
+    fn the_original_state_is_recorded_before_anything_changes() {
+        for mode in [PowerOffMode::Graceful, PowerOffMode::Force, PowerOffMode::RequireOff] {
+            assert_eq!(
+                plan(mode, &recorded(None), PowerState::PoweredOn, true, false),
+                Plan::RecordOriginal(PowerState::PoweredOn)
+            );
+        }
+    }
+
+    #[test]
+    fn each_mode_powers_off_its_way() {
+        let on = Some(PowerState::PoweredOn);
+        assert_eq!(plan(PowerOffMode::Force, &recorded(on), PowerState::PoweredOn, true, false), Plan::PowerOff);
+        assert_eq!(plan(PowerOffMode::RequireOff, &recorded(on), PowerState::PoweredOn, true, false), Plan::RefuseRunning);
+        assert_eq!(plan(PowerOffMode::Graceful, &recorded(on), PowerState::PoweredOn, true, false), Plan::RequestShutdown);
+        assert_eq!(plan(PowerOffMode::Graceful, &recorded(on), PowerState::PoweredOn, false, false), Plan::PowerOff);
+        let mut asked = recorded(on);
+        asked.shutdown_requested = Some(Time(k8s_openapi::jiff::Timestamp::now()));
+        assert_eq!(plan(PowerOffMode::Graceful, &asked, PowerState::PoweredOn, false, false), Plan::WaitForShutdown);
+        assert_eq!(plan(PowerOffMode::Graceful, &asked, PowerState::PoweredOn, false, true), Plan::PowerOff);
+        assert_eq!(plan(PowerOffMode::Force, &recorded(on), PowerState::PoweredOff, true, false), Plan::Done);
+    }
+
+    #[test]
+    fn a_recorded_task_is_followed_not_repeated() {
+        let mut with_task = recorded(Some(PowerState::PoweredOn));
+        with_task.task = Some("task-7".into());
+        assert_eq!(
+            plan(PowerOffMode::Force, &with_task, PowerState::PoweredOn, true, false),
+            Plan::FollowTask("task-7".into())
+        );
+    }
+}

@@ -1,0 +1,50 @@
+//! Starting. Desired: the VMI Running (or the VM left Halted when `runStrategy: Halted`). Observed: the VM's run
+//! strategy and the VMI's phase. Action: set the run strategy. Recorded: VMStarted.
+
+use std::time::Duration;
+
+use ferry_api::{Phase, RunStrategy};
+use kube::api::{DynamicObject, Patch, PatchParams};
+use kube::{Api, ResourceExt};
+
+use super::{Next, Step};
+use crate::build::{self, vm_resource, vmi_resource};
+use crate::children;
+use crate::error::{Failure, Result};
+
+pub async fn run(step: &mut Step<'_>) -> Result<Next> {
+    let ns = step.vmm.namespace().unwrap_or_default();
+    let name = children::vm_name(step.vmm);
+    let wanted = build::vm::run_strategy(step.vmm.spec.target.run_strategy);
+    let vms = Api::<DynamicObject>::namespaced_with(step.ctx.client.clone(), &ns, &vm_resource());
+    let vm = vms
+        .get_opt(&name)
+        .await?
+        .ok_or_else(|| Failure::transient("VMMissing", format!("VirtualMachine {name} is gone; it will be recreated")))?;
+    if vm.data["spec"]["runStrategy"].as_str() != Some(wanted) {
+        let patch = serde_json::json!({"spec": {"runStrategy": wanted}});
+        vms.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await?;
+        return Ok(Next::wait("VMStarting", format!("runStrategy set to {wanted}"), Duration::from_secs(1)));
+    }
+    if step.vmm.spec.target.run_strategy == RunStrategy::Halted {
+        return Ok(Next::advance(Phase::ValidatingGuest, "VMHaltedAsAsked", "runStrategy Halted: the VM is not started"));
+    }
+    let vmis = Api::<DynamicObject>::namespaced_with(step.ctx.client.clone(), &ns, &vmi_resource());
+    let phase = vmis
+        .get_opt(&name)
+        .await?
+        .and_then(|vmi| vmi.data["status"]["phase"].as_str().map(String::from))
+        .unwrap_or_else(|| "Absent".into());
+    match phase.as_str() {
+        "Running" => Ok(Next::advance(
+            Phase::ValidatingGuest,
+            "VMIRunning",
+            format!("VirtualMachineInstance {} is Running", vm.name_any()),
+        )),
+        "Failed" => Err(Failure::permanent(
+            "VMIFailed",
+            format!("VirtualMachineInstance {name} failed to start; see its events"),
+        )),
+        other => Ok(Next::wait("VMStarting", format!("VirtualMachineInstance {name} is {other}"), Duration::from_secs(30))),
+    }
+}

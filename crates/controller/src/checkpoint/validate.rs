@@ -1,0 +1,217 @@
+//! Validating (preflight). Desired: everything that can fail early was checked. Observed: the discovered source,
+//! the network map, the StorageClass, name collisions, the staging store. Action: none (pure checks and reads).
+//! Recorded: Validated, or a specific reason before any side effect.
+
+use std::collections::BTreeSet;
+
+use ferry_api::{GuestAdaptation, Phase, SourceVmStatus, VirtualMachineMigration};
+use k8s_openapi::api::storage::v1::StorageClass;
+use kube::api::{DynamicObject, ListParams};
+use kube::{Api, ResourceExt};
+
+use super::{Next, Step};
+use crate::build::{dv_resource, vm_resource};
+use crate::children;
+use crate::error::{Failure, Result};
+
+const FLAT_BACKINGS: [&str; 3] = [
+    "VirtualDiskFlatVer2BackingInfo",
+    "VirtualDiskSparseVer2BackingInfo",
+    "VirtualDiskSeSparseBackingInfo",
+];
+
+pub async fn run(step: &mut Step<'_>) -> Result<Next> {
+    let source = step
+        .status
+        .source
+        .clone()
+        .ok_or_else(|| Failure::transient("SourceNotDiscovered", "discovery recorded no source"))?;
+    check_source(step.vmm, &source)?;
+    let storage_class = check_storage_class(step).await?;
+    check_collisions(step).await?;
+    let staging = crate::staging::open(step.ctx, step.vmm).await?;
+    staging.head("preflight").await?;
+    Ok(Next::advance(
+        Phase::Preparing,
+        "PreflightPassed",
+        format!(
+            "{} disk(s) supported, every NIC mapped, StorageClass {storage_class}, staging reachable",
+            source.disks.len()
+        ),
+    ))
+}
+
+/// The checks that need nothing but the spec and what discovery found.
+pub fn check_source(vmm: &VirtualMachineMigration, source: &SourceVmStatus) -> Result<()> {
+    if vmm.spec.conversion.guest_adaptation == GuestAdaptation::VirtV2v {
+        return Err(Failure::permanent(
+            "GuestAdaptationUnsupported",
+            "guestAdaptation VirtV2v is not available in this version; use None",
+        ));
+    }
+    if source.disks.is_empty() {
+        return Err(Failure::permanent("NoDisks", format!("{} has no virtual disk to migrate", source.name)));
+    }
+    for disk in &source.disks {
+        let backing = disk.backing.as_deref().unwrap_or_default();
+        if !backing.is_empty() && !FLAT_BACKINGS.contains(&backing) {
+            return Err(Failure::permanent(
+                "UnsupportedDisk",
+                format!("disk {} has backing {backing} (raw device mappings and other non-VMDK disks cannot be copied)", disk.file),
+            ));
+        }
+        if disk.snapshot_chain > 0 || source.snapshots > 0 {
+            return Err(Failure::permanent(
+                "SnapshotsPresent",
+                format!(
+                    "{} has {} snapshot(s); delete or consolidate them in vSphere, then create a new migration",
+                    source.name,
+                    source.snapshots.max(disk.snapshot_chain)
+                ),
+            ));
+        }
+        if disk.capacity_bytes <= 0 {
+            return Err(Failure::permanent("UnsupportedDisk", format!("disk {} reports no capacity", disk.file)));
+        }
+    }
+    let mapped: BTreeSet<&str> = vmm.spec.target.networks.iter().map(|m| m.source.as_str()).collect();
+    let unmapped: BTreeSet<&str> = source
+        .nics
+        .iter()
+        .map(|n| n.network.as_str())
+        .filter(|n| !mapped.contains(n))
+        .collect();
+    if !unmapped.is_empty() {
+        return Err(Failure::permanent(
+            "NetworkNotMapped",
+            format!(
+                "no spec.target.networks entry for source network(s) {}; map each to pod, multus or ignored \
+                 (in a new migration: the target is immutable)",
+                unmapped.into_iter().collect::<Vec<_>>().join(", ")
+            ),
+        ));
+    }
+    let on_pod = source
+        .nics
+        .iter()
+        .filter(|n| vmm.spec.target.networks.iter().any(|m| m.source == n.network && m.pod.is_some()))
+        .count();
+    if on_pod > 1 {
+        return Err(Failure::permanent(
+            "MultiplePodNetworkNICs",
+            format!("{on_pod} NICs map to the pod network, which takes one; map the others to multus or ignored"),
+        ));
+    }
+    Ok(())
+}
+
+async fn check_storage_class(step: &Step<'_>) -> Result<String> {
+    let classes: Api<StorageClass> = Api::all(step.ctx.client.clone());
+    match &step.vmm.spec.target.storage_class_name {
+        Some(name) => match classes.get_opt(name).await? {
+            Some(_) => Ok(name.clone()),
+            None => Err(Failure::fixable(
+                "StorageClassNotFound",
+                format!("StorageClass {name} does not exist; create it, and the migration resumes"),
+            )),
+        },
+        None => classes
+            .list(&ListParams::default())
+            .await?
+            .items
+            .into_iter()
+            .find(|c| {
+                c.annotations().get("storageclass.kubernetes.io/is-default-class").map(String::as_str)
+                    == Some("true")
+            })
+            .map(|c| format!("{} (the default)", c.name_any()))
+            .ok_or_else(|| {
+                Failure::fixable(
+                    "NoDefaultStorageClass",
+                    "spec.target.storageClassName is not set and the cluster has no default StorageClass; \
+                     mark one as default, and the migration resumes",
+                )
+            }),
+    }
+}
+
+/// The VM and DataVolume names must be free, or already this migration's.
+async fn check_collisions(step: &Step<'_>) -> Result<()> {
+    let ns = step.vmm.namespace().unwrap_or_default();
+    let uid = children::uid(step.vmm);
+    let ours = |o: &DynamicObject| o.labels().get(children::UID_LABEL) == Some(&uid);
+    let vms = Api::<DynamicObject>::namespaced_with(step.ctx.client.clone(), &ns, &vm_resource());
+    let name = children::vm_name(step.vmm);
+    if let Some(vm) = vms.get_opt(&name).await?
+        && !ours(&vm)
+    {
+        return Err(Failure::fixable(
+            "TargetVMExists",
+            format!("VirtualMachine {ns}/{name} already exists and is not this migration's; delete or rename it"),
+        ));
+    }
+    let dvs = Api::<DynamicObject>::namespaced_with(step.ctx.client.clone(), &ns, &dv_resource());
+    for disk in &step.status.disks {
+        let dv = children::data_volume(step.vmm, disk.index);
+        if let Some(found) = dvs.get_opt(&dv).await?
+            && !ours(&found)
+        {
+            return Err(Failure::fixable(
+                "DataVolumeExists",
+                format!("DataVolume {ns}/{dv} already exists and is not this migration's; delete it"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ferry_api::{SourceDisk, SourceNic};
+    use serde_json::json;
+
+    fn vmm(networks: serde_json::Value) -> VirtualMachineMigration {
+        VirtualMachineMigration::new("m", serde_json::from_value(json!({
+            "source": {"providerRef": {"name": "p"}, "vm": {"name": "x"}},
+            "target": {"networks": networks}, "staging": {"url": "s3://b/p"}})).unwrap())
+    }
+
+    fn source() -> SourceVmStatus {
+        SourceVmStatus {
+            name: "x".into(),
+            disks: vec![SourceDisk { file: "[ds] x/x.vmdk".into(), capacity_bytes: 1 << 20,
+                backing: Some("VirtualDiskFlatVer2BackingInfo".into()), ..Default::default() }],
+            nics: vec![SourceNic { mac: "m".into(), network: "VM Network".into(), model: None }],
+            ..Default::default()
+        }
+    }
+
+    fn reason(r: Result<()>) -> String {
+        r.err().map(|f| f.reason).unwrap_or_default()
+    }
+
+    #[test]
+    fn every_nic_must_be_mapped_and_only_one_on_the_pod_network() {
+        assert_eq!(reason(check_source(&vmm(json!([])), &source())), "NetworkNotMapped");
+        assert!(check_source(&vmm(json!([{"source": "VM Network", "pod": {}}])), &source()).is_ok());
+        assert!(check_source(&vmm(json!([{"source": "VM Network", "ignored": {}}])), &source()).is_ok());
+        let mut two = source();
+        two.nics.push(two.nics[0].clone());
+        assert_eq!(reason(check_source(&vmm(json!([{"source": "VM Network", "pod": {}}])), &two)), "MultiplePodNetworkNICs");
+    }
+
+    #[test]
+    fn raw_device_mappings_snapshots_and_empty_vms_are_refused() {
+        let ok = vmm(json!([{"source": "VM Network", "pod": {}}]));
+        let mut rdm = source();
+        rdm.disks[0].backing = Some("VirtualDiskRawDiskMappingVer1BackingInfo".into());
+        assert_eq!(reason(check_source(&ok, &rdm)), "UnsupportedDisk");
+        let mut snap = source();
+        snap.snapshots = 1;
+        assert_eq!(reason(check_source(&ok, &snap)), "SnapshotsPresent");
+        let mut none = source();
+        none.disks.clear();
+        assert_eq!(reason(check_source(&ok, &none)), "NoDisks");
+    }
+}

@@ -1,0 +1,55 @@
+//! CreatingVM. Desired: the VirtualMachine exists with the source's shape, owned by the migration. Observed: the
+//! VM object. Action: create it if absent (Halted), update its template if it differs. Recorded: VMCreated.
+
+use std::time::Duration;
+
+use ferry_api::Phase;
+use kube::api::{DynamicObject, Patch, PatchParams, PostParams};
+use kube::{Api, ResourceExt};
+
+use super::{Next, Step};
+use crate::build::{self, vm_resource};
+use crate::children;
+use crate::error::{Failure, Result};
+
+pub async fn run(step: &mut Step<'_>) -> Result<Next> {
+    let ns = step.vmm.namespace().unwrap_or_default();
+    let source = step
+        .status
+        .source
+        .clone()
+        .ok_or_else(|| Failure::transient("SourceNotDiscovered", "discovery recorded no source"))?;
+    let desired = build::vm::virtual_machine(step.vmm, &source);
+    let name = desired.name_any();
+    let vms = Api::<DynamicObject>::namespaced_with(step.ctx.client.clone(), &ns, &vm_resource());
+    let Some(observed) = vms.get_opt(&name).await? else {
+        match vms.create(&PostParams::default(), &desired).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 409 => {}
+            Err(e) => return Err(e.into()),
+        }
+        return Ok(Next::wait("VMCreated", format!("VirtualMachine {name} created"), Duration::ZERO));
+    };
+    if observed.labels().get(children::UID_LABEL) != Some(&children::uid(step.vmm)) {
+        return Err(Failure::fixable(
+            "TargetVMExists",
+            format!("VirtualMachine {ns}/{name} exists and is not this migration's; delete or rename it"),
+        ));
+    }
+    if !ferry_kube::apply::is_subset(build::vm::shape(&desired), build::vm::shape(&observed)) {
+        let patch = serde_json::json!({"spec": {"template": build::vm::shape(&desired)}});
+        vms.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await?;
+        return Ok(Next::wait("VMUpdated", format!("VirtualMachine {name} brought back to the source's shape"), Duration::ZERO));
+    }
+    Ok(Next::advance(
+        Phase::Starting,
+        "VMCreated",
+        format!(
+            "VirtualMachine {name}: {} vCPU, {} MiB, {} disk(s), {} NIC(s)",
+            source.cpus,
+            source.memory_mib,
+            source.disks.len(),
+            desired.data["spec"]["template"]["spec"]["networks"].as_array().map_or(0, Vec::len)
+        ),
+    ))
+}

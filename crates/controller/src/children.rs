@@ -1,0 +1,90 @@
+//! What a migration creates, named deterministically (a restarted controller finds it instead of making a second
+//! one) and labelled with the migration's UID (so cleanup finds all of it, and nothing else).
+
+use std::collections::BTreeMap;
+
+use ferry_api::VirtualMachineMigration;
+use ferry_api::names::child_name;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use kube::{Resource, ResourceExt};
+
+pub const UID_LABEL: &str = "migration.platform.example/uid";
+pub const NAME_LABEL: &str = "migration.platform.example/migration";
+pub const STEP_LABEL: &str = "migration.platform.example/step";
+/// Left on a handed-over VM and its disks: where they came from.
+pub const MIGRATED_BY_ANNOTATION: &str = "migration.platform.example/migrated-by";
+pub const MANAGER: &str = "ferry-controller";
+
+pub fn uid(vmm: &VirtualMachineMigration) -> String {
+    vmm.uid().unwrap_or_default()
+}
+
+pub fn labels(vmm: &VirtualMachineMigration, step: &str) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        (UID_LABEL.to_string(), uid(vmm)),
+        (NAME_LABEL.to_string(), child_name(&vmm.name_any(), "")),
+        (STEP_LABEL.to_string(), step.to_string()),
+        ("app.kubernetes.io/managed-by".to_string(), "ferry".to_string()),
+    ])
+}
+
+pub fn uid_selector(vmm: &VirtualMachineMigration) -> String {
+    format!("{UID_LABEL}={}", uid(vmm))
+}
+
+pub fn owner(vmm: &VirtualMachineMigration) -> OwnerReference {
+    vmm.controller_owner_ref(&())
+        .expect("a stored migration has a uid")
+}
+
+/// One conversion Job per attempt: `<name>-convert-<attempt>`.
+pub fn convert_job(vmm: &VirtualMachineMigration, attempt: i32) -> String {
+    child_name(&vmm.name_any(), &format!("convert-{attempt}"))
+}
+
+/// One verification Job per disk and attempt: `<name>-verify-<disk>-<attempt>`.
+pub fn verify_job(vmm: &VirtualMachineMigration, disk: i32, attempt: i32) -> String {
+    child_name(&vmm.name_any(), &format!("verify-{disk}-{attempt}"))
+}
+
+/// One DataVolume per disk, whatever the attempt: `<name>-disk-<disk>`.
+pub fn data_volume(vmm: &VirtualMachineMigration, disk: i32) -> String {
+    child_name(&vmm.name_any(), &format!("disk-{disk}"))
+}
+
+pub fn vm_name(vmm: &VirtualMachineMigration) -> String {
+    vmm.spec
+        .target
+        .name
+        .clone()
+        .unwrap_or_else(|| vmm.name_any())
+}
+
+/// The migration's own folder in staging: `<url>/<namespace>/<name>-<uid>`, so cleanup never touches another's.
+pub fn staging_url(vmm: &VirtualMachineMigration) -> String {
+    format!(
+        "{}/{}/{}-{}",
+        vmm.spec.staging.url.trim_end_matches('/'),
+        vmm.namespace().unwrap_or_default(),
+        vmm.name_any(),
+        uid(vmm)
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn long_names_stay_valid_labels_and_distinct() {
+        let mut vmm = VirtualMachineMigration::new(&"a".repeat(63), serde_json::from_value(serde_json::json!({
+            "source": {"providerRef": {"name": "p"}, "vm": {"name": "x"}},
+            "staging": {"url": "s3://b/p"}})).unwrap());
+        vmm.metadata.uid = Some("u".into());
+        for name in [convert_job(&vmm, 1), convert_job(&vmm, 2), verify_job(&vmm, 0, 1), data_volume(&vmm, 0)] {
+            assert!(name.len() <= 63, "{name}");
+        }
+        assert_ne!(convert_job(&vmm, 1), convert_job(&vmm, 2));
+        assert_ne!(data_volume(&vmm, 0), data_volume(&vmm, 1));
+    }
+}

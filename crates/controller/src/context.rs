@@ -1,0 +1,141 @@
+//! What every reconcile shares: the client, the settings, metrics, and vSphere sessions kept per Provider.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use ferry_api::Provider;
+use ferry_vsphere::{ConnectConfig, Session, TlsMode};
+use k8s_openapi::api::core::v1::Secret;
+use kube::runtime::events::{Recorder, Reporter};
+use kube::{Api, Client, ResourceExt};
+
+use crate::error::{Failure, Result};
+use crate::metrics::Metrics;
+
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// The image conversion and verification Jobs run (its entrypoint is `ferry`).
+    pub worker_image: String,
+    /// How long a booted guest may take to report ready.
+    pub guest_ready_timeout: Duration,
+    /// The longest wait between two attempts of a transient error.
+    pub max_backoff: Duration,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            worker_image: format!("ferry:{}", env!("CARGO_PKG_VERSION")),
+            guest_ready_timeout: Duration::from_secs(900),
+            max_backoff: Duration::from_secs(300),
+        }
+    }
+}
+
+pub struct Context {
+    pub client: Client,
+    pub config: Config,
+    pub metrics: Metrics,
+    pub recorder: Recorder,
+    sessions: Mutex<HashMap<String, (String, Session)>>,
+}
+
+impl Context {
+    pub fn new(client: Client, config: Config, metrics: Metrics) -> Self {
+        let reporter = Reporter {
+            controller: crate::children::MANAGER.into(),
+            instance: std::env::var("POD_NAME").ok(),
+        };
+        Self {
+            recorder: Recorder::new(client.clone(), reporter),
+            client,
+            config,
+            metrics,
+            sessions: Mutex::default(),
+        }
+    }
+
+    /// Reads a Secret by name (never lists), and one key of it.
+    pub async fn secret_value(&self, namespace: &str, name: &str, key: &str) -> Result<String> {
+        let secret = Api::<Secret>::namespaced(self.client.clone(), namespace)
+            .get_opt(name)
+            .await?
+            .ok_or_else(|| {
+                Failure::fixable(
+                    "SecretNotFound",
+                    format!("Secret {namespace}/{name} does not exist; create it, and the migration resumes"),
+                )
+            })?;
+        secret_key(&secret, key)
+    }
+
+    /// A logged-in session for `provider`, reused while the Provider and its Secret stay the same.
+    pub async fn session(&self, provider: &Provider) -> Result<Session> {
+        let ns = provider.namespace().unwrap_or_default();
+        let key = format!("{ns}/{}", provider.name_any());
+        let secret = Api::<Secret>::namespaced(self.client.clone(), &ns)
+            .get_opt(&provider.spec.secret_ref.name)
+            .await?
+            .ok_or_else(|| {
+                Failure::fixable(
+                    "ProviderSecretNotFound",
+                    format!(
+                        "Secret {ns}/{} named by Provider {} does not exist; create it with keys user and password",
+                        provider.spec.secret_ref.name,
+                        provider.name_any()
+                    ),
+                )
+            })?;
+        let version = format!(
+            "{}/{}",
+            provider.metadata.generation.unwrap_or_default(),
+            secret.resource_version().unwrap_or_default()
+        );
+        if let Some((seen, session)) = self.lock_sessions().get(&key)
+            && *seen == version
+        {
+            return Ok(session.clone());
+        }
+        let tls = &provider.spec.tls;
+        let config = ConnectConfig {
+            url: provider.spec.url.clone(),
+            username: secret_key(&secret, "user")?,
+            password: secret_key(&secret, "password")?,
+            tls: match (&tls.ca_bundle, &tls.thumbprint) {
+                (Some(pem), _) => TlsMode::CaBundle(pem.clone()),
+                (None, Some(thumbprint)) => TlsMode::Thumbprint(thumbprint.clone()),
+                (None, None) => TlsMode::InsecureSkipVerify,
+            },
+            timeout: Duration::from_secs(60),
+        };
+        let session = Session::connect(config).await?;
+        self.lock_sessions()
+            .insert(key, (version, session.clone()));
+        Ok(session)
+    }
+
+    /// Forgets a session that failed, so the next reconcile logs in afresh.
+    pub fn forget_session(&self, provider: &Provider) {
+        let key = format!("{}/{}", provider.namespace().unwrap_or_default(), provider.name_any());
+        self.lock_sessions().remove(&key);
+    }
+
+    fn lock_sessions(&self) -> std::sync::MutexGuard<'_, HashMap<String, (String, Session)>> {
+        self.sessions.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+fn secret_key(secret: &Secret, key: &str) -> Result<String> {
+    secret
+        .data
+        .as_ref()
+        .and_then(|d| d.get(key))
+        .map(|v| String::from_utf8_lossy(&v.0).trim_end_matches(['\r', '\n']).to_string())
+        .ok_or_else(|| {
+            Failure::fixable(
+                "SecretKeyMissing",
+                format!("Secret {} has no key {key}", secret.name_any()),
+            )
+        })
+}

@@ -1,0 +1,23 @@
+//! Ferry's controller: turns each `VirtualMachineMigration` into a running KubeVirt VM, one idempotent step per
+//! reconcile, resuming from what it observes after any crash.
+//!
+//! - [`checkpoint`]: the checkpoints, each as desired, observed, action and recorded.
+//! - [`build`]: pure builders of the Jobs, DataVolumes and VM a migration creates.
+//! - [`status`]: pure status edits (phases, conditions, retries, progress).
+//! - [`reconcile`]: one reconcile: finalizer, cancel, dispatch, status write, Events.
+//! - [`runtime`]: watches, leader election, metrics and health endpoints.
+
+pub mod build;
+pub mod checkpoint;
+pub mod children;
+pub mod context;
+pub mod error;
+pub mod metrics;
+pub mod provider;
+pub mod reconcile;
+pub mod runtime;
+pub mod staging;
+pub mod status;
+
+pub use context::Config;
+pub use runtime::{RunOptions, run};

@@ -1,0 +1,120 @@
+//! Prometheus metrics in the text exposition format, kept in memory: reconciles, errors by class and reason,
+//! reconcile latency, phase transitions, bytes moved and migrations per phase.
+
+use std::collections::BTreeMap;
+use std::fmt::Write;
+use std::sync::Mutex;
+use std::time::Duration;
+
+const BUCKETS: [f64; 9] = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0];
+
+#[derive(Default)]
+pub struct Metrics {
+    inner: Mutex<Inner>,
+}
+
+#[derive(Default)]
+struct Inner {
+    reconciles: u64,
+    latency_buckets: [u64; BUCKETS.len()],
+    latency_sum: f64,
+    errors: BTreeMap<(String, String), u64>,
+    transitions: BTreeMap<String, u64>,
+    bytes_moved: u64,
+    phases: BTreeMap<String, String>,
+}
+
+impl Metrics {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn reconciled(&self, took: Duration) {
+        let mut m = self.lock();
+        m.reconciles += 1;
+        let seconds = took.as_secs_f64();
+        m.latency_sum += seconds;
+        for (i, bound) in BUCKETS.iter().enumerate() {
+            if seconds <= *bound {
+                m.latency_buckets[i] += 1;
+            }
+        }
+    }
+
+    pub fn error(&self, class: &str, reason: &str) {
+        *self.lock().errors.entry((class.into(), reason.into())).or_default() += 1;
+    }
+
+    pub fn transition(&self, phase: &str) {
+        *self.lock().transitions.entry(phase.into()).or_default() += 1;
+    }
+
+    pub fn bytes_moved(&self, bytes: u64) {
+        self.lock().bytes_moved += bytes;
+    }
+
+    /// The phase each migration is in now, by `namespace/name`; None when it is gone.
+    pub fn phase(&self, key: &str, phase: Option<&str>) {
+        let mut m = self.lock();
+        match phase {
+            Some(p) => m.phases.insert(key.into(), p.into()),
+            None => m.phases.remove(key),
+        };
+    }
+
+    pub fn reconciles(&self) -> u64 {
+        self.lock().reconciles
+    }
+
+    pub fn render(&self) -> String {
+        let m = self.lock();
+        let mut out = String::new();
+        let _ = writeln!(out, "# TYPE ferry_reconciles_total counter\nferry_reconciles_total {}", m.reconciles);
+        let _ = writeln!(out, "# TYPE ferry_reconcile_duration_seconds histogram");
+        for (i, bound) in BUCKETS.iter().enumerate() {
+            let _ = writeln!(out, "ferry_reconcile_duration_seconds_bucket{{le=\"{bound}\"}} {}", m.latency_buckets[i]);
+        }
+        let _ = writeln!(out, "ferry_reconcile_duration_seconds_bucket{{le=\"+Inf\"}} {}", m.reconciles);
+        let _ = writeln!(out, "ferry_reconcile_duration_seconds_sum {}", m.latency_sum);
+        let _ = writeln!(out, "ferry_reconcile_duration_seconds_count {}", m.reconciles);
+        let _ = writeln!(out, "# TYPE ferry_errors_total counter");
+        for ((class, reason), n) in &m.errors {
+            let _ = writeln!(out, "ferry_errors_total{{class=\"{class}\",reason=\"{reason}\"}} {n}");
+        }
+        let _ = writeln!(out, "# TYPE ferry_phase_transitions_total counter");
+        for (phase, n) in &m.transitions {
+            let _ = writeln!(out, "ferry_phase_transitions_total{{phase=\"{phase}\"}} {n}");
+        }
+        let _ = writeln!(out, "# TYPE ferry_bytes_moved_total counter\nferry_bytes_moved_total {}", m.bytes_moved);
+        let mut per_phase: BTreeMap<&str, u64> = BTreeMap::new();
+        for phase in m.phases.values() {
+            *per_phase.entry(phase).or_default() += 1;
+        }
+        let _ = writeln!(out, "# TYPE ferry_migrations gauge");
+        for (phase, n) in per_phase {
+            let _ = writeln!(out, "ferry_migrations{{phase=\"{phase}\"}} {n}");
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_counters_histogram_and_gauges() {
+        let m = Metrics::default();
+        m.reconciled(Duration::from_millis(20));
+        m.error("Transient", "Conflict");
+        m.phase("ns/a", Some("Converting"));
+        m.phase("ns/b", Some("Converting"));
+        m.phase("ns/b", None);
+        let text = m.render();
+        assert!(text.contains("ferry_reconciles_total 1"), "{text}");
+        assert!(text.contains("ferry_reconcile_duration_seconds_bucket{le=\"0.025\"} 1"), "{text}");
+        assert!(text.contains("ferry_reconcile_duration_seconds_bucket{le=\"0.01\"} 0"), "{text}");
+        assert!(text.contains("ferry_errors_total{class=\"Transient\",reason=\"Conflict\"} 1"), "{text}");
+        assert!(text.contains("ferry_migrations{phase=\"Converting\"} 1"), "{text}");
+    }
+}

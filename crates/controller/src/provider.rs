@@ -1,0 +1,83 @@
+//! Providers: connect, and report in status whether the endpoint answers, what it is, and how it was trusted.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use ferry_api::{Provider, ProviderStatus};
+use ferry_kube::conditions::{ConditionUpdate, set_condition};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::api::{Patch, PatchParams};
+use kube::runtime::controller::Action;
+use kube::{Api, ResourceExt};
+use serde_json::json;
+
+use crate::children::MANAGER;
+use crate::context::Context;
+use crate::error::{Failure, Result};
+
+const RECHECK: Duration = Duration::from_secs(300);
+
+pub async fn reconcile(provider: Arc<Provider>, ctx: Arc<Context>) -> Result<Action> {
+    let now = Time(k8s_openapi::jiff::Timestamp::now());
+    let before = provider.status.clone().unwrap_or_default();
+    let mut status = before.clone();
+    let generation = provider.metadata.generation;
+    let connected = ctx.session(&provider).await;
+    if connected.is_err() {
+        ctx.forget_session(&provider);
+    }
+    let (ready, reason, message) = match &connected {
+        Ok(session) => {
+            let about = session.about();
+            status.api_type = Some(about.api_type.clone());
+            status.api_version = Some(about.api_version.clone());
+            status.observed_thumbprint = session.presented_thumbprint();
+            (true, "Connected".to_string(), format!("{} ({})", about.full_name, about.api_type))
+        }
+        Err(e) => (false, e.reason.clone(), e.message.clone()),
+    };
+    set_condition(
+        &mut status.conditions,
+        ConditionUpdate { type_: "Ready", status: ready, reason: &reason, message, observed_generation: generation },
+        &now,
+    );
+    let insecure = provider.spec.tls.insecure_skip_verify == Some(true);
+    set_condition(
+        &mut status.conditions,
+        ConditionUpdate {
+            type_: "InsecureTLS",
+            status: insecure,
+            reason: if insecure { "CertificateNotVerified" } else { "CertificateVerified" },
+            message: if insecure {
+                "insecureSkipVerify is set: anyone on the path can read the credentials; pin the thumbprint instead".into()
+            } else {
+                "the endpoint's certificate is verified".into()
+            },
+            observed_generation: generation,
+        },
+        &now,
+    );
+    status.observed_generation = generation;
+    if status != before {
+        write(&ctx, &provider, &status).await?;
+    }
+    Ok(Action::requeue(if ready { RECHECK } else { Duration::from_secs(30) }))
+}
+
+async fn write(ctx: &Context, provider: &Provider, status: &ProviderStatus) -> Result<(), Failure> {
+    let api: Api<Provider> = Api::namespaced(ctx.client.clone(), &provider.namespace().unwrap_or_default());
+    let patch = json!({
+        "apiVersion": ferry_api::API_VERSION,
+        "kind": "Provider",
+        "metadata": {"name": provider.name_any(), "resourceVersion": provider.resource_version()},
+        "status": status,
+    });
+    api.patch_status(&provider.name_any(), &PatchParams::apply(MANAGER).force(), &Patch::Apply(&patch))
+        .await?;
+    Ok(())
+}
+
+pub fn error_policy(_provider: Arc<Provider>, error: &Failure, _ctx: Arc<Context>) -> Action {
+    tracing::warn!(reason = %error.reason, "provider: {error}");
+    Action::requeue(Duration::from_secs(15))
+}

@@ -1,0 +1,297 @@
+//! One reconcile of a migration: deletion and cancel first, then the finalizer, then the current checkpoint.
+//! Whatever the checkpoint concluded becomes one status write (only when something changed, guarded by the
+//! resourceVersion read, so a stale copy can never overwrite newer evidence), and an Event per transition or error.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ferry_api::{
+    ConditionType, ErrorClass, FINALIZER, Phase, VirtualMachineMigration,
+    VirtualMachineMigrationStatus as Status,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::api::{Patch, PatchParams};
+use kube::runtime::controller::Action;
+use kube::runtime::events::{Event, EventType};
+use kube::{Api, Resource, ResourceExt};
+use serde_json::json;
+use tracing::Instrument;
+
+use crate::checkpoint::{self, Next, Step};
+use crate::children::MANAGER;
+use crate::context::Context;
+use crate::error::{Failure, Result};
+use crate::status;
+
+/// `migration.platform.example/hold-before: Preparing` stops a migration before it runs that checkpoint, for
+/// example to validate everything but power the source off only in a maintenance window. Cancel and delete work
+/// while held.
+pub const HOLD_ANNOTATION: &str = "migration.platform.example/hold-before";
+
+fn held_before(vmm: &VirtualMachineMigration, phase: Phase) -> Option<Phase> {
+    let wanted = vmm.annotations().get(HOLD_ANNOTATION)?;
+    let held: Phase = serde_json::from_value(json!(wanted)).ok()?;
+    (held == phase).then_some(held)
+}
+
+/// Checked again this often when nothing else wakes a migration that waits for a person.
+const MANUAL_RECHECK: Duration = Duration::from_secs(60);
+
+pub async fn reconcile(vmm: Arc<VirtualMachineMigration>, ctx: Arc<Context>) -> Result<Action> {
+    let key = format!("{}/{}", vmm.namespace().unwrap_or_default(), vmm.name_any());
+    let started = Instant::now();
+    let span = tracing::info_span!("reconcile", migration = %key);
+    let result = reconcile_one(&vmm, &ctx).instrument(span).await;
+    ctx.metrics.reconciled(started.elapsed());
+    result
+}
+
+pub fn error_policy(vmm: Arc<VirtualMachineMigration>, error: &Failure, ctx: Arc<Context>) -> Action {
+    ctx.metrics.error(&format!("{:?}", error.class), &error.reason);
+    tracing::warn!(migration = %vmm.name_any(), reason = %error.reason, "{error}");
+    Action::requeue(Duration::from_secs(5))
+}
+
+async fn reconcile_one(vmm: &VirtualMachineMigration, ctx: &Context) -> Result<Action> {
+    let key = format!("{}/{}", vmm.namespace().unwrap_or_default(), vmm.name_any());
+    let now = Time(k8s_openapi::jiff::Timestamp::now());
+    let before = vmm.status.clone().unwrap_or_default();
+    let mut status = before.clone();
+    let generation = vmm.metadata.generation;
+    let has_finalizer = vmm.finalizers().iter().any(|f| f == FINALIZER);
+
+    if vmm.metadata.deletion_timestamp.is_some() {
+        ctx.metrics.phase(&key, None);
+        if !has_finalizer {
+            return Ok(Action::await_change());
+        }
+        if status.phase != Some(Phase::Succeeded) && !status.cleaned_up {
+            let mut step = Step { ctx, vmm, status: &mut status, now: now.clone() };
+            let done = checkpoint::cleanup(&mut step).await?;
+            if !done {
+                write_status(ctx, vmm, &before, &mut status).await?;
+                return Ok(Action::requeue(Duration::from_secs(2)));
+            }
+            status.cleaned_up = true;
+            write_status(ctx, vmm, &before, &mut status).await?;
+            event(ctx, vmm, EventType::Normal, "CleanedUp", "everything the migration created was removed").await;
+        }
+        set_finalizer(ctx, vmm, false).await?;
+        return Ok(Action::await_change());
+    }
+
+    let phase = status.phase;
+    ctx.metrics.phase(&key, phase.map(|p| format!("{p:?}")).as_deref());
+    let finished = matches!(phase, Some(Phase::Succeeded) | Some(Phase::Cancelled))
+        || (phase == Some(Phase::Failed) && status.cleaned_up);
+    if finished {
+        return Ok(Action::await_change());
+    }
+    if !has_finalizer {
+        set_finalizer(ctx, vmm, true).await?;
+        return Ok(Action::requeue(Duration::ZERO));
+    }
+    let Some(phase) = phase else {
+        status.start_time = Some(now.clone());
+        status.target_vm = Some(crate::children::vm_name(vmm));
+        status::enter(&mut status, Phase::Discovering, generation, &now);
+        status.reason = Some("Started".into());
+        status.message = Some("discovering the source VM".into());
+        write_status(ctx, vmm, &before, &mut status).await?;
+        event(ctx, vmm, EventType::Normal, "Discovering", "migration started").await;
+        return Ok(Action::requeue(Duration::ZERO));
+    };
+
+    if matches!(phase, Phase::Failed | Phase::Cancelling) || (vmm.spec.cancel && phase != Phase::Cancelling) {
+        return finish_with_cleanup(ctx, vmm, before, status, now).await;
+    }
+    if let Some(next) = status.retry.as_ref().and_then(|r| r.next_attempt_time.clone())
+        && next.0 > now.0
+    {
+        let wait = now.0.duration_until(next.0).unsigned_abs();
+        return Ok(Action::requeue(wait));
+    }
+
+    if let Some(held) = held_before(vmm, phase) {
+        status.reason = Some("Held".into());
+        status.message = Some(format!(
+            "held before {held:?} by the annotation {HOLD_ANNOTATION}; remove it to go on"
+        ));
+        write_status(ctx, vmm, &before, &mut status).await?;
+        return Ok(Action::await_change());
+    }
+
+    // A migration waiting for a person re-runs the checkpoint that stopped it.
+    let checkpoint = match phase {
+        Phase::ManualInterventionRequired => status
+            .retry
+            .as_ref()
+            .and_then(|r| r.last_error.as_ref())
+            .map_or(Phase::Discovering, |e| e.phase),
+        other => other,
+    };
+    let outcome = {
+        let mut step = Step { ctx, vmm, status: &mut status, now: now.clone() };
+        checkpoint::run(checkpoint, &mut step).await
+    };
+    let action = match outcome {
+        Ok(Next::Advance { to, reason, message }) => {
+            status::advance(&mut status, checkpoint, to, reason, message.clone(), generation, &now);
+            if let Some(retry) = &mut status.retry {
+                retry.last_error = None;
+            }
+            if to == Phase::Succeeded {
+                status.completion_time = Some(now.clone());
+                status::condition(&mut status, ConditionType::Ready, true, "MigrationSucceeded",
+                    "the VM runs in KubeVirt and is handed over".into(), generation, &now);
+            }
+            ctx.metrics.transition(&format!("{to:?}"));
+            event(ctx, vmm, EventType::Normal, reason, &message).await;
+            if to == Phase::Succeeded { Action::await_change() } else { Action::requeue(Duration::ZERO) }
+        }
+        Ok(Next::Wait { reason, message, after }) => {
+            status.phase = Some(checkpoint);
+            status.reason = Some(reason.into());
+            status.message = Some(message);
+            Action::requeue(after)
+        }
+        Err(failure) => on_failure(ctx, vmm, &mut status, checkpoint, failure, &now).await,
+    };
+    write_status(ctx, vmm, &before, &mut status).await?;
+    Ok(action)
+}
+
+async fn on_failure(
+    ctx: &Context,
+    vmm: &VirtualMachineMigration,
+    status: &mut Status,
+    checkpoint: Phase,
+    failure: Failure,
+    now: &Time,
+) -> Action {
+    ctx.metrics.error(&format!("{:?}", failure.class), &failure.reason);
+    status::record_error(status, &failure, checkpoint, now);
+    let generation = vmm.metadata.generation;
+    event(ctx, vmm, EventType::Warning, &failure.reason, &failure.message).await;
+    match failure.class {
+        ErrorClass::Transient => {
+            let seed = format!("{}/{}", vmm.namespace().unwrap_or_default(), vmm.name_any());
+            let wait = status::transient_attempt(status, &seed, ctx.config.max_backoff, now);
+            Action::requeue(wait)
+        }
+        ErrorClass::Permanent if failure.fixable => {
+            status.phase = Some(Phase::ManualInterventionRequired);
+            status::condition(status, ConditionType::Ready, false, &failure.reason,
+                format!("{} (at {checkpoint:?})", failure.message), generation, now);
+            Action::requeue(MANUAL_RECHECK)
+        }
+        ErrorClass::Permanent | ErrorClass::BoundedRetryable => {
+            status.phase = Some(Phase::Failed);
+            status.completion_time = Some(now.clone());
+            if let Some(kind) = status::condition_of(checkpoint) {
+                status::condition(status, kind, false, &failure.reason, failure.message.clone(), generation, now);
+            }
+            status::condition(status, ConditionType::Ready, false, &failure.reason,
+                format!("failed at {checkpoint:?}: {}", failure.message), generation, now);
+            ctx.metrics.transition("Failed");
+            Action::requeue(Duration::ZERO)
+        }
+    }
+}
+
+/// Cancelled, or Failed: remove what was created, restore power if asked, then stop for good.
+async fn finish_with_cleanup(
+    ctx: &Context,
+    vmm: &VirtualMachineMigration,
+    before: Status,
+    mut status: Status,
+    now: Time,
+) -> Result<Action> {
+    let generation = vmm.metadata.generation;
+    let cancelling = status.phase != Some(Phase::Failed);
+    if cancelling && status.phase != Some(Phase::Cancelling) {
+        status.phase = Some(Phase::Cancelling);
+        status.reason = Some("CancelRequested".into());
+        status.message = Some("removing what the migration created".into());
+        status::condition(&mut status, ConditionType::Ready, false, "Cancelling",
+            "spec.cancel is true".into(), generation, &now);
+        write_status(ctx, vmm, &before, &mut status).await?;
+        event(ctx, vmm, EventType::Normal, "Cancelling", "spec.cancel is true: cleaning up").await;
+        return Ok(Action::requeue(Duration::ZERO));
+    }
+    let done = {
+        let mut step = Step { ctx, vmm, status: &mut status, now: now.clone() };
+        checkpoint::cleanup(&mut step).await?
+    };
+    if !done {
+        write_status(ctx, vmm, &before, &mut status).await?;
+        return Ok(Action::requeue(Duration::from_secs(2)));
+    }
+    status.cleaned_up = true;
+    if cancelling {
+        status.phase = Some(Phase::Cancelled);
+        status.completion_time = Some(now.clone());
+        status.reason = Some("Cancelled".into());
+        status.message = Some("cancelled; everything the migration created was removed".into());
+        status::condition(&mut status, ConditionType::Ready, false, "Cancelled",
+            "the migration was cancelled".into(), generation, &now);
+        ctx.metrics.transition("Cancelled");
+    }
+    write_status(ctx, vmm, &before, &mut status).await?;
+    event(ctx, vmm, EventType::Normal, "CleanedUp", "everything the migration created was removed").await;
+    Ok(Action::await_change())
+}
+
+/// Writes status when it differs from what was read, with that read's resourceVersion as a precondition.
+async fn write_status(
+    ctx: &Context,
+    vmm: &VirtualMachineMigration,
+    before: &Status,
+    status: &mut Status,
+) -> Result<()> {
+    status.progress = status::progress(status).or(status.progress.take());
+    status.observed_generation = vmm.metadata.generation;
+    if status == before {
+        return Ok(());
+    }
+    let api: Api<VirtualMachineMigration> =
+        Api::namespaced(ctx.client.clone(), &vmm.namespace().unwrap_or_default());
+    let patch = json!({
+        "apiVersion": ferry_api::API_VERSION,
+        "kind": "VirtualMachineMigration",
+        "metadata": {"name": vmm.name_any(), "resourceVersion": vmm.resource_version()},
+        "status": status,
+    });
+    api.patch_status(&vmm.name_any(), &PatchParams::apply(MANAGER).force(), &Patch::Apply(&patch))
+        .await?;
+    Ok(())
+}
+
+async fn set_finalizer(ctx: &Context, vmm: &VirtualMachineMigration, present: bool) -> Result<()> {
+    let mut finalizers: Vec<String> =
+        vmm.finalizers().iter().filter(|f| *f != FINALIZER).cloned().collect();
+    if present {
+        finalizers.push(FINALIZER.to_string());
+    }
+    let api: Api<VirtualMachineMigration> =
+        Api::namespaced(ctx.client.clone(), &vmm.namespace().unwrap_or_default());
+    let patch = json!({"metadata": {"finalizers": finalizers, "resourceVersion": vmm.resource_version()}});
+    match api.patch(&vmm.name_any(), &PatchParams::default(), &Patch::Merge(&patch)).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 404 && !present => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+async fn event(ctx: &Context, vmm: &VirtualMachineMigration, type_: EventType, reason: &str, note: &str) {
+    let ev = Event {
+        type_,
+        reason: reason.into(),
+        note: Some(note.chars().take(1000).collect()),
+        action: "Reconcile".into(),
+        secondary: None,
+    };
+    if let Err(e) = ctx.recorder.publish(&ev, &vmm.object_ref(&())).await {
+        tracing::warn!("publishing an event: {e}");
+    }
+}

@@ -1,0 +1,178 @@
+//! The running controller: leader election on a Lease, watches on migrations, Providers and every child kind,
+//! and an HTTP port with `/metrics`, `/healthz` and `/readyz`. It exits when it loses the lease, so that a
+//! restarted process starts again from what it observes.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use anyhow::{Context as _, Result};
+use ferry_api::{Provider, VirtualMachineMigration};
+use futures::StreamExt;
+use k8s_openapi::api::batch::v1::Job;
+use kube::api::DynamicObject;
+use kube::runtime::controller::Controller;
+use kube::runtime::reflector::ObjectRef;
+use kube::runtime::watcher;
+use kube::{Api, Client, ResourceExt};
+use kube_lease_manager::LeaseManagerBuilder;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use crate::build::{dv_resource, vm_resource, vmi_resource};
+use crate::context::{Config, Context};
+use crate::metrics::Metrics;
+
+#[derive(Clone, Debug)]
+pub struct RunOptions {
+    pub config: Config,
+    /// Where `/metrics`, `/healthz` and `/readyz` are served; None serves nothing.
+    pub metrics_addr: Option<SocketAddr>,
+    pub lease_namespace: String,
+    pub lease_name: String,
+    /// Who holds the lease: the pod's name in a cluster.
+    pub identity: String,
+    pub lease_seconds: u64,
+    /// Watch one namespace instead of all.
+    pub namespace: Option<String>,
+}
+
+pub async fn run(client: Client, options: RunOptions) -> Result<()> {
+    let ready = Arc::new(AtomicBool::new(false));
+    let ctx = Arc::new(Context::new(client.clone(), options.config.clone(), Metrics::default()));
+    if let Some(addr) = options.metrics_addr {
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("binding the metrics port {addr}"))?;
+        tracing::info!(%addr, "serving /metrics, /healthz and /readyz");
+        tokio::spawn(serve(listener, ctx.clone(), ready.clone()));
+    }
+
+    let lease = LeaseManagerBuilder::new(client.clone(), &options.lease_name)
+        .with_namespace(&options.lease_namespace)
+        .with_identity(&options.identity)
+        .with_duration(options.lease_seconds)
+        .with_grace(options.lease_seconds.div_ceil(3).max(1))
+        .build()
+        .await
+        .context("setting up leader election")?;
+    let (mut leading, lease_task) = lease.watch().await;
+    tracing::info!(lease = %options.lease_name, identity = %options.identity, "waiting to lead");
+    while !*leading.borrow_and_update() {
+        leading.changed().await.context("leader election stopped")?;
+    }
+    tracing::info!("leading: reconciling migrations");
+    ready.store(true, Ordering::Relaxed);
+
+    let lost = async move {
+        loop {
+            if leading.changed().await.is_err() || !*leading.borrow() {
+                break;
+            }
+        }
+    };
+    let stopped = run_controllers(client, ctx, options.namespace.as_deref());
+    tokio::select! {
+        _ = lost => {
+            ready.store(false, Ordering::Relaxed);
+            lease_task.abort();
+            anyhow::bail!("lost the leader lease; exiting so that a fresh process observes the world again")
+        }
+        _ = stopped => {
+            ready.store(false, Ordering::Relaxed);
+            Ok(())
+        }
+    }
+}
+
+fn api<K>(client: &Client, namespace: Option<&str>) -> Api<K>
+where
+    K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>,
+    K::DynamicType: Default,
+{
+    match namespace {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    }
+}
+
+fn dynamic(client: &Client, namespace: Option<&str>, resource: &kube::core::ApiResource) -> Api<DynamicObject> {
+    match namespace {
+        Some(ns) => Api::namespaced_with(client.clone(), ns, resource),
+        None => Api::all_with(client.clone(), resource),
+    }
+}
+
+async fn run_controllers(client: Client, ctx: Arc<Context>, namespace: Option<&str>) {
+    let config = watcher::Config::default().any_semantic();
+    let migrations = Controller::new(api::<VirtualMachineMigration>(&client, namespace), config.clone());
+    let store = migrations.store();
+    let by_provider = store.clone();
+    let by_vm = store.clone();
+    let migrations = migrations
+        .owns(api::<Job>(&client, namespace), config.clone())
+        .owns_with(dynamic(&client, namespace, &dv_resource()), dv_resource(), config.clone())
+        .owns_with(dynamic(&client, namespace, &vm_resource()), vm_resource(), config.clone())
+        // VMIs belong to their VM, not to the migration: map them by the target name the migration recorded.
+        .watches_with(dynamic(&client, namespace, &vmi_resource()), vmi_resource(), config.clone(), move |vmi| {
+            let ns = vmi.namespace();
+            by_vm
+                .state()
+                .into_iter()
+                .filter(|m| {
+                    m.namespace() == ns
+                        && m.status.as_ref().and_then(|s| s.target_vm.as_deref()) == Some(vmi.name_any().as_str())
+                })
+                .map(|m| ObjectRef::from_obj(&*m))
+                .collect::<Vec<_>>()
+        })
+        .watches(api::<Provider>(&client, namespace), config.clone(), move |provider| {
+            let ns = provider.namespace();
+            by_provider
+                .state()
+                .into_iter()
+                .filter(|m| m.namespace() == ns && m.spec.source.provider_ref.name == provider.name_any())
+                .map(|m| ObjectRef::from_obj(&*m))
+                .collect::<Vec<_>>()
+        })
+        .shutdown_on_signal()
+        .run(crate::reconcile::reconcile, crate::reconcile::error_policy, ctx.clone())
+        .for_each(|_| async {});
+    let providers = Controller::new(api::<Provider>(&client, namespace), config)
+        .shutdown_on_signal()
+        .run(crate::provider::reconcile, crate::provider::error_policy, ctx)
+        .for_each(|_| async {});
+    futures::future::join(migrations, providers).await;
+}
+
+/// A minimal HTTP/1.1 responder: three read-only paths need no framework.
+async fn serve(listener: tokio::net::TcpListener, ctx: Arc<Context>, ready: Arc<AtomicBool>) {
+    loop {
+        let Ok((mut stream, _)) = listener.accept().await else {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            continue;
+        };
+        let (ctx, ready) = (ctx.clone(), ready.clone());
+        tokio::spawn(async move {
+            let mut buf = [0u8; 2048];
+            let n = match tokio::time::timeout(Duration::from_secs(5), stream.read(&mut buf)).await {
+                Ok(Ok(n)) => n,
+                _ => return,
+            };
+            let request = String::from_utf8_lossy(&buf[..n]);
+            let path = request.split_whitespace().nth(1).unwrap_or("/");
+            let (code, body) = match path {
+                "/metrics" => ("200 OK", ctx.metrics.render()),
+                "/healthz" => ("200 OK", "ok\n".to_string()),
+                "/readyz" if ready.load(Ordering::Relaxed) => ("200 OK", "ok: leading\n".to_string()),
+                "/readyz" => ("503 Service Unavailable", "waiting for the leader lease\n".to_string()),
+                _ => ("404 Not Found", "not found\n".to_string()),
+            };
+            let response = format!(
+                "HTTP/1.1 {code}\r\ncontent-type: text/plain; version=0.0.4\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                body.len()
+            );
+            let _ = stream.write_all(response.as_bytes()).await;
+        });
+    }
+}

@@ -1,0 +1,254 @@
+//! Pure edits of a migration's status: phase moves, conditions, retries and progress. No I/O here; `now` is given.
+
+use std::time::Duration;
+
+use ferry_api::{
+    BudgetUse, CheckpointTime, ConditionType, ErrorClass, ErrorStatus, Phase, RetryStatus,
+    VirtualMachineMigrationStatus as Status,
+};
+use ferry_kube::conditions::{ConditionUpdate, set_condition};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+use crate::error::Failure;
+
+/// The condition a checkpoint makes true when it is left.
+pub fn condition_of(phase: Phase) -> Option<ConditionType> {
+    Some(match phase {
+        Phase::Discovering => ConditionType::SourceDiscovered,
+        Phase::Validating => ConditionType::Validated,
+        Phase::Converting => ConditionType::DiskConverted,
+        Phase::Importing => ConditionType::DiskImported,
+        Phase::CreatingVm => ConditionType::VmCreated,
+        Phase::Starting => ConditionType::VmStarted,
+        Phase::ValidatingGuest => ConditionType::GuestReady,
+        Phase::Succeeded => ConditionType::Ready,
+        _ => return None,
+    })
+}
+
+pub fn condition(
+    status: &mut Status,
+    type_: ConditionType,
+    value: bool,
+    reason: &str,
+    message: String,
+    generation: Option<i64>,
+    now: &Time,
+) {
+    set_condition(
+        &mut status.conditions,
+        ConditionUpdate {
+            type_: type_.as_str(),
+            status: value,
+            reason,
+            message,
+            observed_generation: generation,
+        },
+        now,
+    );
+    // The seed's order, `Ready` last, whatever order they were set in.
+    let rank = |t: &str| ConditionType::ALL.iter().position(|c| c.as_str() == t).unwrap_or(usize::MAX);
+    status.conditions.sort_by_key(|c| rank(&c.type_));
+}
+
+/// Enters `phase`: records when, resets the per-checkpoint attempts, and marks its condition as in progress.
+pub fn enter(status: &mut Status, phase: Phase, generation: Option<i64>, now: &Time) {
+    status.phase = Some(phase);
+    if !status.checkpoints.iter().any(|c| c.phase == phase) {
+        status.checkpoints.push(CheckpointTime {
+            phase,
+            entered: now.clone(),
+        });
+    }
+    if let Some(retry) = &mut status.retry {
+        retry.attempts = 0;
+        retry.next_attempt_time = None;
+    }
+    if let Some(kind) = condition_of(phase).filter(|_| phase != Phase::Succeeded) {
+        condition(status, kind, false, "InProgress", format!("{phase:?} in progress"), generation, now);
+    }
+    if !phase.is_terminal() && phase != Phase::ManualInterventionRequired {
+        condition(
+            status,
+            ConditionType::Ready,
+            false,
+            "MigrationInProgress",
+            format!("checkpoint {phase:?}"),
+            generation,
+            now,
+        );
+    }
+}
+
+/// Leaves `from` with its evidence recorded: its condition turns True, then the next checkpoint is entered.
+pub fn advance(
+    status: &mut Status,
+    from: Phase,
+    to: Phase,
+    reason: &str,
+    message: String,
+    generation: Option<i64>,
+    now: &Time,
+) {
+    if let Some(kind) = condition_of(from) {
+        condition(status, kind, true, reason, message.clone(), generation, now);
+    }
+    status.reason = Some(reason.into());
+    status.message = Some(message);
+    enter(status, to, generation, now);
+}
+
+/// Records an error of the current checkpoint.
+pub fn record_error(status: &mut Status, failure: &Failure, phase: Phase, now: &Time) {
+    let retry = status.retry.get_or_insert_with(RetryStatus::default);
+    retry.last_error = Some(ErrorStatus {
+        class: failure.class,
+        reason: failure.reason.clone(),
+        message: failure.message.clone(),
+        phase,
+        time: now.clone(),
+    });
+    status.reason = Some(failure.reason.clone());
+    status.message = Some(failure.message.clone());
+}
+
+/// One more transient attempt; returns how long to wait before the next.
+pub fn transient_attempt(status: &mut Status, seed: &str, cap: Duration, now: &Time) -> Duration {
+    let retry = status.retry.get_or_insert_with(RetryStatus::default);
+    retry.attempts += 1;
+    let wait = backoff(retry.attempts, seed, cap);
+    retry.next_attempt_time = Some(Time(now.0 + signed(wait)));
+    wait
+}
+
+fn signed(d: Duration) -> k8s_openapi::jiff::SignedDuration {
+    k8s_openapi::jiff::SignedDuration::from_millis(d.as_millis() as i64)
+}
+
+/// Exponential from 1 s, doubled per attempt, capped, with ±25% jitter so that many migrations failing together
+/// do not retry together. The jitter is derived from `seed` and the attempt, so it is stable across restarts.
+pub fn backoff(attempt: i32, seed: &str, cap: Duration) -> Duration {
+    let exp = 1000u64.saturating_mul(1 << attempt.clamp(1, 20).saturating_sub(1) as u64);
+    let capped = exp.min(cap.as_millis() as u64);
+    let hash = format!("{seed}/{attempt}")
+        .bytes()
+        .fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3));
+    let spread = capped / 2;
+    let jitter = if spread == 0 { 0 } else { hash % spread };
+    Duration::from_millis(capped - capped / 4 + jitter)
+}
+
+pub fn budget_used(status: &Status, phase: Phase) -> i32 {
+    status
+        .retry
+        .as_ref()
+        .and_then(|r| r.budget_used.iter().find(|b| b.phase == phase))
+        .map_or(0, |b| b.used)
+}
+
+/// Spends one bounded retry of `phase` if the budget allows; false when it is exhausted.
+pub fn spend_budget(status: &mut Status, phase: Phase, budget: i32) -> bool {
+    let used = budget_used(status, phase);
+    if used >= budget {
+        return false;
+    }
+    let retry = status.retry.get_or_insert_with(RetryStatus::default);
+    match retry.budget_used.iter_mut().find(|b| b.phase == phase) {
+        Some(b) => b.used += 1,
+        None => retry.budget_used.push(BudgetUse { phase, used: 1 }),
+    }
+    true
+}
+
+/// The class the migration ends with when a bounded step has no budget left.
+pub fn exhausted(failure: &Failure, budget: i32) -> Failure {
+    Failure {
+        class: ErrorClass::BoundedRetryable,
+        reason: failure.reason.clone(),
+        message: format!("{} (retry budget of {budget} spent)", failure.message),
+        fixable: false,
+    }
+}
+
+/// `42% (27 MiB of 64 MiB)`: converted bytes count half, imported bytes the other half.
+pub fn progress(status: &Status) -> Option<String> {
+    let total: i64 = status.disks.iter().map(|d| d.capacity_bytes).sum();
+    if total == 0 {
+        return None;
+    }
+    let done: f64 = status
+        .disks
+        .iter()
+        .map(|d| {
+            let converted = if d.sha256.is_some() { 0.5 } else { 0.0 };
+            let imported = d
+                .progress
+                .as_deref()
+                .and_then(|p| p.trim_end_matches('%').parse::<f64>().ok())
+                .unwrap_or(0.0)
+                / 200.0;
+            let imported = if d.verified { 0.5 } else { imported.min(0.5) };
+            (converted + imported) * d.capacity_bytes as f64
+        })
+        .sum();
+    let percent = (done * 100.0 / total as f64).floor() as i64;
+    Some(format!(
+        "{percent}% ({} MiB of {} MiB)",
+        (done / 1048576.0).round() as i64,
+        (total as f64 / 1048576.0).round() as i64
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ferry_api::DiskStatus;
+
+    fn now() -> Time {
+        Time(k8s_openapi::jiff::Timestamp::from_second(1_800_000_000).unwrap())
+    }
+
+    #[test]
+    fn backoff_grows_is_capped_and_jittered_stably() {
+        let cap = Duration::from_secs(300);
+        let waits: Vec<_> = (1..=12).map(|a| backoff(a, "ns/m", cap)).collect();
+        assert!(waits[0] >= Duration::from_millis(750) && waits[0] <= Duration::from_millis(1250));
+        assert!(waits[3] > waits[1]);
+        assert!(waits.iter().all(|w| *w <= cap + cap / 4));
+        assert_eq!(backoff(5, "ns/m", cap), backoff(5, "ns/m", cap));
+        assert_ne!(backoff(5, "ns/m", cap), backoff(5, "ns/other", cap));
+    }
+
+    #[test]
+    fn budgets_are_per_phase_and_run_out() {
+        let mut status = Status::default();
+        assert!(spend_budget(&mut status, Phase::Converting, 2));
+        assert!(spend_budget(&mut status, Phase::Converting, 2));
+        assert!(!spend_budget(&mut status, Phase::Converting, 2));
+        assert_eq!(budget_used(&status, Phase::Importing), 0);
+        assert_eq!(budget_used(&status, Phase::Converting), 2);
+    }
+
+    #[test]
+    fn advancing_marks_the_left_condition_true_and_ready_false() {
+        let mut status = Status::default();
+        enter(&mut status, Phase::Discovering, Some(1), &now());
+        advance(&mut status, Phase::Discovering, Phase::Validating, "Found", "vm-1".into(), Some(1), &now());
+        let get = |t: &str| status.conditions.iter().find(|c| c.type_ == t).unwrap().status.clone();
+        assert_eq!(get("SourceDiscovered"), "True");
+        assert_eq!(get("Validated"), "False");
+        assert_eq!(get("Ready"), "False");
+        assert_eq!(status.phase, Some(Phase::Validating));
+        assert_eq!(status.checkpoints.len(), 2);
+    }
+
+    #[test]
+    fn progress_counts_conversion_and_import_halves() {
+        let mut status = Status::default();
+        status.disks = vec![
+            DiskStatus { capacity_bytes: 64 << 20, sha256: Some("x".into()), progress: Some("50.00%".into()), ..Default::default() },
+            DiskStatus { capacity_bytes: 64 << 20, ..Default::default() },
+        ];
+        assert_eq!(progress(&status).unwrap(), "37% (48 MiB of 128 MiB)");
+    }
+}
