@@ -35,7 +35,7 @@ fn held_before(vmm: &VirtualMachineMigration, phase: Phase) -> Option<Phase> {
 }
 
 /// Checked again this often when nothing else wakes a migration that waits for a person.
-const MANUAL_RECHECK: Duration = Duration::from_secs(60);
+const MANUAL_RECHECK: Duration = Duration::from_secs(10);
 
 pub async fn reconcile(vmm: Arc<VirtualMachineMigration>, ctx: Arc<Context>) -> Result<Action> {
     let key = format!("{}/{}", vmm.namespace().unwrap_or_default(), vmm.name_any());
@@ -85,6 +85,10 @@ async fn reconcile_one(vmm: &VirtualMachineMigration, ctx: &Context) -> Result<A
     let finished = matches!(phase, Some(Phase::Succeeded) | Some(Phase::Cancelled))
         || (phase == Some(Phase::Failed) && status.cleaned_up);
     if finished {
+        // Nothing is left to clean up: a delete need not wait for the controller.
+        if has_finalizer {
+            set_finalizer(ctx, vmm, false).await?;
+        }
         return Ok(Action::await_change());
     }
     if !has_finalizer {
@@ -170,9 +174,16 @@ async fn on_failure(
     now: &Time,
 ) -> Action {
     ctx.metrics.error(&format!("{:?}", failure.class), &failure.reason);
-    status::record_error(status, &failure, checkpoint, now);
+    let last = status.retry.as_ref().and_then(|r| r.last_error.clone());
+    let repeated = last.as_ref().is_some_and(|e| {
+        e.reason == failure.reason && e.message == failure.message && e.phase == checkpoint
+    });
+    // The same error seen again (a person has not fixed it yet) is neither a new Event nor a new write.
+    if !repeated {
+        status::record_error(status, &failure, checkpoint, now);
+        event(ctx, vmm, EventType::Warning, &failure.reason, &failure.message).await;
+    }
     let generation = vmm.metadata.generation;
-    event(ctx, vmm, EventType::Warning, &failure.reason, &failure.message).await;
     match failure.class {
         ErrorClass::Transient => {
             let seed = format!("{}/{}", vmm.namespace().unwrap_or_default(), vmm.name_any());

@@ -1,5 +1,6 @@
 //! Demo VMs in the lab's vcsim: their empty simulator disks are replaced by real, bootable VMDKs, so a migrated
-//! VM really boots and prints its marker. `DC0_H0_VM0` gets one disk; `DC0_H0_VM1` three of different sizes.
+//! VM really boots and prints its marker. `DC0_H0_VM0` gets one disk; `DC0_H0_VM1` three of different sizes; the
+//! cluster's two VMs get one small disk each (tests use them side by side).
 
 use std::path::Path;
 use std::time::Duration;
@@ -12,7 +13,12 @@ use crate::standins::kubevirt::READY_MARKER;
 use crate::vcsim::VcsimEndpoint;
 
 /// (VM, disk sizes in MiB); the first disk boots.
-pub const DEMO_VMS: [(&str, &[u64]); 2] = [("DC0_H0_VM0", &[64]), ("DC0_H0_VM1", &[64, 32, 16])];
+pub const DEMO_VMS: [(&str, &[u64]); 4] = [
+    ("DC0_H0_VM0", &[64]),
+    ("DC0_H0_VM1", &[64, 32, 16]),
+    ("DC0_C0_RP0_VM0", &[16]),
+    ("DC0_C0_RP0_VM1", &[16]),
+];
 
 /// The marker a demo VM's boot disk prints.
 pub fn marker(vm: &str) -> String {

@@ -134,6 +134,9 @@ impl TestLab {
             .map(|e| AuditedRequest {
                 verb: e["verb"].as_str().unwrap_or_default().to_string(),
                 uri: e["requestURI"].as_str().unwrap_or_default().to_string(),
+                code: e["responseStatus"]["code"].as_i64().unwrap_or_default(),
+                resource: e["objectRef"]["resource"].as_str().unwrap_or_default().to_string(),
+                namespace: e["objectRef"]["namespace"].as_str().unwrap_or_default().to_string(),
             })
             .collect()
     }
@@ -256,6 +259,11 @@ impl Drop for TestMinio {
 pub struct AuditedRequest {
     pub verb: String,
     pub uri: String,
+    /// The HTTP status answered, for example 201 for a create that made something.
+    pub code: i64,
+    /// The resource (`jobs`, `datavolumes`, ...) and its namespace, when the request names them.
+    pub resource: String,
+    pub namespace: String,
 }
 
 impl AuditedRequest {

@@ -147,3 +147,12 @@ pub async fn staged_objects(ns: &str, name: &str, uid: &str, disks: usize) -> Ve
     }
     found
 }
+
+/// Writes the controller's ServiceAccount made in `ns`, from the API server's audit log.
+pub async fn writes_in(ns: &str) -> usize {
+    lab().await
+        .audit_requests_by(ferry_testkit::migration::SERVICE_ACCOUNT)
+        .iter()
+        .filter(|r| r.is_write() && r.namespace == ns)
+        .count()
+}
