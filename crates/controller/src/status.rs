@@ -160,6 +160,28 @@ pub fn spend_budget(status: &mut Status, phase: Phase, budget: i32) -> bool {
     true
 }
 
+/// What to do about a failed child (a Job or a DataVolume, by uid) of a bounded step.
+#[derive(Debug, PartialEq)]
+pub enum Charge {
+    /// Charged now: write that first; the failed object is removed on the next pass.
+    Charged,
+    /// Charged in an earlier pass: remove the failed object.
+    AlreadyCharged,
+    Exhausted,
+}
+
+/// Charges the failure of `uid` to `phase`'s budget, once.
+pub fn charge(status: &mut Status, phase: Phase, budget: i32, uid: &str) -> Charge {
+    if status.retry.as_ref().is_some_and(|r| r.charged.iter().any(|c| c == uid)) {
+        return Charge::AlreadyCharged;
+    }
+    if !spend_budget(status, phase, budget) {
+        return Charge::Exhausted;
+    }
+    status.retry.get_or_insert_with(RetryStatus::default).charged.push(uid.to_string());
+    Charge::Charged
+}
+
 /// The class the migration ends with when a bounded step has no budget left.
 pub fn exhausted(failure: &Failure, budget: i32) -> Failure {
     Failure {
@@ -227,6 +249,15 @@ mod tests {
         assert!(!spend_budget(&mut status, Phase::Converting, 2));
         assert_eq!(budget_used(&status, Phase::Importing), 0);
         assert_eq!(budget_used(&status, Phase::Converting), 2);
+    }
+
+    #[test]
+    fn a_failed_object_is_charged_once_then_removed() {
+        let mut status = Status::default();
+        assert_eq!(charge(&mut status, Phase::Importing, 1, "dv-uid-1"), Charge::Charged);
+        assert_eq!(charge(&mut status, Phase::Importing, 1, "dv-uid-1"), Charge::AlreadyCharged);
+        assert_eq!(charge(&mut status, Phase::Importing, 1, "dv-uid-2"), Charge::Exhausted);
+        assert_eq!(budget_used(&status, Phase::Importing), 1);
     }
 
     #[test]

@@ -9,9 +9,12 @@ use crate::probe::{Probe, Ready};
 use crate::process::{ProcessSpec, free_port};
 
 /// Controllers of kube-controller-manager that the lab relies on: owner-reference cascades, namespace
-/// deletion, Jobs, and PersistentVolume binding. Node lifecycle is left out: the lab's node has no kubelet.
+/// deletion, Jobs, PersistentVolume binding, and the protection controllers that release a deleted claim once no
+/// pod uses it (the API server's admission adds their finalizers). Node lifecycle is left out: the lab's node has
+/// no kubelet.
 const KCM_CONTROLLERS: &str = "garbage-collector-controller,namespace-controller,job-controller,\
-persistentvolume-binder-controller";
+persistentvolume-binder-controller,persistentvolumeclaim-protection-controller,\
+persistentvolume-protection-controller";
 
 /// Free loopback ports handed to one component attempt.
 pub struct Ports([u16; 2]);

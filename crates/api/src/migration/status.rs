@@ -261,6 +261,10 @@ pub struct RetryStatus {
     pub last_error: Option<ErrorStatus>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub next_attempt_time: Option<Time>,
+    /// UIDs of the failed Jobs and DataVolumes already charged to a budget: each failure is charged once, and
+    /// recorded before the failed object is removed.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub charged: Vec<String>,
 }
 
 #[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]

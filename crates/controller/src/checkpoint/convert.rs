@@ -20,6 +20,10 @@ pub async fn run(step: &mut Step<'_>) -> Result<Next> {
     let name = children::convert_job(step.vmm, attempt);
     match jobs::observe(step.ctx, &ns, &name).await? {
         JobState::Absent => {
+            if attempt > 1 {
+                // The failed attempt's Job was charged already; it makes room for this one.
+                jobs::delete(step.ctx, &ns, &children::convert_job(step.vmm, attempt - 1)).await?;
+            }
             let provider = super::power::provider(step.ctx, step.vmm).await?;
             let job = build::job::convert_job(step.vmm, &provider, attempt, &step.ctx.config.worker_image);
             jobs::create(step.ctx, &ns, &job).await?;
@@ -28,7 +32,7 @@ pub async fn run(step: &mut Step<'_>) -> Result<Next> {
         JobState::Terminating => Ok(Next::wait("ConversionRestarting", format!("Job {name} is being removed"), WAIT)),
         JobState::Running => Ok(Next::wait("Converting", format!("Job {name} converts the disks"), WAIT)),
         JobState::Succeeded(result) => record(step, &name, result),
-        JobState::Failed(failure) => retry(step, &ns, &name, failure).await,
+        JobState::Failed(failure, uid) => retry(step, &ns, &name, &uid, failure).await,
     }
 }
 
@@ -60,20 +64,30 @@ fn record(step: &mut Step<'_>, job: &str, result: serde_json::Value) -> Result<N
     ))
 }
 
-/// A failed attempt: permanent errors stop; anything else spends one bounded retry on a fresh Job.
-async fn retry(step: &mut Step<'_>, ns: &str, job: &str, failure: Failure) -> Result<Next> {
+/// A failed attempt: permanent errors stop; anything else is charged to the budget (recorded first), and the
+/// failed Job removed on the next pass, which makes room for the next attempt's Job.
+async fn retry(step: &mut Step<'_>, ns: &str, job: &str, uid: &str, failure: Failure) -> Result<Next> {
     if failure.class == ErrorClass::Permanent {
         return Err(failure);
     }
     let budget = step.vmm.spec.retry.budget;
-    if !status::spend_budget(step.status, Phase::Converting, budget) {
-        return Err(status::exhausted(&failure, budget));
+    match status::charge(step.status, Phase::Converting, budget, uid) {
+        status::Charge::Exhausted => Err(status::exhausted(&failure, budget)),
+        status::Charge::Charged => {
+            status::record_error(step.status, &failure, Phase::Converting, &step.now);
+            Ok(Next::wait(
+                "ConversionRetrying",
+                format!(
+                    "{} (retry {} of {budget})",
+                    failure.message,
+                    status::budget_used(step.status, Phase::Converting)
+                ),
+                Duration::ZERO,
+            ))
+        }
+        status::Charge::AlreadyCharged => {
+            jobs::delete(step.ctx, ns, job).await?;
+            Ok(Next::wait("ConversionRetrying", format!("removing the failed Job {job}"), Duration::from_secs(2)))
+        }
     }
-    jobs::delete(step.ctx, ns, job).await?;
-    status::record_error(step.status, &failure, Phase::Converting, &step.now);
-    Ok(Next::wait(
-        "ConversionRetrying",
-        format!("{} (retry {} of {budget})", failure.message, status::budget_used(step.status, Phase::Converting)),
-        Duration::from_secs(2),
-    ))
 }

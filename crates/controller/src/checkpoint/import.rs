@@ -30,6 +30,17 @@ pub async fn run(step: &mut Step<'_>) -> Result<Next> {
         }
         let name = children::data_volume(step.vmm, disk.index);
         let observed = dvs.get_opt(&name).await?;
+        if let Some(dv) = &observed
+            && dv.metadata.deletion_timestamp.is_none()
+            && charged(step.status, &dv.uid().unwrap_or_default())
+        {
+            // Its failure is on record: remove it, and the import starts over.
+            delete_dv(&dvs, &name).await?;
+            step.status.disks[i].progress = None;
+            waiting.push(format!("{name} removed for a new import"));
+            continue;
+        }
+        let dv_uid = observed.as_ref().and_then(|d| d.uid()).unwrap_or_default();
         match dv_state(observed.as_ref()) {
             DvState::Absent => {
                 let dv = build::datavolume::data_volume(
@@ -54,7 +65,7 @@ pub async fn run(step: &mut Step<'_>) -> Result<Next> {
             }
             DvState::Failed { message } => {
                 let failure = Failure::bounded("ImportFailed", format!("DataVolume {name}: {message}"));
-                return retry(step, &ns, &name, None, failure).await;
+                return retry(step, &dv_uid, failure);
             }
             DvState::Succeeded => {
                 step.status.disks[i].progress = Some("100.0%".into());
@@ -75,7 +86,7 @@ pub async fn run(step: &mut Step<'_>) -> Result<Next> {
                     }
                     JobState::Running | JobState::Terminating => waiting.push(format!("{job} verifies {name}")),
                     JobState::Succeeded(_) => step.status.disks[i].verified = true,
-                    JobState::Failed(failure) => return retry(step, &ns, &name, Some(&job), failure).await,
+                    JobState::Failed(failure, _) => return retry(step, &dv_uid, failure),
                 }
             }
         }
@@ -90,35 +101,33 @@ pub async fn run(step: &mut Step<'_>) -> Result<Next> {
     Ok(Next::wait("Importing", waiting.join("; "), WAIT))
 }
 
-/// A failed import or verification: permanent errors stop; otherwise the DataVolume (and the failed
-/// verification Job) go, and the import is retried while the budget lasts.
-async fn retry(step: &mut Step<'_>, ns: &str, dv: &str, job: Option<&str>, failure: Failure) -> Result<Next> {
+/// A failed import or verification: permanent errors stop; otherwise the DataVolume's failure is charged to
+/// the budget (recorded before anything is removed), and the next pass removes it for a new import.
+fn retry(step: &mut Step<'_>, dv_uid: &str, failure: Failure) -> Result<Next> {
     if failure.class == ErrorClass::Permanent {
         return Err(failure);
     }
     let budget = step.vmm.spec.retry.budget;
-    if !status::spend_budget(step.status, Phase::Importing, budget) {
+    if status::charge(step.status, Phase::Importing, budget, dv_uid) == status::Charge::Exhausted {
         return Err(status::exhausted(&failure, budget));
-    }
-    if let Some(job) = job {
-        jobs::delete(step.ctx, ns, job).await?;
-    }
-    let dvs = Api::<DynamicObject>::namespaced_with(step.ctx.client.clone(), ns, &dv_resource());
-    let params = DeleteParams { propagation_policy: Some(PropagationPolicy::Background), ..Default::default() };
-    match dvs.delete(dv, &params).await {
-        Ok(_) => {}
-        Err(kube::Error::Api(s)) if s.code == 404 => {}
-        Err(e) => return Err(e.into()),
-    }
-    for disk in &mut step.status.disks {
-        if disk.data_volume.as_deref() == Some(dv) {
-            disk.progress = None;
-        }
     }
     status::record_error(step.status, &failure, Phase::Importing, &step.now);
     Ok(Next::wait(
         "ImportRetrying",
         format!("{} (retry {} of {budget})", failure.message, status::budget_used(step.status, Phase::Importing)),
-        Duration::from_secs(2),
+        Duration::ZERO,
     ))
+}
+
+fn charged(status: &ferry_api::VirtualMachineMigrationStatus, uid: &str) -> bool {
+    status.retry.as_ref().is_some_and(|r| r.charged.iter().any(|c| c == uid))
+}
+
+async fn delete_dv(dvs: &Api<DynamicObject>, name: &str) -> Result<()> {
+    let params = DeleteParams { propagation_policy: Some(PropagationPolicy::Background), ..Default::default() };
+    match dvs.delete(name, &params).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+        Err(e) => Err(e.into()),
+    }
 }

@@ -4,7 +4,7 @@ use ferry_api::ErrorClass;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{DeleteParams, ListParams, PostParams, PropagationPolicy};
-use kube::Api;
+use kube::{Api, ResourceExt};
 
 use crate::context::Context;
 use crate::error::{Failure, Result};
@@ -15,7 +15,8 @@ pub enum JobState {
     Terminating,
     Running,
     Succeeded(serde_json::Value),
-    Failed(Failure),
+    /// The failure, and the Job's uid (a retry charges each failed Job once).
+    Failed(Failure, String),
 }
 
 pub async fn observe(ctx: &Context, ns: &str, name: &str) -> Result<JobState> {
@@ -36,7 +37,10 @@ pub async fn observe(ctx: &Context, ns: &str, name: &str) -> Result<JobState> {
         return Ok(JobState::Running);
     }
     let message = termination_message(ctx, ns, name).await?;
-    Ok(state_of(finished("Complete"), message.as_deref(), name))
+    Ok(match state_of(finished("Complete"), message.as_deref(), name) {
+        JobState::Failed(failure, _) => JobState::Failed(failure, job.uid().unwrap_or_default()),
+        other => other,
+    })
 }
 
 /// What a finished Job's result means. Pure.
@@ -45,14 +49,17 @@ pub fn state_of(succeeded: bool, message: Option<&str>, job: &str) -> JobState {
     if succeeded {
         return match parsed {
             Some(value) if value.get("error").is_none() => JobState::Succeeded(value),
-            _ => JobState::Failed(Failure::bounded(
-                "JobResultUnreadable",
-                format!("Job {job} finished without a readable result"),
-            )),
+            _ => JobState::Failed(
+                Failure::bounded(
+                    "JobResultUnreadable",
+                    format!("Job {job} finished without a readable result"),
+                ),
+                String::new(),
+            ),
         };
     }
     let error = parsed.as_ref().and_then(|v| v.get("error"));
-    JobState::Failed(match error {
+    let failure = match error {
         Some(e) => Failure {
             class: serde_json::from_value(e["class"].clone()).unwrap_or(ErrorClass::BoundedRetryable),
             reason: e["reason"].as_str().unwrap_or("JobFailed").to_string(),
@@ -66,7 +73,8 @@ pub fn state_of(succeeded: bool, message: Option<&str>, job: &str) -> JobState {
                 message.map(|m| m.trim()).filter(|m| !m.is_empty()).unwrap_or("no message")
             ),
         ),
-    })
+    };
+    JobState::Failed(failure, String::new())
 }
 
 async fn termination_message(ctx: &Context, ns: &str, job: &str) -> Result<Option<String>> {
@@ -115,12 +123,12 @@ mod tests {
     #[test]
     fn results_and_classed_errors_are_read_from_the_message() {
         assert!(matches!(state_of(true, Some(r#"{"disks": []}"#), "j"), JobState::Succeeded(_)));
-        let JobState::Failed(f) = state_of(true, None, "j") else { panic!() };
+        let JobState::Failed(f, _) = state_of(true, None, "j") else { panic!() };
         assert_eq!(f.reason, "JobResultUnreadable");
         let msg = r#"{"error": {"class": "Permanent", "reason": "LoginFailed", "message": "login failed"}}"#;
-        let JobState::Failed(f) = state_of(false, Some(msg), "j") else { panic!() };
+        let JobState::Failed(f, _) = state_of(false, Some(msg), "j") else { panic!() };
         assert_eq!((f.class, f.reason.as_str()), (ErrorClass::Permanent, "LoginFailed"));
-        let JobState::Failed(f) = state_of(false, Some("oom"), "j") else { panic!() };
+        let JobState::Failed(f, _) = state_of(false, Some("oom"), "j") else { panic!() };
         assert_eq!((f.class, f.reason.as_str()), (ErrorClass::BoundedRetryable, "JobFailed"));
     }
 }
