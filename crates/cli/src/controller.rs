@@ -43,10 +43,13 @@ pub async fn run(args: ControllerArgs) -> Result<()> {
         Some(path) => {
             let kubeconfig = kube::config::Kubeconfig::read_from(path)
                 .with_context(|| format!("reading {}", path.display()))?;
-            let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default()).await?;
+            let config =
+                kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default()).await?;
             kube::Client::try_from(config)?
         }
-        None => kube::Client::try_default().await.context("no kubeconfig or in-cluster identity")?,
+        None => kube::Client::try_default()
+            .await
+            .context("no kubeconfig or in-cluster identity")?,
     };
     let identity = args.identity.unwrap_or_else(|| {
         std::fs::read_to_string("/proc/sys/kernel/hostname")

@@ -9,7 +9,11 @@ use ferry_datapath::{ConvertSpec, progress::Progress};
 #[derive(Args)]
 pub struct ConvertArgs {
     /// The conversion spec (JSON file): source, disks, format and staging. Credentials are paths to mounted files.
-    #[arg(long, required_unless_present = "spec_json", conflicts_with = "spec_json")]
+    #[arg(
+        long,
+        required_unless_present = "spec_json",
+        conflicts_with = "spec_json"
+    )]
     spec: Option<PathBuf>,
     /// The same spec inline, as the controller passes it to a Job (it holds no secret, only paths).
     #[arg(long)]

@@ -16,61 +16,172 @@ async fn migrate_and_hand_over(vm: &str, name: &str, disks: usize, quiet_check: 
     let (client, ns) = setup(name).await;
     let lab = lab().await;
     set_source_power(vm, true).await;
-    migration::apply(&client, ns.name(), migration::migration(lab, ns.name(), name, vm)).await.unwrap();
-    let done = wait_for_phase(&client, ns.name(), name, Phase::Succeeded, Duration::from_secs(600)).await;
+    migration::apply(
+        &client,
+        ns.name(),
+        migration::migration(lab, ns.name(), name, vm),
+    )
+    .await
+    .unwrap();
+    let done = wait_for_phase(
+        &client,
+        ns.name(),
+        name,
+        Phase::Succeeded,
+        Duration::from_secs(600),
+    )
+    .await;
     let status = done.status.clone().unwrap();
     let uid = done.uid().unwrap();
 
-    for kind in ["SourceDiscovered", "Validated", "DiskConverted", "DiskImported", "VMCreated", "VMStarted", "GuestReady", "Ready"] {
-        let c = status.conditions.iter().find(|c| c.type_ == kind).unwrap_or_else(|| panic!("no {kind}"));
+    for kind in [
+        "SourceDiscovered",
+        "Validated",
+        "DiskConverted",
+        "DiskImported",
+        "VMCreated",
+        "VMStarted",
+        "GuestReady",
+        "Ready",
+    ] {
+        let c = status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == kind)
+            .unwrap_or_else(|| panic!("no {kind}"));
         assert_eq!(c.status, "True", "{kind}: {c:?}");
         assert_eq!(c.observed_generation, done.metadata.generation);
     }
-    assert_eq!(status.conditions.last().unwrap().type_, "Ready", "Ready comes last");
+    assert_eq!(
+        status.conditions.last().unwrap().type_,
+        "Ready",
+        "Ready comes last"
+    );
     assert_eq!(status.disks.len(), disks);
     for disk in &status.disks {
         assert!(disk.verified, "disk {} not verified: {disk:?}", disk.index);
         assert_eq!(disk.sha256.as_ref().map(String::len), Some(64));
     }
-    assert!(status.progress.as_deref().unwrap_or_default().starts_with("100%"), "{:?}", status.progress);
+    assert!(
+        status
+            .progress
+            .as_deref()
+            .unwrap_or_default()
+            .starts_with("100%"),
+        "{:?}",
+        status.progress
+    );
     let power = status.power.clone().unwrap();
     assert_eq!(power.original, Some(PowerState::PoweredOn));
-    assert_eq!(source_power(vm).await, PowerState::PoweredOff, "the source ends powered off");
+    assert_eq!(
+        source_power(vm).await,
+        PowerState::PoweredOff,
+        "the source ends powered off"
+    );
 
     // The guest printed its marker on the booted VM's serial port.
-    let vmi = Api::<DynamicObject>::namespaced_with(client.clone(), ns.name(), &resource("kubevirt.io", "v1", "VirtualMachineInstance"))
-        .get(name)
-        .await
-        .unwrap();
-    let marker = vmi.annotations().get("lab.ferry.dev/serial-marker").cloned().unwrap_or_default();
-    assert!(marker.contains(&format!("FERRY-GUEST-READY {vm}")), "marker: {marker:?}");
+    let vmi = Api::<DynamicObject>::namespaced_with(
+        client.clone(),
+        ns.name(),
+        &resource("kubevirt.io", "v1", "VirtualMachineInstance"),
+    )
+    .get(name)
+    .await
+    .unwrap();
+    let marker = vmi
+        .annotations()
+        .get("lab.ferry.dev/serial-marker")
+        .cloned()
+        .unwrap_or_default();
+    assert!(
+        marker.contains(&format!("FERRY-GUEST-READY {vm}")),
+        "marker: {marker:?}"
+    );
 
+    {
+        let controller = controller().await.lock().await;
+        let metrics = controller.metrics();
+        assert!(
+            metrics.contains("ferry_phase_transitions_total{phase=\"Succeeded\"}"),
+            "{metrics}"
+        );
+        assert!(
+            metrics.contains("ferry_reconcile_duration_seconds_count"),
+            "{metrics}"
+        );
+        let logs = controller.logs();
+        let key = format!("\"migration\":\"{}/{name}\"", ns.name());
+        assert!(
+            logs.lines().any(|l| l.starts_with('{') && l.contains(&key)),
+            "JSON logs carry {key}"
+        );
+        let password =
+            std::fs::read_to_string(&lab.state().vcsim.clone().unwrap().password_file).unwrap();
+        assert!(
+            !logs.contains(password.trim()),
+            "the vSphere password leaked into the controller's logs"
+        );
+    }
     if quiet_check {
         // Quiet when done: no write at all from the controller in this namespace for 30 s.
         tokio::time::sleep(Duration::from_secs(3)).await;
         let before = writes_in(ns.name()).await;
         tokio::time::sleep(Duration::from_secs(30)).await;
         let after = writes_in(ns.name()).await;
-        assert!(before > 10, "the audit log saw the controller's earlier writes ({before})");
+        assert!(
+            before > 10,
+            "the audit log saw the controller's earlier writes ({before})"
+        );
         assert_eq!(after, before, "a Succeeded migration caused writes");
     }
 
     // Handed over: deleting the migration leaves the VM and its disks, and no Job or staged object.
-    migrations(&client, ns.name()).delete(name, &DeleteParams::default()).await.unwrap();
-    ferry_testkit::eventually("the migration to be deleted", Duration::from_secs(60), || async {
-        migrations(&client, ns.name()).get_opt(name).await.unwrap().is_none().then_some(())
-    })
+    migrations(&client, ns.name())
+        .delete(name, &DeleteParams::default())
+        .await
+        .unwrap();
+    ferry_testkit::eventually(
+        "the migration to be deleted",
+        Duration::from_secs(60),
+        || async {
+            migrations(&client, ns.name())
+                .get_opt(name)
+                .await
+                .unwrap()
+                .is_none()
+                .then_some(())
+        },
+    )
     .await;
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let vms = Api::<DynamicObject>::namespaced_with(client.clone(), ns.name(), &resource("kubevirt.io", "v1", "VirtualMachine"));
+    let vms = Api::<DynamicObject>::namespaced_with(
+        client.clone(),
+        ns.name(),
+        &resource("kubevirt.io", "v1", "VirtualMachine"),
+    );
     let vm_object = vms.get(name).await.expect("the migrated VM stays");
     assert!(vm_object.owner_references().is_empty());
-    let dvs = Api::<DynamicObject>::namespaced_with(client.clone(), ns.name(), &resource("cdi.kubevirt.io", "v1beta1", "DataVolume"));
+    let dvs = Api::<DynamicObject>::namespaced_with(
+        client.clone(),
+        ns.name(),
+        &resource("cdi.kubevirt.io", "v1beta1", "DataVolume"),
+    );
     for i in 0..disks {
-        dvs.get(&format!("{name}-disk-{i}")).await.expect("the imported disks stay");
+        dvs.get(&format!("{name}-disk-{i}"))
+            .await
+            .expect("the imported disks stay");
     }
-    assert!(labelled(&client, ns.name(), &resource("batch", "v1", "Job"), &uid).await.is_empty());
-    assert!(staged_objects(ns.name(), name, &uid, disks).await.is_empty(), "staged objects remain");
+    assert!(
+        labelled(&client, ns.name(), &resource("batch", "v1", "Job"), &uid)
+            .await
+            .is_empty()
+    );
+    assert!(
+        staged_objects(ns.name(), name, &uid, disks)
+            .await
+            .is_empty(),
+        "staged objects remain"
+    );
 }
 
 #[tokio::test]
@@ -84,17 +195,34 @@ async fn the_three_disk_demo_vm_migrates_boots_and_is_handed_over() {
 }
 
 /// A Provider named `name` like the lab's, with `tls` and credentials of its own.
-async fn other_provider(client: &kube::Client, ns: &str, name: &str, password: Option<&str>, tls: serde_json::Value) {
+async fn other_provider(
+    client: &kube::Client,
+    ns: &str,
+    name: &str,
+    password: Option<&str>,
+    tls: serde_json::Value,
+) {
     let lab = lab().await;
     let vcsim = lab.state().vcsim.clone().unwrap();
     let real = std::fs::read_to_string(&vcsim.password_file).unwrap();
     let password = password.unwrap_or(real.trim());
-    migration::apply_secret(client, ns, name, serde_json::json!({"user": vcsim.username, "password": password})).await.unwrap();
-    migration::apply(client, ns, serde_json::json!({
-        "apiVersion": "migration.platform.example/v1alpha1", "kind": "Provider",
-        "metadata": {"name": name, "namespace": ns},
-        "spec": {"type": "vsphere", "url": vcsim.url, "secretRef": {"name": name}, "tls": tls},
-    }))
+    migration::apply_secret(
+        client,
+        ns,
+        name,
+        serde_json::json!({"user": vcsim.username, "password": password}),
+    )
+    .await
+    .unwrap();
+    migration::apply(
+        client,
+        ns,
+        serde_json::json!({
+            "apiVersion": "migration.platform.example/v1alpha1", "kind": "Provider",
+            "metadata": {"name": name, "namespace": ns},
+            "spec": {"type": "vsphere", "url": vcsim.url, "secretRef": {"name": name}, "tls": tls},
+        }),
+    )
     .await
     .unwrap();
 }
@@ -117,15 +245,35 @@ async fn stops_before_side_effects(
     let stopped = wait_for_phase(client, ns, name, phase, Duration::from_secs(120)).await;
     let status = stopped.status.clone().unwrap();
     assert_eq!(status.reason.as_deref(), Some(reason), "{status:?}");
-    let error = status.retry.as_ref().and_then(|r| r.last_error.clone()).expect("the error is recorded");
+    let error = status
+        .retry
+        .as_ref()
+        .and_then(|r| r.last_error.clone())
+        .expect("the error is recorded");
     assert_eq!(error.reason, reason);
-    assert!(status.power.as_ref().and_then(|p| p.original).is_none(), "power was touched: {status:?}");
+    assert!(
+        status.power.as_ref().and_then(|p| p.original).is_none(),
+        "power was touched: {status:?}"
+    );
     let uid = stopped.uid().unwrap();
-    for (group, version, kind) in [("batch", "v1", "Job"), ("cdi.kubevirt.io", "v1beta1", "DataVolume"), ("kubevirt.io", "v1", "VirtualMachine")] {
-        assert!(labelled(client, ns, &resource(group, version, kind), &uid).await.is_empty(), "{kind} created");
+    for (group, version, kind) in [
+        ("batch", "v1", "Job"),
+        ("cdi.kubevirt.io", "v1beta1", "DataVolume"),
+        ("kubevirt.io", "v1", "VirtualMachine"),
+    ] {
+        assert!(
+            labelled(client, ns, &resource(group, version, kind), &uid)
+                .await
+                .is_empty(),
+            "{kind} created"
+        );
     }
     if vm.starts_with("DC0") {
-        assert_eq!(source_power(vm).await, PowerState::PoweredOn, "the source must still run");
+        assert_eq!(
+            source_power(vm).await,
+            PowerState::PoweredOn,
+            "the source must still run"
+        );
     }
     stopped
 }
@@ -136,26 +284,73 @@ async fn permanent_errors_stop_before_any_side_effect_with_a_specific_reason() {
     set_source_power("DC0_C0_RP0_VM0", true).await;
     let (client, ns) = setup("permanent").await;
     let ns = ns.name();
-    stops_before_side_effects(&client, ns, "not-found", "no-such-vm",
-        |m| m["spec"]["source"]["vm"]["name"] = "no-such-vm".into(), Phase::Failed, "SourceVMNotFound").await;
+    stops_before_side_effects(
+        &client,
+        ns,
+        "not-found",
+        "no-such-vm",
+        |m| m["spec"]["source"]["vm"]["name"] = "no-such-vm".into(),
+        Phase::Failed,
+        "SourceVMNotFound",
+    )
+    .await;
 
     other_provider(&client, ns, "wrong-password", Some("not-the-password"), serde_json::json!({
         "caBundle": std::fs::read_to_string(&lab().await.state().vcsim.clone().unwrap().ca_file).unwrap()})).await;
-    stops_before_side_effects(&client, ns, "wrong-password", "DC0_C0_RP0_VM0",
-        |m| m["spec"]["source"]["providerRef"]["name"] = "wrong-password".into(), Phase::Failed, "LoginFailed").await;
+    stops_before_side_effects(
+        &client,
+        ns,
+        "wrong-password",
+        "DC0_C0_RP0_VM0",
+        |m| m["spec"]["source"]["providerRef"]["name"] = "wrong-password".into(),
+        Phase::Failed,
+        "LoginFailed",
+    )
+    .await;
 
     let wrong = vec!["AB"; 32].join(":");
-    other_provider(&client, ns, "wrong-thumbprint", None, serde_json::json!({"thumbprint": wrong})).await;
-    let failed = stops_before_side_effects(&client, ns, "wrong-thumbprint", "DC0_C0_RP0_VM0",
-        |m| m["spec"]["source"]["providerRef"]["name"] = "wrong-thumbprint".into(), Phase::Failed, "ThumbprintMismatch").await;
+    other_provider(
+        &client,
+        ns,
+        "wrong-thumbprint",
+        None,
+        serde_json::json!({"thumbprint": wrong}),
+    )
+    .await;
+    let failed = stops_before_side_effects(
+        &client,
+        ns,
+        "wrong-thumbprint",
+        "DC0_C0_RP0_VM0",
+        |m| m["spec"]["source"]["providerRef"]["name"] = "wrong-thumbprint".into(),
+        Phase::Failed,
+        "ThumbprintMismatch",
+    )
+    .await;
     let message = failed.status.unwrap().message.unwrap_or_default();
-    assert!(message.contains("spec.tls.thumbprint"), "the message says what to fix: {message}");
+    assert!(
+        message.contains("spec.tls.thumbprint"),
+        "the message says what to fix: {message}"
+    );
 
-    stops_before_side_effects(&client, ns, "unmapped", "DC0_C0_RP0_VM0",
-        |m| m["spec"]["target"]["networks"] = serde_json::json!([]), Phase::Failed, "NetworkNotMapped").await;
+    stops_before_side_effects(
+        &client,
+        ns,
+        "unmapped",
+        "DC0_C0_RP0_VM0",
+        |m| m["spec"]["target"]["networks"] = serde_json::json!([]),
+        Phase::Failed,
+        "NetworkNotMapped",
+    )
+    .await;
 
     // Every stopped migration releases its finalizer: deleting it needs no controller.
-    for name in ["not-found", "wrong-password", "wrong-thumbprint", "unmapped"] {
+    for name in [
+        "not-found",
+        "wrong-password",
+        "wrong-thumbprint",
+        "unmapped",
+    ] {
         ferry_testkit::eventually("the finalizer to go", Duration::from_secs(30), || async {
             let vmm = migrations(&client, ns).get(name).await.unwrap();
             vmm.finalizers().is_empty().then_some(())
@@ -171,14 +366,42 @@ async fn a_missing_storage_class_waits_for_a_person_then_resumes() {
     set_source_power(vm, true).await;
     let (client, ns) = setup("manual").await;
     let class = format!("arrives-later-{}", ns.name());
-    stops_before_side_effects(&client, ns.name(), "later", vm,
+    stops_before_side_effects(
+        &client,
+        ns.name(),
+        "later",
+        vm,
         |m| m["spec"]["target"]["storageClassName"] = class.clone().into(),
-        Phase::ManualInterventionRequired, "StorageClassNotFound").await;
-    let storage_class: k8s_openapi::api::storage::v1::StorageClass = serde_json::from_value(serde_json::json!({
-        "metadata": {"name": class}, "provisioner": "lab.ferry.dev/hostpath"})).unwrap();
+        Phase::ManualInterventionRequired,
+        "StorageClassNotFound",
+    )
+    .await;
+    let storage_class: k8s_openapi::api::storage::v1::StorageClass =
+        serde_json::from_value(serde_json::json!({
+        "metadata": {"name": class}, "provisioner": "lab.ferry.dev/hostpath"}))
+        .unwrap();
     let classes = Api::<k8s_openapi::api::storage::v1::StorageClass>::all(client.clone());
-    classes.create(&Default::default(), &storage_class).await.unwrap();
-    let done = wait_for_phase(&client, ns.name(), "later", Phase::Succeeded, Duration::from_secs(300)).await;
-    classes.delete(&class, &DeleteParams::default()).await.unwrap();
-    assert!(done.status.unwrap().conditions.iter().all(|c| c.status == "True"));
+    classes
+        .create(&Default::default(), &storage_class)
+        .await
+        .unwrap();
+    let done = wait_for_phase(
+        &client,
+        ns.name(),
+        "later",
+        Phase::Succeeded,
+        Duration::from_secs(300),
+    )
+    .await;
+    classes
+        .delete(&class, &DeleteParams::default())
+        .await
+        .unwrap();
+    assert!(
+        done.status
+            .unwrap()
+            .conditions
+            .iter()
+            .all(|c| c.status == "True")
+    );
 }

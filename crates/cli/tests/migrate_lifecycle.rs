@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use ferry_api::{Phase, PowerState};
 use ferry_testkit::migration;
-use kube::api::{DeleteParams, Patch, PatchParams};
 use kube::ResourceExt;
+use kube::api::{DeleteParams, Patch, PatchParams};
 use serde_json::json;
 use support::*;
 
@@ -26,7 +26,11 @@ const CHECKPOINTS: [Phase; 8] = [
 ];
 
 fn phase_name(phase: Phase) -> String {
-    serde_json::to_value(phase).unwrap().as_str().unwrap().to_string()
+    serde_json::to_value(phase)
+        .unwrap()
+        .as_str()
+        .unwrap()
+        .to_string()
 }
 
 /// Nothing labelled with `uid` in `ns` (children, their pods and volumes), and nothing staged.
@@ -39,29 +43,40 @@ async fn nothing_left(client: &kube::Client, ns: &str, name: &str, uid: &str) {
         ("kubevirt.io", "v1", "VirtualMachine"),
     ];
     let deadline = std::time::Instant::now() + Duration::from_secs(90);
-    ferry_testkit::eventually(&format!("everything of {name} to be gone"), Duration::from_secs(95), || async {
-        for (group, version, kind) in kinds {
-            let left = labelled(client, ns, &resource(group, version, kind), uid).await;
-            if !left.is_empty() {
-                if std::time::Instant::now() > deadline {
-                    println!("{name}: still there: {kind} {left:?}");
+    ferry_testkit::eventually(
+        &format!("everything of {name} to be gone"),
+        Duration::from_secs(95),
+        || async {
+            for (group, version, kind) in kinds {
+                let left = labelled(client, ns, &resource(group, version, kind), uid).await;
+                if !left.is_empty() {
+                    if std::time::Instant::now() > deadline {
+                        println!("{name}: still there: {kind} {left:?}");
+                    }
+                    return None;
                 }
-                return None;
             }
-        }
-        let vmi = kube::Api::<kube::api::DynamicObject>::namespaced_with(
-            client.clone(), ns, &resource("kubevirt.io", "v1", "VirtualMachineInstance"));
-        vmi.get_opt(name).await.unwrap().is_none().then_some(())
-    })
+            let vmi = kube::Api::<kube::api::DynamicObject>::namespaced_with(
+                client.clone(),
+                ns,
+                &resource("kubevirt.io", "v1", "VirtualMachineInstance"),
+            );
+            vmi.get_opt(name).await.unwrap().is_none().then_some(())
+        },
+    )
     .await;
-    assert!(staged_objects(ns, name, uid, 1).await.is_empty(), "{name}: staged objects remain");
+    assert!(
+        staged_objects(ns, name, uid, 1).await.is_empty(),
+        "{name}: staged objects remain"
+    );
 }
 
 /// Creates a migration held at `phase` (the guest check: caught while the VM boots) and waits until it is there.
 async fn caught_at(client: &kube::Client, ns: &str, name: &str, vm: &str, phase: Phase) -> String {
     let mut manifest = migration::migration(lab().await, ns, name, vm);
     if phase != Phase::ValidatingGuest {
-        manifest["metadata"]["annotations"] = json!({"migration.platform.example/hold-before": phase_name(phase)});
+        manifest["metadata"]["annotations"] =
+            json!({"migration.platform.example/hold-before": phase_name(phase)});
     }
     migration::apply(client, ns, manifest).await.unwrap();
     let caught = wait_for_phase(client, ns, name, phase, Duration::from_secs(300)).await;
@@ -78,22 +93,42 @@ async fn interrupt_at_every_checkpoint(vm: &str, prefix: &str, cancel: bool) {
         let uid = caught_at(&client, ns.name(), &name, vm, phase).await;
         if cancel {
             let patch = json!({"spec": {"cancel": true}});
-            api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await.unwrap();
-            let done = wait_for_phase(&client, ns.name(), &name, Phase::Cancelled, Duration::from_secs(120)).await;
+            api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+                .unwrap();
+            let done = wait_for_phase(
+                &client,
+                ns.name(),
+                &name,
+                Phase::Cancelled,
+                Duration::from_secs(120),
+            )
+            .await;
             assert!(done.status.unwrap().cleaned_up);
             ferry_testkit::eventually("the finalizer to go", Duration::from_secs(30), || async {
-                api.get(&name).await.unwrap().finalizers().is_empty().then_some(())
+                api.get(&name)
+                    .await
+                    .unwrap()
+                    .finalizers()
+                    .is_empty()
+                    .then_some(())
             })
             .await;
         } else {
             api.delete(&name, &DeleteParams::default()).await.unwrap();
-            ferry_testkit::eventually(&format!("{name} to be deleted"), Duration::from_secs(120), || async {
-                api.get_opt(&name).await.unwrap().is_none().then_some(())
-            })
+            ferry_testkit::eventually(
+                &format!("{name} to be deleted"),
+                Duration::from_secs(120),
+                || async { api.get_opt(&name).await.unwrap().is_none().then_some(()) },
+            )
             .await;
         }
         nothing_left(&client, ns.name(), &name, &uid).await;
-        assert_eq!(source_power(vm).await, PowerState::PoweredOn, "{name} at {phase:?}: the source power is restored");
+        assert_eq!(
+            source_power(vm).await,
+            PowerState::PoweredOn,
+            "{name} at {phase:?}: the source power is restored"
+        );
     }
 }
 
@@ -122,35 +157,94 @@ async fn failures_within_the_budget_are_retried_and_past_it_fail_with_cleanup() 
     let _source = source_lock(vm).await;
     set_source_power(vm, true).await;
     let (client, ns) = setup("retry").await;
-    let config_maps = kube::Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(client.clone(), ns.name());
+    let config_maps =
+        kube::Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(client.clone(), ns.name());
 
     // One conversion and one import fail once: both are retried and the migration succeeds.
-    config_maps.create(&Default::default(), &faults(1, 1)).await.unwrap();
-    migration::apply(&client, ns.name(), migration::migration(lab().await, ns.name(), "once", vm)).await.unwrap();
-    let done = wait_for_phase(&client, ns.name(), "once", Phase::Succeeded, Duration::from_secs(600)).await;
+    config_maps
+        .create(&Default::default(), &faults(1, 1))
+        .await
+        .unwrap();
+    migration::apply(
+        &client,
+        ns.name(),
+        migration::migration(lab().await, ns.name(), "once", vm),
+    )
+    .await
+    .unwrap();
+    let done = wait_for_phase(
+        &client,
+        ns.name(),
+        "once",
+        Phase::Succeeded,
+        Duration::from_secs(600),
+    )
+    .await;
     let retry = done.status.unwrap().retry.unwrap();
-    let used = |phase| retry.budget_used.iter().find(|b| b.phase == phase).map_or(0, |b| b.used);
-    assert_eq!((used(Phase::Converting), used(Phase::Importing)), (1, 1), "{retry:?}");
-    config_maps.delete("lab-faults", &DeleteParams::default()).await.unwrap();
+    let used = |phase| {
+        retry
+            .budget_used
+            .iter()
+            .find(|b| b.phase == phase)
+            .map_or(0, |b| b.used)
+    };
+    assert_eq!(
+        (used(Phase::Converting), used(Phase::Importing)),
+        (1, 1),
+        "{retry:?}"
+    );
+    config_maps
+        .delete("lab-faults", &DeleteParams::default())
+        .await
+        .unwrap();
 
     // Past the budget: Failed, with everything removed and the source powered on again.
     set_source_power(vm, true).await;
-    config_maps.create(&Default::default(), &faults(3, 0)).await.unwrap();
+    config_maps
+        .create(&Default::default(), &faults(3, 0))
+        .await
+        .unwrap();
     let mut manifest = migration::migration(lab().await, ns.name(), "exhausted", vm);
     manifest["spec"]["retry"] = json!({"budget": 1});
-    migration::apply(&client, ns.name(), manifest).await.unwrap();
-    let failed = wait_for_phase(&client, ns.name(), "exhausted", Phase::Failed, Duration::from_secs(300)).await;
+    migration::apply(&client, ns.name(), manifest)
+        .await
+        .unwrap();
+    let failed = wait_for_phase(
+        &client,
+        ns.name(),
+        "exhausted",
+        Phase::Failed,
+        Duration::from_secs(300),
+    )
+    .await;
     let uid = failed.uid().unwrap();
     let status = failed.status.unwrap();
     assert_eq!(status.reason.as_deref(), Some("JobFailed"), "{status:?}");
-    assert!(status.message.unwrap_or_default().contains("retry budget of 1 spent"));
-    ferry_testkit::eventually("cleanup after the failure", Duration::from_secs(60), || async {
-        let vmm = migrations(&client, ns.name()).get("exhausted").await.unwrap();
-        (vmm.status.as_ref().is_some_and(|s| s.cleaned_up) && vmm.finalizers().is_empty()).then_some(())
-    })
+    assert!(
+        status
+            .message
+            .unwrap_or_default()
+            .contains("retry budget of 1 spent")
+    );
+    ferry_testkit::eventually(
+        "cleanup after the failure",
+        Duration::from_secs(60),
+        || async {
+            let vmm = migrations(&client, ns.name())
+                .get("exhausted")
+                .await
+                .unwrap();
+            (vmm.status.as_ref().is_some_and(|s| s.cleaned_up) && vmm.finalizers().is_empty())
+                .then_some(())
+        },
+    )
     .await;
     nothing_left(&client, ns.name(), "exhausted", &uid).await;
-    assert_eq!(source_power(vm).await, PowerState::PoweredOn, "restorePowerState powers the source on after a failure");
+    assert_eq!(
+        source_power(vm).await,
+        PowerState::PoweredOn,
+        "restorePowerState powers the source on after a failure"
+    );
 }
 
 #[tokio::test]
@@ -159,29 +253,75 @@ async fn a_controller_killed_ten_times_still_migrates_with_one_of_everything() {
     let _source = source_lock(vm).await;
     set_source_power(vm, true).await;
     let (client, ns) = setup("restarts").await;
-    migration::apply(&client, ns.name(), migration::migration(lab().await, ns.name(), "survivor", vm)).await.unwrap();
+    migration::apply(
+        &client,
+        ns.name(),
+        migration::migration(lab().await, ns.name(), "survivor", vm),
+    )
+    .await
+    .unwrap();
     // Ten SIGKILLs at pseudo-random moments (seeded, so a failure can be replayed), each followed by a restart.
-    let mut seed: u64 = std::env::var("FERRY_RESTART_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(20261129);
+    let mut seed: u64 = std::env::var("FERRY_RESTART_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(20261129);
     println!("restart seed {seed}");
     for kill in 0..10 {
-        seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        seed = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
         let pause = Duration::from_millis(100 + (seed >> 33) % 900);
         tokio::time::sleep(pause).await;
-        let phase = migrations(&client, ns.name()).get("survivor").await.unwrap().status.and_then(|s| s.phase);
+        let phase = migrations(&client, ns.name())
+            .get("survivor")
+            .await
+            .unwrap()
+            .status
+            .and_then(|s| s.phase);
         println!("kill {kill} after {pause:?}, at {phase:?}");
         controller().await.lock().await.restart().await.unwrap();
     }
-    let done = wait_for_phase(&client, ns.name(), "survivor", Phase::Succeeded, Duration::from_secs(600)).await;
+    let done = wait_for_phase(
+        &client,
+        ns.name(),
+        "survivor",
+        Phase::Succeeded,
+        Duration::from_secs(600),
+    )
+    .await;
     let status = done.status.unwrap();
-    assert!(status.retry.as_ref().is_none_or(|r| r.budget_used.is_empty()), "no retry was needed: {:?}", status.retry);
+    assert!(
+        status
+            .retry
+            .as_ref()
+            .is_none_or(|r| r.budget_used.is_empty()),
+        "no retry was needed: {:?}",
+        status.retry
+    );
     let audit = lab().await.audit_requests_by(migration::SERVICE_ACCOUNT);
     let created = |resource: &str| {
-        audit.iter().filter(|r| r.verb == "create" && r.code == 201 && r.resource == resource && r.namespace == ns.name()).count()
+        audit
+            .iter()
+            .filter(|r| {
+                r.verb == "create"
+                    && r.code == 201
+                    && r.resource == resource
+                    && r.namespace == ns.name()
+            })
+            .count()
     };
-    assert_eq!(created("jobs"), 1 + 3, "one conversion Job and one verification Job per disk");
+    assert_eq!(
+        created("jobs"),
+        1 + 3,
+        "one conversion Job and one verification Job per disk"
+    );
     assert_eq!(created("datavolumes"), 3, "one DataVolume per disk");
     assert_eq!(created("virtualmachines"), 1, "one VM");
     let power = status.power.unwrap();
-    assert_eq!(power.original, Some(PowerState::PoweredOn), "recorded before the power-off");
+    assert_eq!(
+        power.original,
+        Some(PowerState::PoweredOn),
+        "recorded before the power-off"
+    );
     assert_eq!(source_power(vm).await, PowerState::PoweredOff);
 }

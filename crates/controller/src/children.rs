@@ -24,7 +24,10 @@ pub fn labels(vmm: &VirtualMachineMigration, step: &str) -> BTreeMap<String, Str
         (UID_LABEL.to_string(), uid(vmm)),
         (NAME_LABEL.to_string(), child_name(&vmm.name_any(), "")),
         (STEP_LABEL.to_string(), step.to_string()),
-        ("app.kubernetes.io/managed-by".to_string(), "ferry".to_string()),
+        (
+            "app.kubernetes.io/managed-by".to_string(),
+            "ferry".to_string(),
+        ),
     ])
 }
 
@@ -77,11 +80,20 @@ mod tests {
 
     #[test]
     fn long_names_stay_valid_labels_and_distinct() {
-        let mut vmm = VirtualMachineMigration::new(&"a".repeat(63), serde_json::from_value(serde_json::json!({
+        let mut vmm = VirtualMachineMigration::new(
+            &"a".repeat(63),
+            serde_json::from_value(serde_json::json!({
             "source": {"providerRef": {"name": "p"}, "vm": {"name": "x"}},
-            "staging": {"url": "s3://b/p"}})).unwrap());
+            "staging": {"url": "s3://b/p"}}))
+            .unwrap(),
+        );
         vmm.metadata.uid = Some("u".into());
-        for name in [convert_job(&vmm, 1), convert_job(&vmm, 2), verify_job(&vmm, 0, 1), data_volume(&vmm, 0)] {
+        for name in [
+            convert_job(&vmm, 1),
+            convert_job(&vmm, 2),
+            verify_job(&vmm, 0, 1),
+            data_volume(&vmm, 0),
+        ] {
             assert!(name.len() <= 63, "{name}");
         }
         assert_ne!(convert_job(&vmm, 1), convert_job(&vmm, 2));

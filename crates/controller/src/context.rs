@@ -110,14 +110,17 @@ impl Context {
             timeout: Duration::from_secs(60),
         };
         let session = Session::connect(config).await?;
-        self.lock_sessions()
-            .insert(key, (version, session.clone()));
+        self.lock_sessions().insert(key, (version, session.clone()));
         Ok(session)
     }
 
     /// Forgets a session that failed, so the next reconcile logs in afresh.
     pub fn forget_session(&self, provider: &Provider) {
-        let key = format!("{}/{}", provider.namespace().unwrap_or_default(), provider.name_any());
+        let key = format!(
+            "{}/{}",
+            provider.namespace().unwrap_or_default(),
+            provider.name_any()
+        );
         self.lock_sessions().remove(&key);
     }
 
@@ -131,7 +134,11 @@ fn secret_key(secret: &Secret, key: &str) -> Result<String> {
         .data
         .as_ref()
         .and_then(|d| d.get(key))
-        .map(|v| String::from_utf8_lossy(&v.0).trim_end_matches(['\r', '\n']).to_string())
+        .map(|v| {
+            String::from_utf8_lossy(&v.0)
+                .trim_end_matches(['\r', '\n'])
+                .to_string()
+        })
         .ok_or_else(|| {
             Failure::fixable(
                 "SecretKeyMissing",

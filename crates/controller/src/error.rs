@@ -41,11 +41,17 @@ impl From<kube::Error> for Failure {
     fn from(e: kube::Error) -> Self {
         match &e {
             kube::Error::Api(status) => match status.code {
-                409 => Failure::transient("Conflict", format!("the object changed meanwhile: {}", status.message)),
+                409 => Failure::transient(
+                    "Conflict",
+                    format!("the object changed meanwhile: {}", status.message),
+                ),
                 429 | 500..=599 => Failure::transient("APIServerBusy", status.message.clone()),
                 403 => Failure::fixable(
                     "Forbidden",
-                    format!("the controller's ServiceAccount may not do this; check deploy/rbac: {}", status.message),
+                    format!(
+                        "the controller's ServiceAccount may not do this; check deploy/rbac: {}",
+                        status.message
+                    ),
                 ),
                 404 => Failure::transient("NotFound", status.message.clone()),
                 _ => Failure::permanent("APIRejected", status.message.clone()),

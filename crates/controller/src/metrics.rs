@@ -42,7 +42,11 @@ impl Metrics {
     }
 
     pub fn error(&self, class: &str, reason: &str) {
-        *self.lock().errors.entry((class.into(), reason.into())).or_default() += 1;
+        *self
+            .lock()
+            .errors
+            .entry((class.into(), reason.into()))
+            .or_default() += 1;
     }
 
     pub fn transition(&self, phase: &str) {
@@ -69,23 +73,53 @@ impl Metrics {
     pub fn render(&self) -> String {
         let m = self.lock();
         let mut out = String::new();
-        let _ = writeln!(out, "# TYPE ferry_reconciles_total counter\nferry_reconciles_total {}", m.reconciles);
+        let _ = writeln!(
+            out,
+            "# TYPE ferry_reconciles_total counter\nferry_reconciles_total {}",
+            m.reconciles
+        );
         let _ = writeln!(out, "# TYPE ferry_reconcile_duration_seconds histogram");
         for (i, bound) in BUCKETS.iter().enumerate() {
-            let _ = writeln!(out, "ferry_reconcile_duration_seconds_bucket{{le=\"{bound}\"}} {}", m.latency_buckets[i]);
+            let _ = writeln!(
+                out,
+                "ferry_reconcile_duration_seconds_bucket{{le=\"{bound}\"}} {}",
+                m.latency_buckets[i]
+            );
         }
-        let _ = writeln!(out, "ferry_reconcile_duration_seconds_bucket{{le=\"+Inf\"}} {}", m.reconciles);
-        let _ = writeln!(out, "ferry_reconcile_duration_seconds_sum {}", m.latency_sum);
-        let _ = writeln!(out, "ferry_reconcile_duration_seconds_count {}", m.reconciles);
+        let _ = writeln!(
+            out,
+            "ferry_reconcile_duration_seconds_bucket{{le=\"+Inf\"}} {}",
+            m.reconciles
+        );
+        let _ = writeln!(
+            out,
+            "ferry_reconcile_duration_seconds_sum {}",
+            m.latency_sum
+        );
+        let _ = writeln!(
+            out,
+            "ferry_reconcile_duration_seconds_count {}",
+            m.reconciles
+        );
         let _ = writeln!(out, "# TYPE ferry_errors_total counter");
         for ((class, reason), n) in &m.errors {
-            let _ = writeln!(out, "ferry_errors_total{{class=\"{class}\",reason=\"{reason}\"}} {n}");
+            let _ = writeln!(
+                out,
+                "ferry_errors_total{{class=\"{class}\",reason=\"{reason}\"}} {n}"
+            );
         }
         let _ = writeln!(out, "# TYPE ferry_phase_transitions_total counter");
         for (phase, n) in &m.transitions {
-            let _ = writeln!(out, "ferry_phase_transitions_total{{phase=\"{phase}\"}} {n}");
+            let _ = writeln!(
+                out,
+                "ferry_phase_transitions_total{{phase=\"{phase}\"}} {n}"
+            );
         }
-        let _ = writeln!(out, "# TYPE ferry_bytes_moved_total counter\nferry_bytes_moved_total {}", m.bytes_moved);
+        let _ = writeln!(
+            out,
+            "# TYPE ferry_bytes_moved_total counter\nferry_bytes_moved_total {}",
+            m.bytes_moved
+        );
         let mut per_phase: BTreeMap<&str, u64> = BTreeMap::new();
         for phase in m.phases.values() {
             *per_phase.entry(phase).or_default() += 1;
@@ -112,9 +146,21 @@ mod tests {
         m.phase("ns/b", None);
         let text = m.render();
         assert!(text.contains("ferry_reconciles_total 1"), "{text}");
-        assert!(text.contains("ferry_reconcile_duration_seconds_bucket{le=\"0.025\"} 1"), "{text}");
-        assert!(text.contains("ferry_reconcile_duration_seconds_bucket{le=\"0.01\"} 0"), "{text}");
-        assert!(text.contains("ferry_errors_total{class=\"Transient\",reason=\"Conflict\"} 1"), "{text}");
-        assert!(text.contains("ferry_migrations{phase=\"Converting\"} 1"), "{text}");
+        assert!(
+            text.contains("ferry_reconcile_duration_seconds_bucket{le=\"0.025\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("ferry_reconcile_duration_seconds_bucket{le=\"0.01\"} 0"),
+            "{text}"
+        );
+        assert!(
+            text.contains("ferry_errors_total{class=\"Transient\",reason=\"Conflict\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("ferry_migrations{phase=\"Converting\"} 1"),
+            "{text}"
+        );
     }
 }

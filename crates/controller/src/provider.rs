@@ -32,13 +32,23 @@ pub async fn reconcile(provider: Arc<Provider>, ctx: Arc<Context>) -> Result<Act
             status.api_type = Some(about.api_type.clone());
             status.api_version = Some(about.api_version.clone());
             status.observed_thumbprint = session.presented_thumbprint();
-            (true, "Connected".to_string(), format!("{} ({})", about.full_name, about.api_type))
+            (
+                true,
+                "Connected".to_string(),
+                format!("{} ({})", about.full_name, about.api_type),
+            )
         }
         Err(e) => (false, e.reason.clone(), e.message.clone()),
     };
     set_condition(
         &mut status.conditions,
-        ConditionUpdate { type_: "Ready", status: ready, reason: &reason, message, observed_generation: generation },
+        ConditionUpdate {
+            type_: "Ready",
+            status: ready,
+            reason: &reason,
+            message,
+            observed_generation: generation,
+        },
         &now,
     );
     let insecure = provider.spec.tls.insecure_skip_verify == Some(true);
@@ -47,7 +57,11 @@ pub async fn reconcile(provider: Arc<Provider>, ctx: Arc<Context>) -> Result<Act
         ConditionUpdate {
             type_: "InsecureTLS",
             status: insecure,
-            reason: if insecure { "CertificateNotVerified" } else { "CertificateVerified" },
+            reason: if insecure {
+                "CertificateNotVerified"
+            } else {
+                "CertificateVerified"
+            },
             message: if insecure {
                 "insecureSkipVerify is set: anyone on the path can read the credentials; pin the thumbprint instead".into()
             } else {
@@ -61,19 +75,30 @@ pub async fn reconcile(provider: Arc<Provider>, ctx: Arc<Context>) -> Result<Act
     if status != before {
         write(&ctx, &provider, &status).await?;
     }
-    Ok(Action::requeue(if ready { RECHECK } else { Duration::from_secs(30) }))
+    Ok(Action::requeue(if ready {
+        RECHECK
+    } else {
+        Duration::from_secs(30)
+    }))
 }
 
 async fn write(ctx: &Context, provider: &Provider, status: &ProviderStatus) -> Result<(), Failure> {
-    let api: Api<Provider> = Api::namespaced(ctx.client.clone(), &provider.namespace().unwrap_or_default());
+    let api: Api<Provider> = Api::namespaced(
+        ctx.client.clone(),
+        &provider.namespace().unwrap_or_default(),
+    );
     let patch = json!({
         "apiVersion": ferry_api::API_VERSION,
         "kind": "Provider",
         "metadata": {"name": provider.name_any(), "resourceVersion": provider.resource_version()},
         "status": status,
     });
-    api.patch_status(&provider.name_any(), &PatchParams::apply(MANAGER).force(), &Patch::Apply(&patch))
-        .await?;
+    api.patch_status(
+        &provider.name_any(),
+        &PatchParams::apply(MANAGER).force(),
+        &Patch::Apply(&patch),
+    )
+    .await?;
     Ok(())
 }
 

@@ -46,8 +46,13 @@ pub async fn reconcile(vmm: Arc<VirtualMachineMigration>, ctx: Arc<Context>) -> 
     result
 }
 
-pub fn error_policy(vmm: Arc<VirtualMachineMigration>, error: &Failure, ctx: Arc<Context>) -> Action {
-    ctx.metrics.error(&format!("{:?}", error.class), &error.reason);
+pub fn error_policy(
+    vmm: Arc<VirtualMachineMigration>,
+    error: &Failure,
+    ctx: Arc<Context>,
+) -> Action {
+    ctx.metrics
+        .error(&format!("{:?}", error.class), &error.reason);
     tracing::warn!(migration = %vmm.name_any(), reason = %error.reason, "{error}");
     Action::requeue(Duration::from_secs(5))
 }
@@ -66,7 +71,12 @@ async fn reconcile_one(vmm: &VirtualMachineMigration, ctx: &Context) -> Result<A
             return Ok(Action::await_change());
         }
         if status.phase != Some(Phase::Succeeded) && !status.cleaned_up {
-            let mut step = Step { ctx, vmm, status: &mut status, now: now.clone() };
+            let mut step = Step {
+                ctx,
+                vmm,
+                status: &mut status,
+                now: now.clone(),
+            };
             let done = checkpoint::cleanup(&mut step).await?;
             if !done {
                 write_status(ctx, vmm, &before, &mut status).await?;
@@ -74,14 +84,22 @@ async fn reconcile_one(vmm: &VirtualMachineMigration, ctx: &Context) -> Result<A
             }
             status.cleaned_up = true;
             write_status(ctx, vmm, &before, &mut status).await?;
-            event(ctx, vmm, EventType::Normal, "CleanedUp", "everything the migration created was removed").await;
+            event(
+                ctx,
+                vmm,
+                EventType::Normal,
+                "CleanedUp",
+                "everything the migration created was removed",
+            )
+            .await;
         }
         set_finalizer(ctx, vmm, false).await?;
         return Ok(Action::await_change());
     }
 
     let phase = status.phase;
-    ctx.metrics.phase(&key, phase.map(|p| format!("{p:?}")).as_deref());
+    ctx.metrics
+        .phase(&key, phase.map(|p| format!("{p:?}")).as_deref());
     let finished = matches!(phase, Some(Phase::Succeeded) | Some(Phase::Cancelled))
         || (phase == Some(Phase::Failed) && status.cleaned_up);
     if finished {
@@ -102,14 +120,26 @@ async fn reconcile_one(vmm: &VirtualMachineMigration, ctx: &Context) -> Result<A
         status.reason = Some("Started".into());
         status.message = Some("discovering the source VM".into());
         write_status(ctx, vmm, &before, &mut status).await?;
-        event(ctx, vmm, EventType::Normal, "Discovering", "migration started").await;
+        event(
+            ctx,
+            vmm,
+            EventType::Normal,
+            "Discovering",
+            "migration started",
+        )
+        .await;
         return Ok(Action::requeue(Duration::ZERO));
     };
 
-    if matches!(phase, Phase::Failed | Phase::Cancelling) || (vmm.spec.cancel && phase != Phase::Cancelling) {
+    if matches!(phase, Phase::Failed | Phase::Cancelling)
+        || (vmm.spec.cancel && phase != Phase::Cancelling)
+    {
         return finish_with_cleanup(ctx, vmm, before, status, now).await;
     }
-    if let Some(next) = status.retry.as_ref().and_then(|r| r.next_attempt_time.clone())
+    if let Some(next) = status
+        .retry
+        .as_ref()
+        .and_then(|r| r.next_attempt_time.clone())
         && next.0 > now.0
     {
         let wait = now.0.duration_until(next.0).unsigned_abs();
@@ -135,25 +165,58 @@ async fn reconcile_one(vmm: &VirtualMachineMigration, ctx: &Context) -> Result<A
         other => other,
     };
     let outcome = {
-        let mut step = Step { ctx, vmm, status: &mut status, now: now.clone() };
+        let mut step = Step {
+            ctx,
+            vmm,
+            status: &mut status,
+            now: now.clone(),
+        };
         checkpoint::run(checkpoint, &mut step).await
     };
     let action = match outcome {
-        Ok(Next::Advance { to, reason, message }) => {
-            status::advance(&mut status, checkpoint, to, reason, message.clone(), generation, &now);
+        Ok(Next::Advance {
+            to,
+            reason,
+            message,
+        }) => {
+            status::advance(
+                &mut status,
+                checkpoint,
+                to,
+                reason,
+                message.clone(),
+                generation,
+                &now,
+            );
             if let Some(retry) = &mut status.retry {
                 retry.last_error = None;
             }
             if to == Phase::Succeeded {
                 status.completion_time = Some(now.clone());
-                status::condition(&mut status, ConditionType::Ready, true, "MigrationSucceeded",
-                    "the VM runs in KubeVirt and is handed over".into(), generation, &now);
+                status::condition(
+                    &mut status,
+                    ConditionType::Ready,
+                    true,
+                    "MigrationSucceeded",
+                    "the VM runs in KubeVirt and is handed over".into(),
+                    generation,
+                    &now,
+                );
             }
             ctx.metrics.transition(&format!("{to:?}"));
+            tracing::info!(from = ?checkpoint, to = ?to, reason, "{message}");
             event(ctx, vmm, EventType::Normal, reason, &message).await;
-            if to == Phase::Succeeded { Action::await_change() } else { Action::requeue(Duration::ZERO) }
+            if to == Phase::Succeeded {
+                Action::await_change()
+            } else {
+                Action::requeue(Duration::ZERO)
+            }
         }
-        Ok(Next::Wait { reason, message, after }) => {
+        Ok(Next::Wait {
+            reason,
+            message,
+            after,
+        }) => {
             status.phase = Some(checkpoint);
             status.reason = Some(reason.into());
             status.message = Some(message);
@@ -173,15 +236,24 @@ async fn on_failure(
     failure: Failure,
     now: &Time,
 ) -> Action {
-    ctx.metrics.error(&format!("{:?}", failure.class), &failure.reason);
+    ctx.metrics
+        .error(&format!("{:?}", failure.class), &failure.reason);
     let last = status.retry.as_ref().and_then(|r| r.last_error.clone());
     let repeated = last.as_ref().is_some_and(|e| {
         e.reason == failure.reason && e.message == failure.message && e.phase == checkpoint
     });
     // The same error seen again (a person has not fixed it yet) is neither a new Event nor a new write.
     if !repeated {
+        tracing::warn!(checkpoint = ?checkpoint, class = ?failure.class, reason = %failure.reason, "{}", failure.message);
         status::record_error(status, &failure, checkpoint, now);
-        event(ctx, vmm, EventType::Warning, &failure.reason, &failure.message).await;
+        event(
+            ctx,
+            vmm,
+            EventType::Warning,
+            &failure.reason,
+            &failure.message,
+        )
+        .await;
     }
     let generation = vmm.metadata.generation;
     match failure.class {
@@ -192,18 +264,40 @@ async fn on_failure(
         }
         ErrorClass::Permanent if failure.fixable => {
             status.phase = Some(Phase::ManualInterventionRequired);
-            status::condition(status, ConditionType::Ready, false, &failure.reason,
-                format!("{} (at {checkpoint:?})", failure.message), generation, now);
+            status::condition(
+                status,
+                ConditionType::Ready,
+                false,
+                &failure.reason,
+                format!("{} (at {checkpoint:?})", failure.message),
+                generation,
+                now,
+            );
             Action::requeue(MANUAL_RECHECK)
         }
         ErrorClass::Permanent | ErrorClass::BoundedRetryable => {
             status.phase = Some(Phase::Failed);
             status.completion_time = Some(now.clone());
             if let Some(kind) = status::condition_of(checkpoint) {
-                status::condition(status, kind, false, &failure.reason, failure.message.clone(), generation, now);
+                status::condition(
+                    status,
+                    kind,
+                    false,
+                    &failure.reason,
+                    failure.message.clone(),
+                    generation,
+                    now,
+                );
             }
-            status::condition(status, ConditionType::Ready, false, &failure.reason,
-                format!("failed at {checkpoint:?}: {}", failure.message), generation, now);
+            status::condition(
+                status,
+                ConditionType::Ready,
+                false,
+                &failure.reason,
+                format!("failed at {checkpoint:?}: {}", failure.message),
+                generation,
+                now,
+            );
             ctx.metrics.transition("Failed");
             Action::requeue(Duration::ZERO)
         }
@@ -224,14 +318,33 @@ async fn finish_with_cleanup(
         status.phase = Some(Phase::Cancelling);
         status.reason = Some("CancelRequested".into());
         status.message = Some("removing what the migration created".into());
-        status::condition(&mut status, ConditionType::Ready, false, "Cancelling",
-            "spec.cancel is true".into(), generation, &now);
+        status::condition(
+            &mut status,
+            ConditionType::Ready,
+            false,
+            "Cancelling",
+            "spec.cancel is true".into(),
+            generation,
+            &now,
+        );
         write_status(ctx, vmm, &before, &mut status).await?;
-        event(ctx, vmm, EventType::Normal, "Cancelling", "spec.cancel is true: cleaning up").await;
+        event(
+            ctx,
+            vmm,
+            EventType::Normal,
+            "Cancelling",
+            "spec.cancel is true: cleaning up",
+        )
+        .await;
         return Ok(Action::requeue(Duration::ZERO));
     }
     let done = {
-        let mut step = Step { ctx, vmm, status: &mut status, now: now.clone() };
+        let mut step = Step {
+            ctx,
+            vmm,
+            status: &mut status,
+            now: now.clone(),
+        };
         checkpoint::cleanup(&mut step).await?
     };
     if !done {
@@ -244,12 +357,26 @@ async fn finish_with_cleanup(
         status.completion_time = Some(now.clone());
         status.reason = Some("Cancelled".into());
         status.message = Some("cancelled; everything the migration created was removed".into());
-        status::condition(&mut status, ConditionType::Ready, false, "Cancelled",
-            "the migration was cancelled".into(), generation, &now);
+        status::condition(
+            &mut status,
+            ConditionType::Ready,
+            false,
+            "Cancelled",
+            "the migration was cancelled".into(),
+            generation,
+            &now,
+        );
         ctx.metrics.transition("Cancelled");
     }
     write_status(ctx, vmm, &before, &mut status).await?;
-    event(ctx, vmm, EventType::Normal, "CleanedUp", "everything the migration created was removed").await;
+    event(
+        ctx,
+        vmm,
+        EventType::Normal,
+        "CleanedUp",
+        "everything the migration created was removed",
+    )
+    .await;
     Ok(Action::await_change())
 }
 
@@ -273,28 +400,50 @@ async fn write_status(
         "metadata": {"name": vmm.name_any(), "resourceVersion": vmm.resource_version()},
         "status": status,
     });
-    api.patch_status(&vmm.name_any(), &PatchParams::apply(MANAGER).force(), &Patch::Apply(&patch))
-        .await?;
+    api.patch_status(
+        &vmm.name_any(),
+        &PatchParams::apply(MANAGER).force(),
+        &Patch::Apply(&patch),
+    )
+    .await?;
     Ok(())
 }
 
 async fn set_finalizer(ctx: &Context, vmm: &VirtualMachineMigration, present: bool) -> Result<()> {
-    let mut finalizers: Vec<String> =
-        vmm.finalizers().iter().filter(|f| *f != FINALIZER).cloned().collect();
+    let mut finalizers: Vec<String> = vmm
+        .finalizers()
+        .iter()
+        .filter(|f| *f != FINALIZER)
+        .cloned()
+        .collect();
     if present {
         finalizers.push(FINALIZER.to_string());
     }
     let api: Api<VirtualMachineMigration> =
         Api::namespaced(ctx.client.clone(), &vmm.namespace().unwrap_or_default());
-    let patch = json!({"metadata": {"finalizers": finalizers, "resourceVersion": vmm.resource_version()}});
-    match api.patch(&vmm.name_any(), &PatchParams::default(), &Patch::Merge(&patch)).await {
+    let patch =
+        json!({"metadata": {"finalizers": finalizers, "resourceVersion": vmm.resource_version()}});
+    match api
+        .patch(
+            &vmm.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
+        .await
+    {
         Ok(_) => Ok(()),
         Err(kube::Error::Api(s)) if s.code == 404 && !present => Ok(()),
         Err(e) => Err(e.into()),
     }
 }
 
-async fn event(ctx: &Context, vmm: &VirtualMachineMigration, type_: EventType, reason: &str, note: &str) {
+async fn event(
+    ctx: &Context,
+    vmm: &VirtualMachineMigration,
+    type_: EventType,
+    reason: &str,
+    note: &str,
+) {
     let ev = Event {
         type_,
         reason: reason.into(),

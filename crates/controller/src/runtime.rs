@@ -39,7 +39,11 @@ pub struct RunOptions {
 
 pub async fn run(client: Client, options: RunOptions) -> Result<()> {
     let ready = Arc::new(AtomicBool::new(false));
-    let ctx = Arc::new(Context::new(client.clone(), options.config.clone(), Metrics::default()));
+    let ctx = Arc::new(Context::new(
+        client.clone(),
+        options.config.clone(),
+        Metrics::default(),
+    ));
     if let Some(addr) = options.metrics_addr {
         let listener = tokio::net::TcpListener::bind(addr)
             .await
@@ -96,7 +100,11 @@ where
     }
 }
 
-fn dynamic(client: &Client, namespace: Option<&str>, resource: &kube::core::ApiResource) -> Api<DynamicObject> {
+fn dynamic(
+    client: &Client,
+    namespace: Option<&str>,
+    resource: &kube::core::ApiResource,
+) -> Api<DynamicObject> {
     match namespace {
         Some(ns) => Api::namespaced_with(client.clone(), ns, resource),
         None => Api::all_with(client.clone(), resource),
@@ -105,42 +113,74 @@ fn dynamic(client: &Client, namespace: Option<&str>, resource: &kube::core::ApiR
 
 async fn run_controllers(client: Client, ctx: Arc<Context>, namespace: Option<&str>) {
     let config = watcher::Config::default().any_semantic();
-    let migrations = Controller::new(api::<VirtualMachineMigration>(&client, namespace), config.clone());
+    let migrations = Controller::new(
+        api::<VirtualMachineMigration>(&client, namespace),
+        config.clone(),
+    );
     let store = migrations.store();
     let by_provider = store.clone();
     let by_vm = store.clone();
     let migrations = migrations
         .owns(api::<Job>(&client, namespace), config.clone())
-        .owns_with(dynamic(&client, namespace, &dv_resource()), dv_resource(), config.clone())
-        .owns_with(dynamic(&client, namespace, &vm_resource()), vm_resource(), config.clone())
+        .owns_with(
+            dynamic(&client, namespace, &dv_resource()),
+            dv_resource(),
+            config.clone(),
+        )
+        .owns_with(
+            dynamic(&client, namespace, &vm_resource()),
+            vm_resource(),
+            config.clone(),
+        )
         // VMIs belong to their VM, not to the migration: map them by the target name the migration recorded.
-        .watches_with(dynamic(&client, namespace, &vmi_resource()), vmi_resource(), config.clone(), move |vmi| {
-            let ns = vmi.namespace();
-            by_vm
-                .state()
-                .into_iter()
-                .filter(|m| {
-                    m.namespace() == ns
-                        && m.status.as_ref().and_then(|s| s.target_vm.as_deref()) == Some(vmi.name_any().as_str())
-                })
-                .map(|m| ObjectRef::from_obj(&*m))
-                .collect::<Vec<_>>()
-        })
-        .watches(api::<Provider>(&client, namespace), config.clone(), move |provider| {
-            let ns = provider.namespace();
-            by_provider
-                .state()
-                .into_iter()
-                .filter(|m| m.namespace() == ns && m.spec.source.provider_ref.name == provider.name_any())
-                .map(|m| ObjectRef::from_obj(&*m))
-                .collect::<Vec<_>>()
-        })
+        .watches_with(
+            dynamic(&client, namespace, &vmi_resource()),
+            vmi_resource(),
+            config.clone(),
+            move |vmi| {
+                let ns = vmi.namespace();
+                by_vm
+                    .state()
+                    .into_iter()
+                    .filter(|m| {
+                        m.namespace() == ns
+                            && m.status.as_ref().and_then(|s| s.target_vm.as_deref())
+                                == Some(vmi.name_any().as_str())
+                    })
+                    .map(|m| ObjectRef::from_obj(&*m))
+                    .collect::<Vec<_>>()
+            },
+        )
+        .watches(
+            api::<Provider>(&client, namespace),
+            config.clone(),
+            move |provider| {
+                let ns = provider.namespace();
+                by_provider
+                    .state()
+                    .into_iter()
+                    .filter(|m| {
+                        m.namespace() == ns
+                            && m.spec.source.provider_ref.name == provider.name_any()
+                    })
+                    .map(|m| ObjectRef::from_obj(&*m))
+                    .collect::<Vec<_>>()
+            },
+        )
         .shutdown_on_signal()
-        .run(crate::reconcile::reconcile, crate::reconcile::error_policy, ctx.clone())
+        .run(
+            crate::reconcile::reconcile,
+            crate::reconcile::error_policy,
+            ctx.clone(),
+        )
         .for_each(|_| async {});
     let providers = Controller::new(api::<Provider>(&client, namespace), config)
         .shutdown_on_signal()
-        .run(crate::provider::reconcile, crate::provider::error_policy, ctx)
+        .run(
+            crate::provider::reconcile,
+            crate::provider::error_policy,
+            ctx,
+        )
         .for_each(|_| async {});
     futures::future::join(migrations, providers).await;
 }
@@ -155,7 +195,8 @@ async fn serve(listener: tokio::net::TcpListener, ctx: Arc<Context>, ready: Arc<
         let (ctx, ready) = (ctx.clone(), ready.clone());
         tokio::spawn(async move {
             let mut buf = [0u8; 2048];
-            let n = match tokio::time::timeout(Duration::from_secs(5), stream.read(&mut buf)).await {
+            let n = match tokio::time::timeout(Duration::from_secs(5), stream.read(&mut buf)).await
+            {
                 Ok(Ok(n)) => n,
                 _ => return,
             };
@@ -164,8 +205,13 @@ async fn serve(listener: tokio::net::TcpListener, ctx: Arc<Context>, ready: Arc<
             let (code, body) = match path {
                 "/metrics" => ("200 OK", ctx.metrics.render()),
                 "/healthz" => ("200 OK", "ok\n".to_string()),
-                "/readyz" if ready.load(Ordering::Relaxed) => ("200 OK", "ok: leading\n".to_string()),
-                "/readyz" => ("503 Service Unavailable", "waiting for the leader lease\n".to_string()),
+                "/readyz" if ready.load(Ordering::Relaxed) => {
+                    ("200 OK", "ok: leading\n".to_string())
+                }
+                "/readyz" => (
+                    "503 Service Unavailable",
+                    "waiting for the leader lease\n".to_string(),
+                ),
                 _ => ("404 Not Found", "not found\n".to_string()),
             };
             let response = format!(

@@ -1,8 +1,8 @@
 //! The migration's folder in the staging store, opened with keys read from its Secret (by name, in memory only).
 
 use ferry_api::VirtualMachineMigration;
-use ferry_datapath::staging::Staging;
 use ferry_datapath::spec::StagingSpec;
+use ferry_datapath::staging::Staging;
 use kube::ResourceExt;
 
 use crate::children;
@@ -22,7 +22,10 @@ pub async fn open(ctx: &Context, vmm: &VirtualMachineMigration) -> Result<Stagin
         ));
     }
     let secret = vmm.spec.staging.secret_ref.as_ref().ok_or_else(|| {
-        Failure::permanent("StagingSecretMissing", "s3 staging needs spec.staging.secretRef")
+        Failure::permanent(
+            "StagingSecretMissing",
+            "s3 staging needs spec.staging.secretRef",
+        )
     })?;
     let ns = vmm.namespace().unwrap_or_default();
     let access = ctx.secret_value(&ns, &secret.name, "accessKeyId").await?;

@@ -47,7 +47,12 @@ pub fn condition(
         now,
     );
     // The seed's order, `Ready` last, whatever order they were set in.
-    let rank = |t: &str| ConditionType::ALL.iter().position(|c| c.as_str() == t).unwrap_or(usize::MAX);
+    let rank = |t: &str| {
+        ConditionType::ALL
+            .iter()
+            .position(|c| c.as_str() == t)
+            .unwrap_or(usize::MAX)
+    };
     status.conditions.sort_by_key(|c| rank(&c.type_));
 }
 
@@ -65,7 +70,15 @@ pub fn enter(status: &mut Status, phase: Phase, generation: Option<i64>, now: &T
         retry.next_attempt_time = None;
     }
     if let Some(kind) = condition_of(phase).filter(|_| phase != Phase::Succeeded) {
-        condition(status, kind, false, "InProgress", format!("{phase:?} in progress"), generation, now);
+        condition(
+            status,
+            kind,
+            false,
+            "InProgress",
+            format!("{phase:?} in progress"),
+            generation,
+            now,
+        );
     }
     if !phase.is_terminal() && phase != Phase::ManualInterventionRequired {
         condition(
@@ -132,7 +145,9 @@ pub fn backoff(attempt: i32, seed: &str, cap: Duration) -> Duration {
     let capped = exp.min(cap.as_millis() as u64);
     let hash = format!("{seed}/{attempt}")
         .bytes()
-        .fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3));
+        .fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+            (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+        });
     let spread = capped / 2;
     let jitter = if spread == 0 { 0 } else { hash % spread };
     Duration::from_millis(capped - capped / 4 + jitter)
@@ -172,13 +187,21 @@ pub enum Charge {
 
 /// Charges the failure of `uid` to `phase`'s budget, once.
 pub fn charge(status: &mut Status, phase: Phase, budget: i32, uid: &str) -> Charge {
-    if status.retry.as_ref().is_some_and(|r| r.charged.iter().any(|c| c == uid)) {
+    if status
+        .retry
+        .as_ref()
+        .is_some_and(|r| r.charged.iter().any(|c| c == uid))
+    {
         return Charge::AlreadyCharged;
     }
     if !spend_budget(status, phase, budget) {
         return Charge::Exhausted;
     }
-    status.retry.get_or_insert_with(RetryStatus::default).charged.push(uid.to_string());
+    status
+        .retry
+        .get_or_insert_with(RetryStatus::default)
+        .charged
+        .push(uid.to_string());
     Charge::Charged
 }
 
@@ -254,9 +277,18 @@ mod tests {
     #[test]
     fn a_failed_object_is_charged_once_then_removed() {
         let mut status = Status::default();
-        assert_eq!(charge(&mut status, Phase::Importing, 1, "dv-uid-1"), Charge::Charged);
-        assert_eq!(charge(&mut status, Phase::Importing, 1, "dv-uid-1"), Charge::AlreadyCharged);
-        assert_eq!(charge(&mut status, Phase::Importing, 1, "dv-uid-2"), Charge::Exhausted);
+        assert_eq!(
+            charge(&mut status, Phase::Importing, 1, "dv-uid-1"),
+            Charge::Charged
+        );
+        assert_eq!(
+            charge(&mut status, Phase::Importing, 1, "dv-uid-1"),
+            Charge::AlreadyCharged
+        );
+        assert_eq!(
+            charge(&mut status, Phase::Importing, 1, "dv-uid-2"),
+            Charge::Exhausted
+        );
         assert_eq!(budget_used(&status, Phase::Importing), 1);
     }
 
@@ -264,8 +296,24 @@ mod tests {
     fn advancing_marks_the_left_condition_true_and_ready_false() {
         let mut status = Status::default();
         enter(&mut status, Phase::Discovering, Some(1), &now());
-        advance(&mut status, Phase::Discovering, Phase::Validating, "Found", "vm-1".into(), Some(1), &now());
-        let get = |t: &str| status.conditions.iter().find(|c| c.type_ == t).unwrap().status.clone();
+        advance(
+            &mut status,
+            Phase::Discovering,
+            Phase::Validating,
+            "Found",
+            "vm-1".into(),
+            Some(1),
+            &now(),
+        );
+        let get = |t: &str| {
+            status
+                .conditions
+                .iter()
+                .find(|c| c.type_ == t)
+                .unwrap()
+                .status
+                .clone()
+        };
         assert_eq!(get("SourceDiscovered"), "True");
         assert_eq!(get("Validated"), "False");
         assert_eq!(get("Ready"), "False");
@@ -275,11 +323,21 @@ mod tests {
 
     #[test]
     fn progress_counts_conversion_and_import_halves() {
-        let mut status = Status::default();
-        status.disks = vec![
-            DiskStatus { capacity_bytes: 64 << 20, sha256: Some("x".into()), progress: Some("50.00%".into()), ..Default::default() },
-            DiskStatus { capacity_bytes: 64 << 20, ..Default::default() },
-        ];
+        let status = Status {
+            disks: vec![
+                DiskStatus {
+                    capacity_bytes: 64 << 20,
+                    sha256: Some("x".into()),
+                    progress: Some("50.00%".into()),
+                    ..Default::default()
+                },
+                DiskStatus {
+                    capacity_bytes: 64 << 20,
+                    ..Default::default()
+                },
+            ],
+            ..Default::default()
+        };
         assert_eq!(progress(&status).unwrap(), "37% (48 MiB of 128 MiB)");
     }
 }

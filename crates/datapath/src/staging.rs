@@ -55,7 +55,11 @@ impl Staging {
     }
 
     /// Opens s3 staging with keys held in memory (the controller reads them from a Secret, never from files).
-    pub fn open_with_keys(spec: &StagingSpec, access_key: String, secret_key: String) -> Result<Self> {
+    pub fn open_with_keys(
+        spec: &StagingSpec,
+        access_key: String,
+        secret_key: String,
+    ) -> Result<Self> {
         Self::open_with(spec, Some((access_key, secret_key)))
     }
 
@@ -78,7 +82,10 @@ impl Staging {
             let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
             let (access_key, secret_key) = match (&keys, spec.credentials_dir.as_deref()) {
                 (Some(keys), _) => keys.clone(),
-                (None, Some(dir)) => (read_secret(dir, "accessKeyId")?, read_secret(dir, "secretKey")?),
+                (None, Some(dir)) => (
+                    read_secret(dir, "accessKeyId")?,
+                    read_secret(dir, "secretKey")?,
+                ),
                 (None, None) => {
                     return Err(fail(
                         "s3 staging needs a credentials directory (accessKeyId, secretKey)".into(),

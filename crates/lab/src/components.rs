@@ -198,7 +198,12 @@ impl Context {
 
     /// The staging store, in `DIR/staging`.
     pub fn minio(&self, ports: &Ports) -> Result<Component> {
-        crate::minio::component(&self.dir.join("staging"), &self.tools, ports.0[0], ports.0[1])
+        crate::minio::component(
+            &self.dir.join("staging"),
+            &self.tools,
+            ports.0[0],
+            ports.0[1],
+        )
     }
 
     pub fn vcsim(&self) -> Component {

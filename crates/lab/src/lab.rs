@@ -8,10 +8,10 @@ use anyhow::{Context, Result, bail};
 use serde::{Deserialize, Serialize};
 
 use crate::components::{self, Component, Ports};
+pub use crate::minio::StagingEndpoint;
 use crate::pki::Pki;
 use crate::probe;
 use crate::process::{self, Lifetime, ProcessRecord};
-pub use crate::minio::StagingEndpoint;
 pub use crate::vcsim::VcsimEndpoint;
 
 const STATE_FILE: &str = "lab.json";
@@ -193,7 +193,12 @@ async fn start_all(state: &mut LabState, options: &LabOptions) -> Result<()> {
     state.vcsim = Some(endpoint);
     state.save()?;
     start_component(state, lifetime, |ports| ctx.minio(ports)).await?;
-    let minio_port = *state.ports.iter().rev().nth(1).context("minio has no port")?;
+    let minio_port = *state
+        .ports
+        .iter()
+        .rev()
+        .nth(1)
+        .context("minio has no port")?;
     state.staging = Some(crate::minio::endpoint(&dir.join("staging"), minio_port));
     state.save()?;
     if let Some(ferry) = &options.standins {

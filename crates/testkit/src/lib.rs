@@ -135,8 +135,14 @@ impl TestLab {
                 verb: e["verb"].as_str().unwrap_or_default().to_string(),
                 uri: e["requestURI"].as_str().unwrap_or_default().to_string(),
                 code: e["responseStatus"]["code"].as_i64().unwrap_or_default(),
-                resource: e["objectRef"]["resource"].as_str().unwrap_or_default().to_string(),
-                namespace: e["objectRef"]["namespace"].as_str().unwrap_or_default().to_string(),
+                resource: e["objectRef"]["resource"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string(),
+                namespace: e["objectRef"]["namespace"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string(),
             })
             .collect()
     }

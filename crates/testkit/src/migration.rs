@@ -22,7 +22,9 @@ pub const STAGING_SECRET: &str = "staging-credentials";
 pub const SOURCE_NETWORKS: [&str; 2] = ["DC0_DVPG0", "VM Network"];
 
 fn repo_file(path: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").join(path)
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .join(path)
 }
 
 /// Applies deploy/rbac (namespace ferry-system, ServiceAccount, ClusterRole, Lease Role).
@@ -32,7 +34,11 @@ pub fn apply_rbac(lab: &TestLab) -> Result<()> {
         .args(["apply", "--server-side", "--force-conflicts", "-f"])
         .arg(repo_file("deploy/rbac/ferry-rbac.yaml"))
         .output()?;
-    anyhow::ensure!(out.status.success(), "kubectl apply rbac: {}", String::from_utf8_lossy(&out.stderr));
+    anyhow::ensure!(
+        out.status.success(),
+        "kubectl apply rbac: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     Ok(())
 }
 
@@ -50,7 +56,11 @@ impl ControllerProcess {
         apply_rbac(lab)?;
         let kubeconfig = lab.kubeconfig_for(
             SERVICE_ACCOUNT,
-            &["system:serviceaccounts", "system:serviceaccounts:ferry-system", "system:authenticated"],
+            &[
+                "system:serviceaccounts",
+                "system:serviceaccounts:ferry-system",
+                "system:authenticated",
+            ],
         )?;
         let metrics_port = process::free_port()?;
         let spec = ProcessSpec {
@@ -64,7 +74,10 @@ impl ControllerProcess {
                 "--lease-seconds=5".into(),
                 "--guest-ready-timeout=300".into(),
             ],
-            env: vec![("RUST_LOG".into(), "info,kube=warn,kube_lease_manager=warn".into())],
+            env: vec![(
+                "RUST_LOG".into(),
+                "info,kube=warn,kube_lease_manager=warn".into(),
+            )],
         };
         let mut controller = Self {
             record: None,
@@ -80,12 +93,19 @@ impl ControllerProcess {
     async fn launch(&mut self) -> Result<()> {
         self.starts += 1;
         let log = self.log.with_extension(format!("{}.log", self.starts));
-        self.record = Some(process::start(&self.spec, &log, Lifetime::TiedToThisProcess)?);
+        self.record = Some(process::start(
+            &self.spec,
+            &log,
+            Lifetime::TiedToThisProcess,
+        )?);
         // Ready once it leads: /readyz answers 200.
         let url = format!("http://127.0.0.1:{}/readyz", self.metrics_port);
         let what = format!("the controller to lead (its log: {})", log.display());
         crate::eventually(&what, Duration::from_secs(60), || async {
-            let out = std::process::Command::new("curl").args(["-fsS", &url]).output().ok()?;
+            let out = std::process::Command::new("curl")
+                .args(["-fsS", &url])
+                .output()
+                .ok()?;
             out.status.success().then_some(())
         })
         .await;
@@ -116,7 +136,10 @@ impl ControllerProcess {
     /// Every log line of every run so far.
     pub fn logs(&self) -> String {
         (1..=self.starts)
-            .map(|i| std::fs::read_to_string(self.log.with_extension(format!("{i}.log"))).unwrap_or_default())
+            .map(|i| {
+                std::fs::read_to_string(self.log.with_extension(format!("{i}.log")))
+                    .unwrap_or_default()
+            })
             .collect::<Vec<_>>()
             .join("\n")
     }
@@ -134,9 +157,18 @@ impl Drop for ControllerProcess {
 pub async fn create_provider(client: &Client, lab: &TestLab, ns: &str) -> Result<()> {
     let state = lab.state();
     let vcsim = state.vcsim.as_ref().context("the lab has no vcsim")?;
-    let staging = state.staging.as_ref().context("the lab has no staging store")?;
+    let staging = state
+        .staging
+        .as_ref()
+        .context("the lab has no staging store")?;
     let password = std::fs::read_to_string(&vcsim.password_file)?;
-    apply_secret(client, ns, VSPHERE_SECRET, json!({"user": vcsim.username, "password": password.trim()})).await?;
+    apply_secret(
+        client,
+        ns,
+        VSPHERE_SECRET,
+        json!({"user": vcsim.username, "password": password.trim()}),
+    )
+    .await?;
     apply_secret(client, ns, STAGING_SECRET, json!(staging.secret_data()?)).await?;
     let ca = std::fs::read_to_string(&vcsim.ca_file)?;
     apply(client, ns, json!({
@@ -152,28 +184,52 @@ pub async fn apply_secret(client: &Client, ns: &str, name: &str, data: Value) ->
         "apiVersion": "v1", "kind": "Secret", "metadata": {"name": name, "namespace": ns}, "stringData": data,
     }))?;
     Api::<Secret>::namespaced(client.clone(), ns)
-        .patch(name, &PatchParams::apply("ferry-test").force(), &Patch::Apply(&secret))
+        .patch(
+            name,
+            &PatchParams::apply("ferry-test").force(),
+            &Patch::Apply(&secret),
+        )
         .await?;
     Ok(())
 }
 
 /// Server-side applies any manifest with apiVersion, kind and metadata.name.
 pub async fn apply(client: &Client, ns: &str, manifest: Value) -> Result<()> {
-    let (group_version, kind) = (manifest["apiVersion"].as_str().unwrap_or_default(), manifest["kind"].as_str().unwrap_or_default());
-    let (group, version) = group_version.rsplit_once('/').unwrap_or(("", group_version));
-    let resource = kube::core::ApiResource::from_gvk(&kube::core::GroupVersionKind::gvk(group, version, kind));
+    let (group_version, kind) = (
+        manifest["apiVersion"].as_str().unwrap_or_default(),
+        manifest["kind"].as_str().unwrap_or_default(),
+    );
+    let (group, version) = group_version
+        .rsplit_once('/')
+        .unwrap_or(("", group_version));
+    let resource =
+        kube::core::ApiResource::from_gvk(&kube::core::GroupVersionKind::gvk(group, version, kind));
     let api = Api::<kube::api::DynamicObject>::namespaced_with(client.clone(), ns, &resource);
-    let name = manifest["metadata"]["name"].as_str().unwrap_or_default().to_string();
-    api.patch(&name, &PatchParams::apply("ferry-test").force(), &Patch::Apply(&manifest))
-        .await
-        .with_context(|| format!("applying {kind} {ns}/{name}"))?;
+    let name = manifest["metadata"]["name"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    api.patch(
+        &name,
+        &PatchParams::apply("ferry-test").force(),
+        &Patch::Apply(&manifest),
+    )
+    .await
+    .with_context(|| format!("applying {kind} {ns}/{name}"))?;
     Ok(())
 }
 
 /// A migration of the lab VM `vm` with every vcsim network on the pod network, staged in the lab's MinIO.
 pub fn migration(lab: &TestLab, ns: &str, name: &str, vm: &str) -> Value {
-    let staging = lab.state().staging.clone().expect("the lab has a staging store");
-    let networks: Vec<Value> = SOURCE_NETWORKS.iter().map(|n| json!({"source": n, "pod": {}})).collect();
+    let staging = lab
+        .state()
+        .staging
+        .clone()
+        .expect("the lab has a staging store");
+    let networks: Vec<Value> = SOURCE_NETWORKS
+        .iter()
+        .map(|n| json!({"source": n, "pod": {}}))
+        .collect();
     json!({
         "apiVersion": "migration.platform.example/v1alpha1", "kind": "VirtualMachineMigration",
         "metadata": {"name": name, "namespace": ns},

@@ -22,10 +22,15 @@ pub async fn lab() -> &'static TestLab {
 
 /// The one controller of this test binary.
 pub async fn controller() -> &'static Mutex<ControllerProcess> {
-    static CONTROLLER: tokio::sync::OnceCell<Mutex<ControllerProcess>> = tokio::sync::OnceCell::const_new();
+    static CONTROLLER: tokio::sync::OnceCell<Mutex<ControllerProcess>> =
+        tokio::sync::OnceCell::const_new();
     CONTROLLER
         .get_or_init(|| async {
-            Mutex::new(ControllerProcess::start(lab().await, ferry()).await.expect("starting ferry controller"))
+            Mutex::new(
+                ControllerProcess::start(lab().await, ferry())
+                    .await
+                    .expect("starting ferry controller"),
+            )
         })
         .await
 }
@@ -36,7 +41,9 @@ pub async fn setup(prefix: &str) -> (Client, ferry_testkit::TestNamespace) {
     controller().await;
     let ns = lab.namespace(prefix).await;
     let client = lab.client().await;
-    ferry_testkit::migration::create_provider(&client, lab, ns.name()).await.unwrap();
+    ferry_testkit::migration::create_provider(&client, lab, ns.name())
+        .await
+        .unwrap();
     (client, ns)
 }
 
@@ -45,7 +52,13 @@ pub fn migrations(client: &Client, ns: &str) -> Api<VirtualMachineMigration> {
 }
 
 /// Waits for `phase`, failing early with the whole status when the migration ends elsewhere.
-pub async fn wait_for_phase(client: &Client, ns: &str, name: &str, phase: Phase, timeout: Duration) -> VirtualMachineMigration {
+pub async fn wait_for_phase(
+    client: &Client,
+    ns: &str,
+    name: &str,
+    phase: Phase,
+    timeout: Duration,
+) -> VirtualMachineMigration {
     let api = migrations(client, ns);
     let deadline = std::time::Instant::now() + timeout;
     loop {
@@ -69,7 +82,12 @@ pub async fn wait_for_phase(client: &Client, ns: &str, name: &str, phase: Phase,
 }
 
 /// Names of the objects of `resource` in `ns` that carry the migration's UID label.
-pub async fn labelled(client: &Client, ns: &str, resource: &kube::core::ApiResource, uid: &str) -> Vec<String> {
+pub async fn labelled(
+    client: &Client,
+    ns: &str,
+    resource: &kube::core::ApiResource,
+    uid: &str,
+) -> Vec<String> {
     Api::<DynamicObject>::namespaced_with(client.clone(), ns, resource)
         .list(&ListParams::default().labels(&format!("migration.platform.example/uid={uid}")))
         .await
@@ -86,33 +104,44 @@ pub fn resource(group: &str, version: &str, kind: &str) -> kube::core::ApiResour
 
 pub async fn source_power(vm: &str) -> ferry_api::PowerState {
     let vcsim = lab().await.state().vcsim.clone().unwrap();
-    let session = ferry_vsphere::Session::connect(vcsim.connect_config(Duration::from_secs(30)).unwrap())
+    let session =
+        ferry_vsphere::Session::connect(vcsim.connect_config(Duration::from_secs(30)).unwrap())
+            .await
+            .unwrap();
+    let moref =
+        ferry_vsphere::inventory::find_vm(&session, &ferry_vsphere::VmSelector::Name(vm.into()))
+            .await
+            .unwrap();
+    ferry_vsphere::power::current_power_state(&session, &moref)
         .await
-        .unwrap();
-    let moref = ferry_vsphere::inventory::find_vm(&session, &ferry_vsphere::VmSelector::Name(vm.into()))
-        .await
-        .unwrap();
-    ferry_vsphere::power::current_power_state(&session, &moref).await.unwrap()
+        .unwrap()
 }
 
 pub async fn set_source_power(vm: &str, on: bool) {
     let vcsim = lab().await.state().vcsim.clone().unwrap();
-    let session = ferry_vsphere::Session::connect(vcsim.connect_config(Duration::from_secs(30)).unwrap())
-        .await
-        .unwrap();
-    let moref = ferry_vsphere::inventory::find_vm(&session, &ferry_vsphere::VmSelector::Name(vm.into()))
-        .await
-        .unwrap();
+    let session =
+        ferry_vsphere::Session::connect(vcsim.connect_config(Duration::from_secs(30)).unwrap())
+            .await
+            .unwrap();
+    let moref =
+        ferry_vsphere::inventory::find_vm(&session, &ferry_vsphere::VmSelector::Name(vm.into()))
+            .await
+            .unwrap();
     if on {
-        ferry_vsphere::power::power_on(&session, &moref, Duration::from_secs(60)).await.unwrap();
+        ferry_vsphere::power::power_on(&session, &moref, Duration::from_secs(60))
+            .await
+            .unwrap();
     } else {
-        ferry_vsphere::power::power_off(&session, &moref, Duration::from_secs(60)).await.unwrap();
+        ferry_vsphere::power::power_off(&session, &moref, Duration::from_secs(60))
+            .await
+            .unwrap();
     }
 }
 
 /// Tests that touch one source VM's power take turns.
 pub async fn source_lock(vm: &str) -> tokio::sync::OwnedMutexGuard<()> {
-    static LOCKS: std::sync::Mutex<Vec<(String, std::sync::Arc<Mutex<()>>)>> = std::sync::Mutex::new(Vec::new());
+    static LOCKS: std::sync::Mutex<Vec<(String, std::sync::Arc<Mutex<()>>)>> =
+        std::sync::Mutex::new(Vec::new());
     let lock = {
         let mut locks = LOCKS.lock().unwrap();
         match locks.iter().find(|(name, _)| name == vm) {
@@ -139,7 +168,11 @@ pub async fn staged_objects(ns: &str, name: &str, uid: &str, disks: usize) -> Ve
     .unwrap();
     let mut found = Vec::new();
     for i in 0..disks {
-        for object in [format!("disk-{i}.raw"), format!("disk-{i}.qcow2"), format!("disk-{i}.raw.manifest.json")] {
+        for object in [
+            format!("disk-{i}.raw"),
+            format!("disk-{i}.qcow2"),
+            format!("disk-{i}.raw.manifest.json"),
+        ] {
             if store.head(&object).await.unwrap().is_some() {
                 found.push(object);
             }
@@ -150,7 +183,8 @@ pub async fn staged_objects(ns: &str, name: &str, uid: &str, disks: usize) -> Ve
 
 /// Writes the controller's ServiceAccount made in `ns`, from the API server's audit log.
 pub async fn writes_in(ns: &str) -> usize {
-    lab().await
+    lab()
+        .await
         .audit_requests_by(ferry_testkit::migration::SERVICE_ACCOUNT)
         .iter()
         .filter(|r| r.is_write() && r.namespace == ns)

@@ -14,8 +14,15 @@ pub fn s3_http_url(staged: &str, endpoint: Option<&str>) -> Option<String> {
     Some(format!("{}/{rest}", endpoint.trim_end_matches('/')))
 }
 
-pub fn data_volume(vmm: &VirtualMachineMigration, disk: &DiskStatus, storage_class: Option<&str>) -> Option<DynamicObject> {
-    let url = s3_http_url(disk.staged_url.as_deref()?, vmm.spec.staging.endpoint.as_deref())?;
+pub fn data_volume(
+    vmm: &VirtualMachineMigration,
+    disk: &DiskStatus,
+    storage_class: Option<&str>,
+) -> Option<DynamicObject> {
+    let url = s3_http_url(
+        disk.staged_url.as_deref()?,
+        vmm.spec.staging.endpoint.as_deref(),
+    )?;
     let mut source = json!({"url": url});
     if let Some(secret) = &vmm.spec.staging.secret_ref {
         source["secretRef"] = json!(secret.name);
@@ -50,9 +57,14 @@ pub enum DvState {
     Absent,
     /// Being deleted: wait until it is gone before creating it again.
     Terminating,
-    InProgress { phase: String, progress: Option<String> },
+    InProgress {
+        phase: String,
+        progress: Option<String>,
+    },
     Succeeded,
-    Failed { message: String },
+    Failed {
+        message: String,
+    },
 }
 
 pub fn dv_state(dv: Option<&DynamicObject>) -> DvState {
@@ -62,13 +74,19 @@ pub fn dv_state(dv: Option<&DynamicObject>) -> DvState {
     }
     let status = &dv.data["status"];
     let phase = status["phase"].as_str().unwrap_or("Pending").to_string();
-    let progress = status["progress"].as_str().filter(|p| *p != "N/A").map(String::from);
+    let progress = status["progress"]
+        .as_str()
+        .filter(|p| *p != "N/A")
+        .map(String::from);
     match phase.as_str() {
         "Succeeded" => DvState::Succeeded,
         "Failed" => {
             let message = status["conditions"]
                 .as_array()
-                .and_then(|cs| cs.iter().find(|c| c["type"] == "Ready" || c["type"] == "Running"))
+                .and_then(|cs| {
+                    cs.iter()
+                        .find(|c| c["type"] == "Ready" || c["type"] == "Running")
+                })
                 .and_then(|c| c["message"].as_str())
                 .unwrap_or("the import failed")
                 .to_string();
@@ -85,7 +103,11 @@ mod tests {
     #[test]
     fn staged_objects_are_read_over_the_endpoint() {
         assert_eq!(
-            s3_http_url("s3://ferry-staging/ns/m-uid/disk-0.raw", Some("http://127.0.0.1:9000/")).unwrap(),
+            s3_http_url(
+                "s3://ferry-staging/ns/m-uid/disk-0.raw",
+                Some("http://127.0.0.1:9000/")
+            )
+            .unwrap(),
             "http://127.0.0.1:9000/ferry-staging/ns/m-uid/disk-0.raw"
         );
         assert_eq!(
@@ -98,16 +120,34 @@ mod tests {
     #[test]
     fn cdi_phases_map_to_states() {
         let dv = |status: serde_json::Value| -> DynamicObject {
-            serde_json::from_value(json!({"apiVersion": "cdi.kubevirt.io/v1beta1", "kind": "DataVolume",
-                "metadata": {"name": "d"}, "status": status})).unwrap()
+            serde_json::from_value(
+                json!({"apiVersion": "cdi.kubevirt.io/v1beta1", "kind": "DataVolume",
+                "metadata": {"name": "d"}, "status": status}),
+            )
+            .unwrap()
         };
         assert_eq!(dv_state(None), DvState::Absent);
-        assert_eq!(dv_state(Some(&dv(json!({"phase": "Succeeded"})))), DvState::Succeeded);
         assert_eq!(
-            dv_state(Some(&dv(json!({"phase": "ImportInProgress", "progress": "12.5%"})))),
-            DvState::InProgress { phase: "ImportInProgress".into(), progress: Some("12.5%".into()) }
+            dv_state(Some(&dv(json!({"phase": "Succeeded"})))),
+            DvState::Succeeded
         );
-        let failed = dv(json!({"phase": "Failed", "conditions": [{"type": "Ready", "status": "False", "message": "boom"}]}));
-        assert_eq!(dv_state(Some(&failed)), DvState::Failed { message: "boom".into() });
+        assert_eq!(
+            dv_state(Some(&dv(
+                json!({"phase": "ImportInProgress", "progress": "12.5%"})
+            ))),
+            DvState::InProgress {
+                phase: "ImportInProgress".into(),
+                progress: Some("12.5%".into())
+            }
+        );
+        let failed = dv(
+            json!({"phase": "Failed", "conditions": [{"type": "Ready", "status": "False", "message": "boom"}]}),
+        );
+        assert_eq!(
+            dv_state(Some(&failed)),
+            DvState::Failed {
+                message: "boom".into()
+            }
+        );
     }
 }

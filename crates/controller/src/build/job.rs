@@ -18,7 +18,11 @@ const DISK_DEVICE: &str = "/dev/ferry-disk";
 
 /// What `ferry convert` runs with: every disk discovery found, staged under the migration's own prefix.
 pub fn convert_spec(vmm: &VirtualMachineMigration, provider: &Provider) -> ConvertSpec {
-    let source = vmm.status.as_ref().and_then(|s| s.source.clone()).unwrap_or_default();
+    let source = vmm
+        .status
+        .as_ref()
+        .and_then(|s| s.source.clone())
+        .unwrap_or_default();
     let tls = &provider.spec.tls;
     ConvertSpec {
         source: SourceSpec {
@@ -29,7 +33,11 @@ pub fn convert_spec(vmm: &VirtualMachineMigration, provider: &Provider) -> Conve
             thumbprint: tls.thumbprint.clone(),
             insecure: tls.ca_bundle.is_none() && tls.thumbprint.is_none(),
             datacenter: source.datacenter.clone().unwrap_or_default(),
-            vm_uuid: source.uuid.clone().or(source.instance_uuid.clone()).unwrap_or_default(),
+            vm_uuid: source
+                .uuid
+                .clone()
+                .or(source.instance_uuid.clone())
+                .unwrap_or_default(),
         },
         disks: source
             .disks
@@ -44,7 +52,12 @@ pub fn convert_spec(vmm: &VirtualMachineMigration, provider: &Provider) -> Conve
         format: vmm.spec.conversion.format,
         staging: StagingSpec {
             url: children::staging_url(vmm),
-            credentials_dir: vmm.spec.staging.secret_ref.as_ref().map(|_| STAGING_CREDENTIALS.into()),
+            credentials_dir: vmm
+                .spec
+                .staging
+                .secret_ref
+                .as_ref()
+                .map(|_| STAGING_CREDENTIALS.into()),
             endpoint: vmm.spec.staging.endpoint.clone(),
             region: None,
         },
@@ -79,7 +92,11 @@ pub fn convert_job(
         &children::convert_job(vmm, attempt),
         "convert",
         image,
-        vec!["convert".into(), "--quiet".into(), format!("--spec-json={spec}")],
+        vec![
+            "convert".into(),
+            "--quiet".into(),
+            format!("--spec-json={spec}"),
+        ],
         volumes,
         mounts,
         vec![],
@@ -97,9 +114,15 @@ pub fn verify_job(
 ) -> Job {
     let claim = children::data_volume(vmm, disk);
     let block = vmm.spec.target.volume_mode == VolumeMode::Block;
-    let volumes = vec![json!({"name": "disk", "persistentVolumeClaim": {"claimName": claim, "readOnly": true}})];
+    let volumes = vec![
+        json!({"name": "disk", "persistentVolumeClaim": {"claimName": claim, "readOnly": true}}),
+    ];
     let (mounts, devices, file) = if block {
-        (vec![], vec![json!({"name": "disk", "devicePath": DISK_DEVICE})], DISK_DEVICE.to_string())
+        (
+            vec![],
+            vec![json!({"name": "disk", "devicePath": DISK_DEVICE})],
+            DISK_DEVICE.to_string(),
+        )
     } else {
         (
             vec![json!({"name": "disk", "mountPath": DISK_MOUNT, "readOnly": true})],

@@ -44,22 +44,34 @@ pub fn virtual_machine(vmm: &VirtualMachineMigration, source: &SourceVmStatus) -
             entry["bootOrder"] = json!(1);
         }
         disks.push(entry);
-        volumes.push(json!({"name": volume, "dataVolume": {"name": children::data_volume(vmm, i as i32)}}));
+        volumes.push(
+            json!({"name": volume, "dataVolume": {"name": children::data_volume(vmm, i as i32)}}),
+        );
     }
     let (mut interfaces, mut networks) = (vec![], vec![]);
     for (i, nic) in source.nics.iter().enumerate() {
-        let Some(mapping) = vmm.spec.target.networks.iter().find(|m| m.source == nic.network) else {
+        let Some(mapping) = vmm
+            .spec
+            .target
+            .networks
+            .iter()
+            .find(|m| m.source == nic.network)
+        else {
             continue;
         };
         let net = format!("nic-{i}");
         let (binding, network): (Value, Value) = if mapping.pod.is_some() {
             (json!({"masquerade": {}}), json!({"name": net, "pod": {}}))
         } else if let Some(multus) = &mapping.multus {
-            (json!({"bridge": {}}), json!({"name": net, "multus": {"networkName": multus.network_name}}))
+            (
+                json!({"bridge": {}}),
+                json!({"name": net, "multus": {"networkName": multus.network_name}}),
+            )
         } else {
             continue;
         };
-        let mut interface = json!({"name": net, "macAddress": nic.mac, "model": nic_model(nic.model.as_deref())});
+        let mut interface =
+            json!({"name": net, "macAddress": nic.mac, "model": nic_model(nic.model.as_deref())});
         if let (Some(a), Value::Object(b)) = (interface.as_object_mut(), binding) {
             a.extend(b);
         }
@@ -122,21 +134,48 @@ mod tests {
         vmm.metadata.uid = Some("uid-1".into());
         vmm.metadata.namespace = Some("ns".into());
         let source = SourceVmStatus {
-            cpus: 4, cores_per_socket: 2, memory_mib: 2048, firmware: Some(Firmware::Efi),
-            disks: vec![SourceDisk { bus: Some("scsi".into()), ..Default::default() }, SourceDisk::default()],
+            cpus: 4,
+            cores_per_socket: 2,
+            memory_mib: 2048,
+            firmware: Some(Firmware::Efi),
+            disks: vec![
+                SourceDisk {
+                    bus: Some("scsi".into()),
+                    ..Default::default()
+                },
+                SourceDisk::default(),
+            ],
             nics: vec![
-                SourceNic { mac: "00:50:56:00:00:01".into(), network: "VM Network".into(), model: Some("vmxnet3".into()) },
-                SourceNic { mac: "00:50:56:00:00:02".into(), network: "backup".into(), model: None },
-                SourceNic { mac: "00:50:56:00:00:03".into(), network: "dmz".into(), model: Some("e1000e".into()) },
+                SourceNic {
+                    mac: "00:50:56:00:00:01".into(),
+                    network: "VM Network".into(),
+                    model: Some("vmxnet3".into()),
+                },
+                SourceNic {
+                    mac: "00:50:56:00:00:02".into(),
+                    network: "backup".into(),
+                    model: None,
+                },
+                SourceNic {
+                    mac: "00:50:56:00:00:03".into(),
+                    network: "dmz".into(),
+                    model: Some("e1000e".into()),
+                },
             ],
             ..Default::default()
         };
         let vm = virtual_machine(&vmm, &source);
         let spec = &vm.data["spec"]["template"]["spec"];
-        assert_eq!(spec["domain"]["cpu"], json!({"sockets": 2, "cores": 2, "threads": 1}));
+        assert_eq!(
+            spec["domain"]["cpu"],
+            json!({"sockets": 2, "cores": 2, "threads": 1})
+        );
         assert_eq!(spec["domain"]["memory"]["guest"], "2048Mi");
         assert!(spec["domain"]["firmware"]["bootloader"]["efi"].is_object());
-        assert_eq!(spec["domain"]["devices"]["disks"][0], json!({"name": "disk-0", "disk": {"bus": "scsi"}, "bootOrder": 1}));
+        assert_eq!(
+            spec["domain"]["devices"]["disks"][0],
+            json!({"name": "disk-0", "disk": {"bus": "scsi"}, "bootOrder": 1})
+        );
         assert_eq!(spec["volumes"][1]["dataVolume"]["name"], "web-disk-1");
         let nics = spec["domain"]["devices"]["interfaces"].as_array().unwrap();
         assert_eq!(nics.len(), 2);
@@ -145,6 +184,9 @@ mod tests {
         assert_eq!(nics[1]["model"], "e1000e");
         assert_eq!(spec["networks"][1]["multus"]["networkName"], "net/dmz");
         assert_eq!(vm.data["spec"]["runStrategy"], "Halted");
-        assert_eq!(vm.metadata.owner_references.as_ref().unwrap()[0].uid, "uid-1");
+        assert_eq!(
+            vm.metadata.owner_references.as_ref().unwrap()[0].uid,
+            "uid-1"
+        );
     }
 }

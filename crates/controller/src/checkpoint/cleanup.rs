@@ -38,7 +38,10 @@ pub async fn cleanup(step: &mut Step<'_>) -> Result<bool> {
             }
         }
     }
-    for job in Api::<Job>::namespaced(client.clone(), &ns).list(&selector).await? {
+    for job in Api::<Job>::namespaced(client.clone(), &ns)
+        .list(&selector)
+        .await?
+    {
         remaining += 1;
         if job.metadata.deletion_timestamp.is_none() {
             jobs::delete(step.ctx, &ns, &job.name_any()).await?;

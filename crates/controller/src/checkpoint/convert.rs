@@ -25,12 +25,29 @@ pub async fn run(step: &mut Step<'_>) -> Result<Next> {
                 jobs::delete(step.ctx, &ns, &children::convert_job(step.vmm, attempt - 1)).await?;
             }
             let provider = super::power::provider(step.ctx, step.vmm).await?;
-            let job = build::job::convert_job(step.vmm, &provider, attempt, &step.ctx.config.worker_image);
+            let job = build::job::convert_job(
+                step.vmm,
+                &provider,
+                attempt,
+                &step.ctx.config.worker_image,
+            );
             jobs::create(step.ctx, &ns, &job).await?;
-            Ok(Next::wait("ConversionStarted", format!("Job {name} (attempt {attempt}) converts the disks"), WAIT))
+            Ok(Next::wait(
+                "ConversionStarted",
+                format!("Job {name} (attempt {attempt}) converts the disks"),
+                WAIT,
+            ))
         }
-        JobState::Terminating => Ok(Next::wait("ConversionRestarting", format!("Job {name} is being removed"), WAIT)),
-        JobState::Running => Ok(Next::wait("Converting", format!("Job {name} converts the disks"), WAIT)),
+        JobState::Terminating => Ok(Next::wait(
+            "ConversionRestarting",
+            format!("Job {name} is being removed"),
+            WAIT,
+        )),
+        JobState::Running => Ok(Next::wait(
+            "Converting",
+            format!("Job {name} converts the disks"),
+            WAIT,
+        )),
         JobState::Succeeded(result) => record(step, &name, result),
         JobState::Failed(failure, uid) => retry(step, &ns, &name, &uid, failure).await,
     }
@@ -41,7 +58,10 @@ const WAIT: Duration = Duration::from_secs(60);
 
 fn record(step: &mut Step<'_>, job: &str, result: serde_json::Value) -> Result<Next> {
     let disks: Vec<DiskResult> = serde_json::from_value(result["disks"].clone()).map_err(|e| {
-        Failure::bounded("JobResultUnreadable", format!("Job {job} left a result that does not parse: {e}"))
+        Failure::bounded(
+            "JobResultUnreadable",
+            format!("Job {job} left a result that does not parse: {e}"),
+        )
     })?;
     let mut moved = 0;
     for disk in &mut step.status.disks {
@@ -60,13 +80,22 @@ fn record(step: &mut Step<'_>, job: &str, result: serde_json::Value) -> Result<N
     Ok(Next::advance(
         Phase::Importing,
         "DisksStaged",
-        format!("{} disk(s) staged with their sha256 ({moved} bytes read)", disks.len()),
+        format!(
+            "{} disk(s) staged with their sha256 ({moved} bytes read)",
+            disks.len()
+        ),
     ))
 }
 
 /// A failed attempt: permanent errors stop; anything else is charged to the budget (recorded first), and the
 /// failed Job removed on the next pass, which makes room for the next attempt's Job.
-async fn retry(step: &mut Step<'_>, ns: &str, job: &str, uid: &str, failure: Failure) -> Result<Next> {
+async fn retry(
+    step: &mut Step<'_>,
+    ns: &str,
+    job: &str,
+    uid: &str,
+    failure: Failure,
+) -> Result<Next> {
     if failure.class == ErrorClass::Permanent {
         return Err(failure);
     }
@@ -87,7 +116,11 @@ async fn retry(step: &mut Step<'_>, ns: &str, job: &str, uid: &str, failure: Fai
         }
         status::Charge::AlreadyCharged => {
             jobs::delete(step.ctx, ns, job).await?;
-            Ok(Next::wait("ConversionRetrying", format!("removing the failed Job {job}"), Duration::from_secs(2)))
+            Ok(Next::wait(
+                "ConversionRetrying",
+                format!("removing the failed Job {job}"),
+                Duration::from_secs(2),
+            ))
         }
     }
 }

@@ -18,11 +18,15 @@ pub async fn run(step: &mut Step<'_>) -> Result<Next> {
     let ns = step.vmm.namespace().unwrap_or_default();
     let name = children::vm_name(step.vmm);
     if step.vmm.spec.target.run_strategy != RunStrategy::Halted {
-        let vmi = Api::<DynamicObject>::namespaced_with(step.ctx.client.clone(), &ns, &vmi_resource())
-            .get_opt(&name)
-            .await?;
+        let vmi =
+            Api::<DynamicObject>::namespaced_with(step.ctx.client.clone(), &ns, &vmi_resource())
+                .get_opt(&name)
+                .await?;
         let (ready, agent) = vmi.as_ref().map_or((false, false), |v| {
-            (condition(&v.data, "Ready"), condition(&v.data, "AgentConnected"))
+            (
+                condition(&v.data, "Ready"),
+                condition(&v.data, "AgentConnected"),
+            )
         });
         if !(ready && agent) {
             let entered = step
@@ -59,9 +63,10 @@ pub async fn run(step: &mut Step<'_>) -> Result<Next> {
 }
 
 fn condition(vmi: &Value, kind: &str) -> bool {
-    vmi["status"]["conditions"]
-        .as_array()
-        .is_some_and(|cs| cs.iter().any(|c| c["type"] == kind && c["status"] == "True"))
+    vmi["status"]["conditions"].as_array().is_some_and(|cs| {
+        cs.iter()
+            .any(|c| c["type"] == kind && c["status"] == "True")
+    })
 }
 
 /// Idempotent: what is already handed over or removed is skipped.
@@ -76,8 +81,12 @@ async fn hand_over(step: &Step<'_>, ns: &str) -> Result<()> {
     for resource in [vm_resource(), dv_resource()] {
         let api = Api::<DynamicObject>::namespaced_with(client.clone(), ns, &resource);
         for object in api.list(&selector).await? {
-            api.patch(&object.name_any(), &PatchParams::default(), &Patch::Merge(&release))
-                .await?;
+            api.patch(
+                &object.name_any(),
+                &PatchParams::default(),
+                &Patch::Merge(&release),
+            )
+            .await?;
         }
     }
     let job_api = Api::<k8s_openapi::api::batch::v1::Job>::namespaced(client.clone(), ns);

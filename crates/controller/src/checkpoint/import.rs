@@ -48,7 +48,12 @@ pub async fn run(step: &mut Step<'_>) -> Result<Next> {
                     &disk,
                     step.vmm.spec.target.storage_class_name.as_deref(),
                 )
-                .ok_or_else(|| Failure::transient("DiskNotStaged", format!("disk {} has no staged image", disk.index)))?;
+                .ok_or_else(|| {
+                    Failure::transient(
+                        "DiskNotStaged",
+                        format!("disk {} has no staged image", disk.index),
+                    )
+                })?;
                 match dvs.create(&PostParams::default(), &dv).await {
                     Ok(_) => {}
                     Err(kube::Error::Api(s)) if s.code == 409 => {}
@@ -64,7 +69,8 @@ pub async fn run(step: &mut Step<'_>) -> Result<Next> {
                 waiting.push(format!("{name} {phase} {}", progress.unwrap_or_default()));
             }
             DvState::Failed { message } => {
-                let failure = Failure::bounded("ImportFailed", format!("DataVolume {name}: {message}"));
+                let failure =
+                    Failure::bounded("ImportFailed", format!("DataVolume {name}: {message}"));
                 return retry(step, &dv_uid, failure);
             }
             DvState::Succeeded => {
@@ -84,7 +90,9 @@ pub async fn run(step: &mut Step<'_>) -> Result<Next> {
                         jobs::create(step.ctx, &ns, &spec).await?;
                         waiting.push(format!("{job} verifies {name}"));
                     }
-                    JobState::Running | JobState::Terminating => waiting.push(format!("{job} verifies {name}")),
+                    JobState::Running | JobState::Terminating => {
+                        waiting.push(format!("{job} verifies {name}"))
+                    }
                     JobState::Succeeded(_) => step.status.disks[i].verified = true,
                     JobState::Failed(failure, _) => return retry(step, &dv_uid, failure),
                 }
@@ -95,7 +103,10 @@ pub async fn run(step: &mut Step<'_>) -> Result<Next> {
         return Ok(Next::advance(
             Phase::CreatingVm,
             "DisksImportedAndVerified",
-            format!("{} disk(s) imported; each hashes to its source's sha256", step.status.disks.len()),
+            format!(
+                "{} disk(s) imported; each hashes to its source's sha256",
+                step.status.disks.len()
+            ),
         ));
     }
     Ok(Next::wait("Importing", waiting.join("; "), WAIT))
@@ -114,17 +125,27 @@ fn retry(step: &mut Step<'_>, dv_uid: &str, failure: Failure) -> Result<Next> {
     status::record_error(step.status, &failure, Phase::Importing, &step.now);
     Ok(Next::wait(
         "ImportRetrying",
-        format!("{} (retry {} of {budget})", failure.message, status::budget_used(step.status, Phase::Importing)),
+        format!(
+            "{} (retry {} of {budget})",
+            failure.message,
+            status::budget_used(step.status, Phase::Importing)
+        ),
         Duration::ZERO,
     ))
 }
 
 fn charged(status: &ferry_api::VirtualMachineMigrationStatus, uid: &str) -> bool {
-    status.retry.as_ref().is_some_and(|r| r.charged.iter().any(|c| c == uid))
+    status
+        .retry
+        .as_ref()
+        .is_some_and(|r| r.charged.iter().any(|c| c == uid))
 }
 
 async fn delete_dv(dvs: &Api<DynamicObject>, name: &str) -> Result<()> {
-    let params = DeleteParams { propagation_policy: Some(PropagationPolicy::Background), ..Default::default() };
+    let params = DeleteParams {
+        propagation_policy: Some(PropagationPolicy::Background),
+        ..Default::default()
+    };
     match dvs.delete(name, &params).await {
         Ok(_) => Ok(()),
         Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),

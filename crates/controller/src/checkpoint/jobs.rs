@@ -37,10 +37,14 @@ pub async fn observe(ctx: &Context, ns: &str, name: &str) -> Result<JobState> {
         return Ok(JobState::Running);
     }
     let message = termination_message(ctx, ns, name).await?;
-    Ok(match state_of(finished("Complete"), message.as_deref(), name) {
-        JobState::Failed(failure, _) => JobState::Failed(failure, job.uid().unwrap_or_default()),
-        other => other,
-    })
+    Ok(
+        match state_of(finished("Complete"), message.as_deref(), name) {
+            JobState::Failed(failure, _) => {
+                JobState::Failed(failure, job.uid().unwrap_or_default())
+            }
+            other => other,
+        },
+    )
 }
 
 /// What a finished Job's result means. Pure.
@@ -61,7 +65,8 @@ pub fn state_of(succeeded: bool, message: Option<&str>, job: &str) -> JobState {
     let error = parsed.as_ref().and_then(|v| v.get("error"));
     let failure = match error {
         Some(e) => Failure {
-            class: serde_json::from_value(e["class"].clone()).unwrap_or(ErrorClass::BoundedRetryable),
+            class: serde_json::from_value(e["class"].clone())
+                .unwrap_or(ErrorClass::BoundedRetryable),
             reason: e["reason"].as_str().unwrap_or("JobFailed").to_string(),
             message: format!("Job {job}: {}", e["message"].as_str().unwrap_or("failed")),
             fixable: false,
@@ -70,7 +75,10 @@ pub fn state_of(succeeded: bool, message: Option<&str>, job: &str) -> JobState {
             "JobFailed",
             format!(
                 "Job {job} failed: {}",
-                message.map(|m| m.trim()).filter(|m| !m.is_empty()).unwrap_or("no message")
+                message
+                    .map(|m| m.trim())
+                    .filter(|m| !m.is_empty())
+                    .unwrap_or("no message")
             ),
         ),
     };
@@ -109,7 +117,10 @@ pub async fn delete(ctx: &Context, ns: &str, name: &str) -> Result<()> {
         propagation_policy: Some(PropagationPolicy::Background),
         ..DeleteParams::default()
     };
-    match Api::<Job>::namespaced(ctx.client.clone(), ns).delete(name, &params).await {
+    match Api::<Job>::namespaced(ctx.client.clone(), ns)
+        .delete(name, &params)
+        .await
+    {
         Ok(_) => Ok(()),
         Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
         Err(e) => Err(e.into()),
@@ -122,13 +133,28 @@ mod tests {
 
     #[test]
     fn results_and_classed_errors_are_read_from_the_message() {
-        assert!(matches!(state_of(true, Some(r#"{"disks": []}"#), "j"), JobState::Succeeded(_)));
-        let JobState::Failed(f, _) = state_of(true, None, "j") else { panic!() };
+        assert!(matches!(
+            state_of(true, Some(r#"{"disks": []}"#), "j"),
+            JobState::Succeeded(_)
+        ));
+        let JobState::Failed(f, _) = state_of(true, None, "j") else {
+            panic!()
+        };
         assert_eq!(f.reason, "JobResultUnreadable");
         let msg = r#"{"error": {"class": "Permanent", "reason": "LoginFailed", "message": "login failed"}}"#;
-        let JobState::Failed(f, _) = state_of(false, Some(msg), "j") else { panic!() };
-        assert_eq!((f.class, f.reason.as_str()), (ErrorClass::Permanent, "LoginFailed"));
-        let JobState::Failed(f, _) = state_of(false, Some("oom"), "j") else { panic!() };
-        assert_eq!((f.class, f.reason.as_str()), (ErrorClass::BoundedRetryable, "JobFailed"));
+        let JobState::Failed(f, _) = state_of(false, Some(msg), "j") else {
+            panic!()
+        };
+        assert_eq!(
+            (f.class, f.reason.as_str()),
+            (ErrorClass::Permanent, "LoginFailed")
+        );
+        let JobState::Failed(f, _) = state_of(false, Some("oom"), "j") else {
+            panic!()
+        };
+        assert_eq!(
+            (f.class, f.reason.as_str()),
+            (ErrorClass::BoundedRetryable, "JobFailed")
+        );
     }
 }

@@ -16,7 +16,9 @@ pub async fn provider(ctx: &Context, vmm: &VirtualMachineMigration) -> Result<Pr
         .ok_or_else(|| {
             Failure::fixable(
                 "ProviderNotFound",
-                format!("Provider {ns}/{name} does not exist; create it, and the migration resumes"),
+                format!(
+                    "Provider {ns}/{name} does not exist; create it, and the migration resumes"
+                ),
             )
         })
 }
@@ -24,7 +26,9 @@ pub async fn provider(ctx: &Context, vmm: &VirtualMachineMigration) -> Result<Pr
 /// A session to the migration's Provider; a failed login is forgotten so the next attempt logs in afresh.
 pub async fn session(ctx: &Context, vmm: &VirtualMachineMigration) -> Result<Session> {
     let provider = provider(ctx, vmm).await?;
-    ctx.session(&provider).await.inspect_err(|_| ctx.forget_session(&provider))
+    ctx.session(&provider)
+        .await
+        .inspect_err(|_| ctx.forget_session(&provider))
 }
 
 pub fn selector(vmm: &VirtualMachineMigration) -> VmSelector {
@@ -44,5 +48,10 @@ pub fn source_vm(vmm: &VirtualMachineMigration) -> Result<MoRef> {
         .as_ref()
         .and_then(|s| s.source.as_ref())
         .map(|s| MoRef::new("VirtualMachine", s.moref.clone()))
-        .ok_or_else(|| Failure::transient("SourceNotDiscovered", "the source VM was not discovered yet"))
+        .ok_or_else(|| {
+            Failure::transient(
+                "SourceNotDiscovered",
+                "the source VM was not discovered yet",
+            )
+        })
 }

@@ -73,45 +73,76 @@ pub async fn run(step: &mut Step<'_>) -> Result<Next> {
     let next = match plan(spec.mode, &recorded, observed, tools, overdue) {
         Plan::RecordOriginal(state) => {
             recorded.original = Some(state);
-            Next::wait("PowerStateRecorded", format!("the source was {state:?}"), Duration::ZERO)
+            Next::wait(
+                "PowerStateRecorded",
+                format!("the source was {state:?}"),
+                Duration::ZERO,
+            )
         }
         Plan::Done => {
             recorded.task = None;
-            Next::advance(Phase::Converting, "SourcePoweredOff", "the source is powered off")
+            Next::advance(
+                Phase::Converting,
+                "SourcePoweredOff",
+                "the source is powered off",
+            )
         }
-        Plan::FollowTask(task) => match power::task_state(&session, &MoRef::new("Task", task.clone())).await? {
-            TaskState::Running { progress } => Next::wait(
-                "PoweringOff",
-                format!("power-off task {task} running ({}%)", progress.unwrap_or(0)),
-                POLL,
-            ),
-            TaskState::Succeeded { .. } => {
-                recorded.task = None;
-                Next::wait("PoweringOff", format!("power-off task {task} finished"), Duration::ZERO)
+        Plan::FollowTask(task) => {
+            match power::task_state(&session, &MoRef::new("Task", task.clone())).await? {
+                TaskState::Running { progress } => Next::wait(
+                    "PoweringOff",
+                    format!("power-off task {task} running ({}%)", progress.unwrap_or(0)),
+                    POLL,
+                ),
+                TaskState::Succeeded { .. } => {
+                    recorded.task = None;
+                    Next::wait(
+                        "PoweringOff",
+                        format!("power-off task {task} finished"),
+                        Duration::ZERO,
+                    )
+                }
+                TaskState::Failed { fault, message } if fault == "InvalidPowerState" => {
+                    recorded.task = None;
+                    Next::wait("PoweringOff", message, Duration::ZERO)
+                }
+                TaskState::Failed { fault, message } => {
+                    recorded.task = None;
+                    step.status.power = Some(recorded);
+                    return Err(Failure::from(ferry_vsphere::Error::TaskFailed {
+                        task,
+                        fault,
+                        message,
+                    }));
+                }
             }
-            TaskState::Failed { fault, message } if fault == "InvalidPowerState" => {
-                recorded.task = None;
-                Next::wait("PoweringOff", message, Duration::ZERO)
-            }
-            TaskState::Failed { fault, message } => {
-                recorded.task = None;
-                step.status.power = Some(recorded);
-                return Err(Failure::from(ferry_vsphere::Error::TaskFailed { task, fault, message }));
-            }
-        },
+        }
         Plan::RequestShutdown => {
             power::request_guest_shutdown(&session, &vm).await?;
             recorded.shutdown_requested = Some(step.now.clone());
             Next::wait(
                 "GuestShuttingDown",
-                format!("asked the guest to shut down; powering off after {}s", spec.timeout_seconds),
+                format!(
+                    "asked the guest to shut down; powering off after {}s",
+                    spec.timeout_seconds
+                ),
                 POLL,
             )
         }
-        Plan::WaitForShutdown => Next::wait("GuestShuttingDown", "waiting for the guest to shut down", POLL),
+        Plan::WaitForShutdown => Next::wait(
+            "GuestShuttingDown",
+            "waiting for the guest to shut down",
+            POLL,
+        ),
         Plan::PowerOff => {
-            recorded.task = power::start_power_off(&session, &vm).await?.map(|t| t.value);
-            Next::wait("PoweringOff", "powering the source off", Duration::from_millis(500))
+            recorded.task = power::start_power_off(&session, &vm)
+                .await?
+                .map(|t| t.value);
+            Next::wait(
+                "PoweringOff",
+                "powering the source off",
+                Duration::from_millis(500),
+            )
         }
         Plan::RefuseRunning => {
             return Err(Failure::fixable(
@@ -130,12 +161,19 @@ mod tests {
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
     fn recorded(original: Option<PowerState>) -> PowerStatus {
-        PowerStatus { original, ..Default::default() }
+        PowerStatus {
+            original,
+            ..Default::default()
+        }
     }
 
     #[test]
     fn the_original_state_is_recorded_before_anything_changes() {
-        for mode in [PowerOffMode::Graceful, PowerOffMode::Force, PowerOffMode::RequireOff] {
+        for mode in [
+            PowerOffMode::Graceful,
+            PowerOffMode::Force,
+            PowerOffMode::RequireOff,
+        ] {
             assert_eq!(
                 plan(mode, &recorded(None), PowerState::PoweredOn, true, false),
                 Plan::RecordOriginal(PowerState::PoweredOn)
@@ -146,15 +184,78 @@ mod tests {
     #[test]
     fn each_mode_powers_off_its_way() {
         let on = Some(PowerState::PoweredOn);
-        assert_eq!(plan(PowerOffMode::Force, &recorded(on), PowerState::PoweredOn, true, false), Plan::PowerOff);
-        assert_eq!(plan(PowerOffMode::RequireOff, &recorded(on), PowerState::PoweredOn, true, false), Plan::RefuseRunning);
-        assert_eq!(plan(PowerOffMode::Graceful, &recorded(on), PowerState::PoweredOn, true, false), Plan::RequestShutdown);
-        assert_eq!(plan(PowerOffMode::Graceful, &recorded(on), PowerState::PoweredOn, false, false), Plan::PowerOff);
+        assert_eq!(
+            plan(
+                PowerOffMode::Force,
+                &recorded(on),
+                PowerState::PoweredOn,
+                true,
+                false
+            ),
+            Plan::PowerOff
+        );
+        assert_eq!(
+            plan(
+                PowerOffMode::RequireOff,
+                &recorded(on),
+                PowerState::PoweredOn,
+                true,
+                false
+            ),
+            Plan::RefuseRunning
+        );
+        assert_eq!(
+            plan(
+                PowerOffMode::Graceful,
+                &recorded(on),
+                PowerState::PoweredOn,
+                true,
+                false
+            ),
+            Plan::RequestShutdown
+        );
+        assert_eq!(
+            plan(
+                PowerOffMode::Graceful,
+                &recorded(on),
+                PowerState::PoweredOn,
+                false,
+                false
+            ),
+            Plan::PowerOff
+        );
         let mut asked = recorded(on);
         asked.shutdown_requested = Some(Time(k8s_openapi::jiff::Timestamp::now()));
-        assert_eq!(plan(PowerOffMode::Graceful, &asked, PowerState::PoweredOn, false, false), Plan::WaitForShutdown);
-        assert_eq!(plan(PowerOffMode::Graceful, &asked, PowerState::PoweredOn, false, true), Plan::PowerOff);
-        assert_eq!(plan(PowerOffMode::Force, &recorded(on), PowerState::PoweredOff, true, false), Plan::Done);
+        assert_eq!(
+            plan(
+                PowerOffMode::Graceful,
+                &asked,
+                PowerState::PoweredOn,
+                false,
+                false
+            ),
+            Plan::WaitForShutdown
+        );
+        assert_eq!(
+            plan(
+                PowerOffMode::Graceful,
+                &asked,
+                PowerState::PoweredOn,
+                false,
+                true
+            ),
+            Plan::PowerOff
+        );
+        assert_eq!(
+            plan(
+                PowerOffMode::Force,
+                &recorded(on),
+                PowerState::PoweredOff,
+                true,
+                false
+            ),
+            Plan::Done
+        );
     }
 
     #[test]
@@ -162,7 +263,13 @@ mod tests {
         let mut with_task = recorded(Some(PowerState::PoweredOn));
         with_task.task = Some("task-7".into());
         assert_eq!(
-            plan(PowerOffMode::Force, &with_task, PowerState::PoweredOn, true, false),
+            plan(
+                PowerOffMode::Force,
+                &with_task,
+                PowerState::PoweredOn,
+                true,
+                false
+            ),
             Plan::FollowTask("task-7".into())
         );
     }

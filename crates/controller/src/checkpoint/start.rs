@@ -17,17 +17,28 @@ pub async fn run(step: &mut Step<'_>) -> Result<Next> {
     let name = children::vm_name(step.vmm);
     let wanted = build::vm::run_strategy(step.vmm.spec.target.run_strategy);
     let vms = Api::<DynamicObject>::namespaced_with(step.ctx.client.clone(), &ns, &vm_resource());
-    let vm = vms
-        .get_opt(&name)
-        .await?
-        .ok_or_else(|| Failure::transient("VMMissing", format!("VirtualMachine {name} is gone; it will be recreated")))?;
+    let vm = vms.get_opt(&name).await?.ok_or_else(|| {
+        Failure::transient(
+            "VMMissing",
+            format!("VirtualMachine {name} is gone; it will be recreated"),
+        )
+    })?;
     if vm.data["spec"]["runStrategy"].as_str() != Some(wanted) {
         let patch = serde_json::json!({"spec": {"runStrategy": wanted}});
-        vms.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await?;
-        return Ok(Next::wait("VMStarting", format!("runStrategy set to {wanted}"), Duration::from_secs(1)));
+        vms.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await?;
+        return Ok(Next::wait(
+            "VMStarting",
+            format!("runStrategy set to {wanted}"),
+            Duration::from_secs(1),
+        ));
     }
     if step.vmm.spec.target.run_strategy == RunStrategy::Halted {
-        return Ok(Next::advance(Phase::ValidatingGuest, "VMHaltedAsAsked", "runStrategy Halted: the VM is not started"));
+        return Ok(Next::advance(
+            Phase::ValidatingGuest,
+            "VMHaltedAsAsked",
+            "runStrategy Halted: the VM is not started",
+        ));
     }
     let vmis = Api::<DynamicObject>::namespaced_with(step.ctx.client.clone(), &ns, &vmi_resource());
     let phase = vmis
@@ -45,6 +56,10 @@ pub async fn run(step: &mut Step<'_>) -> Result<Next> {
             "VMIFailed",
             format!("VirtualMachineInstance {name} failed to start; see its events"),
         )),
-        other => Ok(Next::wait("VMStarting", format!("VirtualMachineInstance {name} is {other}"), Duration::from_secs(30))),
+        other => Ok(Next::wait(
+            "VMStarting",
+            format!("VirtualMachineInstance {name} is {other}"),
+            Duration::from_secs(30),
+        )),
     }
 }

@@ -21,11 +21,10 @@ const FLAT_BACKINGS: [&str; 3] = [
 ];
 
 pub async fn run(step: &mut Step<'_>) -> Result<Next> {
-    let source = step
-        .status
-        .source
-        .clone()
-        .ok_or_else(|| Failure::transient("SourceNotDiscovered", "discovery recorded no source"))?;
+    let source =
+        step.status.source.clone().ok_or_else(|| {
+            Failure::transient("SourceNotDiscovered", "discovery recorded no source")
+        })?;
     check_source(step.vmm, &source)?;
     let storage_class = check_storage_class(step).await?;
     check_collisions(step).await?;
@@ -50,14 +49,20 @@ pub fn check_source(vmm: &VirtualMachineMigration, source: &SourceVmStatus) -> R
         ));
     }
     if source.disks.is_empty() {
-        return Err(Failure::permanent("NoDisks", format!("{} has no virtual disk to migrate", source.name)));
+        return Err(Failure::permanent(
+            "NoDisks",
+            format!("{} has no virtual disk to migrate", source.name),
+        ));
     }
     for disk in &source.disks {
         let backing = disk.backing.as_deref().unwrap_or_default();
         if !backing.is_empty() && !FLAT_BACKINGS.contains(&backing) {
             return Err(Failure::permanent(
                 "UnsupportedDisk",
-                format!("disk {} has backing {backing} (raw device mappings and other non-VMDK disks cannot be copied)", disk.file),
+                format!(
+                    "disk {} has backing {backing} (raw device mappings and other non-VMDK disks cannot be copied)",
+                    disk.file
+                ),
             ));
         }
         if disk.snapshot_chain > 0 || source.snapshots > 0 {
@@ -71,10 +76,19 @@ pub fn check_source(vmm: &VirtualMachineMigration, source: &SourceVmStatus) -> R
             ));
         }
         if disk.capacity_bytes <= 0 {
-            return Err(Failure::permanent("UnsupportedDisk", format!("disk {} reports no capacity", disk.file)));
+            return Err(Failure::permanent(
+                "UnsupportedDisk",
+                format!("disk {} reports no capacity", disk.file),
+            ));
         }
     }
-    let mapped: BTreeSet<&str> = vmm.spec.target.networks.iter().map(|m| m.source.as_str()).collect();
+    let mapped: BTreeSet<&str> = vmm
+        .spec
+        .target
+        .networks
+        .iter()
+        .map(|m| m.source.as_str())
+        .collect();
     let unmapped: BTreeSet<&str> = source
         .nics
         .iter()
@@ -94,12 +108,20 @@ pub fn check_source(vmm: &VirtualMachineMigration, source: &SourceVmStatus) -> R
     let on_pod = source
         .nics
         .iter()
-        .filter(|n| vmm.spec.target.networks.iter().any(|m| m.source == n.network && m.pod.is_some()))
+        .filter(|n| {
+            vmm.spec
+                .target
+                .networks
+                .iter()
+                .any(|m| m.source == n.network && m.pod.is_some())
+        })
         .count();
     if on_pod > 1 {
         return Err(Failure::permanent(
             "MultiplePodNetworkNICs",
-            format!("{on_pod} NICs map to the pod network, which takes one; map the others to multus or ignored"),
+            format!(
+                "{on_pod} NICs map to the pod network, which takes one; map the others to multus or ignored"
+            ),
         ));
     }
     Ok(())
@@ -147,7 +169,9 @@ async fn check_collisions(step: &Step<'_>) -> Result<()> {
     {
         return Err(Failure::fixable(
             "TargetVMExists",
-            format!("VirtualMachine {ns}/{name} already exists and is not this migration's; delete or rename it"),
+            format!(
+                "VirtualMachine {ns}/{name} already exists and is not this migration's; delete or rename it"
+            ),
         ));
     }
     let dvs = Api::<DynamicObject>::namespaced_with(step.ctx.client.clone(), &ns, &dv_resource());
@@ -158,7 +182,9 @@ async fn check_collisions(step: &Step<'_>) -> Result<()> {
         {
             return Err(Failure::fixable(
                 "DataVolumeExists",
-                format!("DataVolume {ns}/{dv} already exists and is not this migration's; delete it"),
+                format!(
+                    "DataVolume {ns}/{dv} already exists and is not this migration's; delete it"
+                ),
             ));
         }
     }
@@ -172,17 +198,29 @@ mod tests {
     use serde_json::json;
 
     fn vmm(networks: serde_json::Value) -> VirtualMachineMigration {
-        VirtualMachineMigration::new("m", serde_json::from_value(json!({
+        VirtualMachineMigration::new(
+            "m",
+            serde_json::from_value(json!({
             "source": {"providerRef": {"name": "p"}, "vm": {"name": "x"}},
-            "target": {"networks": networks}, "staging": {"url": "s3://b/p"}})).unwrap())
+            "target": {"networks": networks}, "staging": {"url": "s3://b/p"}}))
+            .unwrap(),
+        )
     }
 
     fn source() -> SourceVmStatus {
         SourceVmStatus {
             name: "x".into(),
-            disks: vec![SourceDisk { file: "[ds] x/x.vmdk".into(), capacity_bytes: 1 << 20,
-                backing: Some("VirtualDiskFlatVer2BackingInfo".into()), ..Default::default() }],
-            nics: vec![SourceNic { mac: "m".into(), network: "VM Network".into(), model: None }],
+            disks: vec![SourceDisk {
+                file: "[ds] x/x.vmdk".into(),
+                capacity_bytes: 1 << 20,
+                backing: Some("VirtualDiskFlatVer2BackingInfo".into()),
+                ..Default::default()
+            }],
+            nics: vec![SourceNic {
+                mac: "m".into(),
+                network: "VM Network".into(),
+                model: None,
+            }],
             ..Default::default()
         }
     }
@@ -193,12 +231,33 @@ mod tests {
 
     #[test]
     fn every_nic_must_be_mapped_and_only_one_on_the_pod_network() {
-        assert_eq!(reason(check_source(&vmm(json!([])), &source())), "NetworkNotMapped");
-        assert!(check_source(&vmm(json!([{"source": "VM Network", "pod": {}}])), &source()).is_ok());
-        assert!(check_source(&vmm(json!([{"source": "VM Network", "ignored": {}}])), &source()).is_ok());
+        assert_eq!(
+            reason(check_source(&vmm(json!([])), &source())),
+            "NetworkNotMapped"
+        );
+        assert!(
+            check_source(
+                &vmm(json!([{"source": "VM Network", "pod": {}}])),
+                &source()
+            )
+            .is_ok()
+        );
+        assert!(
+            check_source(
+                &vmm(json!([{"source": "VM Network", "ignored": {}}])),
+                &source()
+            )
+            .is_ok()
+        );
         let mut two = source();
         two.nics.push(two.nics[0].clone());
-        assert_eq!(reason(check_source(&vmm(json!([{"source": "VM Network", "pod": {}}])), &two)), "MultiplePodNetworkNICs");
+        assert_eq!(
+            reason(check_source(
+                &vmm(json!([{"source": "VM Network", "pod": {}}])),
+                &two
+            )),
+            "MultiplePodNetworkNICs"
+        );
     }
 
     #[test]

@@ -14,11 +14,10 @@ use crate::error::{Failure, Result};
 
 pub async fn run(step: &mut Step<'_>) -> Result<Next> {
     let ns = step.vmm.namespace().unwrap_or_default();
-    let source = step
-        .status
-        .source
-        .clone()
-        .ok_or_else(|| Failure::transient("SourceNotDiscovered", "discovery recorded no source"))?;
+    let source =
+        step.status.source.clone().ok_or_else(|| {
+            Failure::transient("SourceNotDiscovered", "discovery recorded no source")
+        })?;
     let desired = build::vm::virtual_machine(step.vmm, &source);
     let name = desired.name_any();
     let vms = Api::<DynamicObject>::namespaced_with(step.ctx.client.clone(), &ns, &vm_resource());
@@ -28,18 +27,29 @@ pub async fn run(step: &mut Step<'_>) -> Result<Next> {
             Err(kube::Error::Api(s)) if s.code == 409 => {}
             Err(e) => return Err(e.into()),
         }
-        return Ok(Next::wait("VMCreated", format!("VirtualMachine {name} created"), Duration::ZERO));
+        return Ok(Next::wait(
+            "VMCreated",
+            format!("VirtualMachine {name} created"),
+            Duration::ZERO,
+        ));
     };
     if observed.labels().get(children::UID_LABEL) != Some(&children::uid(step.vmm)) {
         return Err(Failure::fixable(
             "TargetVMExists",
-            format!("VirtualMachine {ns}/{name} exists and is not this migration's; delete or rename it"),
+            format!(
+                "VirtualMachine {ns}/{name} exists and is not this migration's; delete or rename it"
+            ),
         ));
     }
     if !ferry_kube::apply::is_subset(build::vm::shape(&desired), build::vm::shape(&observed)) {
         let patch = serde_json::json!({"spec": {"template": build::vm::shape(&desired)}});
-        vms.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await?;
-        return Ok(Next::wait("VMUpdated", format!("VirtualMachine {name} brought back to the source's shape"), Duration::ZERO));
+        vms.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await?;
+        return Ok(Next::wait(
+            "VMUpdated",
+            format!("VirtualMachine {name} brought back to the source's shape"),
+            Duration::ZERO,
+        ));
     }
     Ok(Next::advance(
         Phase::Starting,
@@ -49,7 +59,9 @@ pub async fn run(step: &mut Step<'_>) -> Result<Next> {
             source.cpus,
             source.memory_mib,
             source.disks.len(),
-            desired.data["spec"]["template"]["spec"]["networks"].as_array().map_or(0, Vec::len)
+            desired.data["spec"]["template"]["spec"]["networks"]
+                .as_array()
+                .map_or(0, Vec::len)
         ),
     ))
 }

@@ -26,7 +26,10 @@ pub async fn take(
             return Ok(false);
         };
         let data = switch.data.get_or_insert_default();
-        let left: u32 = data.get(key).and_then(|v| v.trim().parse().ok()).unwrap_or(0);
+        let left: u32 = data
+            .get(key)
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0);
         let selected = match data.get(FAIL_PODS_SELECTOR).filter(|_| key == FAIL_PODS) {
             Some(selector) => selector
                 .split_once('=')
@@ -37,7 +40,10 @@ pub async fn take(
             return Ok(false);
         }
         data.insert(key.to_string(), (left - 1).to_string());
-        match api.replace(CONFIGMAP, &PostParams::default(), &switch).await {
+        match api
+            .replace(CONFIGMAP, &PostParams::default(), &switch)
+            .await
+        {
             Ok(_) => return Ok(true),
             Err(kube::Error::Api(s)) if s.code == 409 => continue,
             Err(e) => return Err(e),
