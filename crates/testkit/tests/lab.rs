@@ -99,7 +99,17 @@ async fn up_twice_starts_no_second_copy_and_down_leaves_nothing() {
     );
 
     let report = ferry_lab::down(&dir).unwrap();
-    assert_eq!(report.stopped.len(), 4, "{:?}", report.stopped);
+    assert_eq!(
+        report.stopped,
+        [
+            "minio",
+            "vcsim",
+            "kube-controller-manager",
+            "kube-apiserver",
+            "etcd"
+        ],
+        "every component, newest first"
+    );
     assert!(ferry_testkit::processes_mentioning(&dir).is_empty());
     for port in &state.ports {
         assert!(
