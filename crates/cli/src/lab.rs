@@ -19,6 +19,14 @@ enum LabCommand {
     Up(DirArg),
     /// Stop every lab process and check that its ports are closed.
     Down(DirArg),
+    /// Bring the lab up if needed, migrate demo VMs with live progress, and print a summary.
+    Demo {
+        #[command(flatten)]
+        dir: DirArg,
+        /// Source VMs to migrate (repeat the flag); default: the single-disk and the three-disk demo VM.
+        #[arg(long = "vm")]
+        vms: Vec<String>,
+    },
     /// Say whether the lab runs, and where.
     Status(DirArg),
     /// Run one stand-in (node, cdi or kubevirt) against the lab in DIR; `ferry lab up` starts them.
@@ -41,24 +49,18 @@ enum LabCommand {
 }
 
 #[derive(Args)]
-struct DirArg {
+pub struct DirArg {
     /// The lab's directory: state, logs, certificates and kubeconfig live here.
     #[arg(long, default_value = ".lab", env = "FERRY_LAB_DIR")]
-    dir: PathBuf,
+    pub dir: PathBuf,
 }
 
 pub async fn run(args: LabArgs) -> Result<()> {
     match args.command {
+        LabCommand::Demo { dir, vms } => crate::demo::run(dir.dir, vms).await,
         LabCommand::Up(DirArg { dir }) => {
             let started = Instant::now();
-            let options = LabOptions {
-                dir,
-                tools: ferry_lab::tools::bin_dir()?,
-                lifetime: Lifetime::Detached,
-                standins: Some(std::env::current_exe()?),
-                demo_vms: true,
-            };
-            let outcome = ferry_lab::up(&options).await?;
+            let outcome = ferry_lab::up(&options(dir)?).await?;
             let verb = match outcome {
                 UpOutcome::Started(_) => "started",
                 UpOutcome::AlreadyRunning(_) => "already running",
@@ -111,7 +113,19 @@ pub async fn run(args: LabArgs) -> Result<()> {
     }
 }
 
-fn print_summary(state: &LabState) {
+/// The whole lab, as `up` and `demo` start it: stand-ins, demo VMs and the controller, outliving this command.
+pub fn options(dir: PathBuf) -> Result<LabOptions> {
+    Ok(LabOptions {
+        dir,
+        tools: ferry_lab::tools::bin_dir()?,
+        lifetime: Lifetime::Detached,
+        standins: Some(std::env::current_exe()?),
+        demo_vms: true,
+        controller: true,
+    })
+}
+
+pub fn print_summary(state: &LabState) {
     println!("  dir                      {}", state.dir.display());
     println!("  kube-apiserver           {}", state.api_url);
     if let Some(v) = &state.vcsim {

@@ -3,9 +3,11 @@
 mod bench;
 mod controller;
 mod convert;
+mod demo;
 mod inventory;
 mod lab;
 mod verify;
+mod views;
 
 use clap::{Parser, Subcommand};
 
@@ -30,6 +32,12 @@ enum Command {
     Convert(convert::ConvertArgs),
     /// Prove an imported disk holds the source's bytes (the verification Job's entrypoint).
     Verify(verify::VerifyArgs),
+    /// List migrations: phase, progress, target, age and reason.
+    Get(views::get::GetArgs),
+    /// Show one migration: its spec, checkpoints, conditions, disks, Events, and what to do when it stopped.
+    Describe(views::describe::DescribeArgs),
+    /// Follow migrations live: progress bars per migration and disk, throughput and ETA.
+    Watch(views::watch::WatchArgs),
     /// List the VMs of a vSphere endpoint, or describe one, as Ferry sees them.
     Inventory(inventory::InventoryArgs),
 }
@@ -63,6 +71,9 @@ async fn run() -> anyhow::Result<()> {
         Command::Controller(args) => controller::run(args).await,
         Command::Lab(args) => lab::run(args).await,
         Command::Inventory(args) => inventory::run(args).await,
+        Command::Get(args) => views::get::run(args).await,
+        Command::Describe(args) => views::describe::run(args).await,
+        Command::Watch(args) => views::watch::run(args).await,
         Command::Convert(args) => convert::run(args).await,
         Command::Verify(args) => verify::run(args).await,
         Command::Bench(args) => bench::run(args).await,

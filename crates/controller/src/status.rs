@@ -62,7 +62,7 @@ pub fn enter(status: &mut Status, phase: Phase, generation: Option<i64>, now: &T
     if !status.checkpoints.iter().any(|c| c.phase == phase) {
         status.checkpoints.push(CheckpointTime {
             phase,
-            entered: now.clone(),
+            entered: k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(now.0),
         });
     }
     if let Some(retry) = &mut status.retry {
@@ -215,27 +215,36 @@ pub fn exhausted(failure: &Failure, budget: i32) -> Failure {
     }
 }
 
-/// `42% (27 MiB of 64 MiB)`: converted bytes count half, imported bytes the other half.
-pub fn progress(status: &Status) -> Option<String> {
+/// How far one disk is, from 0 to 1: converted counts half, imported (and verified) the other half.
+pub fn disk_fraction(d: &ferry_api::DiskStatus) -> f64 {
+    let converted = if d.sha256.is_some() { 0.5 } else { 0.0 };
+    let imported = d
+        .progress
+        .as_deref()
+        .and_then(|p| p.trim_end_matches('%').parse::<f64>().ok())
+        .unwrap_or(0.0)
+        / 200.0;
+    let imported = if d.verified { 0.5 } else { imported.min(0.5) };
+    converted + imported
+}
+
+/// Bytes done (by [`disk_fraction`]) and the total capacity of the disks.
+pub fn progress_bytes(status: &Status) -> (f64, i64) {
     let total: i64 = status.disks.iter().map(|d| d.capacity_bytes).sum();
+    let done = status
+        .disks
+        .iter()
+        .map(|d| disk_fraction(d) * d.capacity_bytes as f64)
+        .sum();
+    (done, total)
+}
+
+/// `42% (27 MiB of 64 MiB)`.
+pub fn progress(status: &Status) -> Option<String> {
+    let (done, total) = progress_bytes(status);
     if total == 0 {
         return None;
     }
-    let done: f64 = status
-        .disks
-        .iter()
-        .map(|d| {
-            let converted = if d.sha256.is_some() { 0.5 } else { 0.0 };
-            let imported = d
-                .progress
-                .as_deref()
-                .and_then(|p| p.trim_end_matches('%').parse::<f64>().ok())
-                .unwrap_or(0.0)
-                / 200.0;
-            let imported = if d.verified { 0.5 } else { imported.min(0.5) };
-            (converted + imported) * d.capacity_bytes as f64
-        })
-        .sum();
     let percent = (done * 100.0 / total as f64).floor() as i64;
     Some(format!(
         "{percent}% ({} MiB of {} MiB)",

@@ -28,6 +28,10 @@ impl Ports {
         }
         Ok(Self([first, second]))
     }
+
+    pub fn first(&self) -> u16 {
+        self.0[0]
+    }
 }
 
 /// A process to start, the ports it will own, and its readiness probe.
@@ -175,6 +179,8 @@ impl Context {
                     format!("--authentication-kubeconfig={kubeconfig}"),
                     format!("--authorization-kubeconfig={kubeconfig}"),
                     format!("--controllers={KCM_CONTROLLERS}"),
+                    // Volumes bind within a second, not at the default 15 s resync.
+                    "--pvclaimbinder-sync-period=1s".into(),
                     "--leader-elect=false".into(),
                     "--use-service-account-credentials=false".into(),
                     "--bind-address=127.0.0.1".into(),

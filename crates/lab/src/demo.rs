@@ -8,6 +8,12 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use ferry_vsphere::inventory::{self, VmSelector};
 use ferry_vsphere::{Session, seed};
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::{Patch, PatchParams};
+use kube::{Api, Client};
+use serde_json::{Value, json};
+
+use crate::LabState;
 
 use crate::standins::kubevirt::READY_MARKER;
 use crate::vcsim::VcsimEndpoint;
@@ -60,4 +66,93 @@ pub async fn seed_demo_vms(endpoint: &VcsimEndpoint, dir: &Path) -> Result<()> {
     }
     session.logout().await;
     Ok(())
+}
+
+pub const PROVIDER: &str = "vcsim";
+pub const VSPHERE_SECRET: &str = "vcsim-credentials";
+pub const STAGING_SECRET: &str = "staging-credentials";
+/// vcsim's VMs sit on the distributed port group; its standalone-host model calls it "VM Network".
+pub const SOURCE_NETWORKS: [&str; 2] = ["DC0_DVPG0", "VM Network"];
+
+/// The Provider for the lab's vcsim, its credentials Secret, and the staging Secret, in `ns`.
+pub async fn create_provider(client: &Client, state: &LabState, ns: &str) -> Result<()> {
+    let vcsim = state.vcsim.as_ref().context("the lab has no vcsim")?;
+    let staging = state
+        .staging
+        .as_ref()
+        .context("the lab has no staging store")?;
+    let password = std::fs::read_to_string(&vcsim.password_file)?;
+    apply_secret(
+        client,
+        ns,
+        VSPHERE_SECRET,
+        json!({"user": vcsim.username, "password": password.trim()}),
+    )
+    .await?;
+    apply_secret(client, ns, STAGING_SECRET, json!(staging.secret_data()?)).await?;
+    let ca = std::fs::read_to_string(&vcsim.ca_file)?;
+    apply(client, ns, json!({
+        "apiVersion": "migration.platform.example/v1alpha1", "kind": "Provider",
+        "metadata": {"name": PROVIDER, "namespace": ns},
+        "spec": {"type": "vsphere", "url": vcsim.url, "secretRef": {"name": VSPHERE_SECRET}, "tls": {"caBundle": ca}},
+    }))
+    .await
+}
+
+pub async fn apply_secret(client: &Client, ns: &str, name: &str, data: Value) -> Result<()> {
+    let secret: Secret = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Secret", "metadata": {"name": name, "namespace": ns}, "stringData": data,
+    }))?;
+    Api::<Secret>::namespaced(client.clone(), ns)
+        .patch(
+            name,
+            &PatchParams::apply("ferry-test").force(),
+            &Patch::Apply(&secret),
+        )
+        .await?;
+    Ok(())
+}
+
+/// Server-side applies any manifest with apiVersion, kind and metadata.name.
+pub async fn apply(client: &Client, ns: &str, manifest: Value) -> Result<()> {
+    let (group_version, kind) = (
+        manifest["apiVersion"].as_str().unwrap_or_default(),
+        manifest["kind"].as_str().unwrap_or_default(),
+    );
+    let (group, version) = group_version
+        .rsplit_once('/')
+        .unwrap_or(("", group_version));
+    let resource =
+        kube::core::ApiResource::from_gvk(&kube::core::GroupVersionKind::gvk(group, version, kind));
+    let api = Api::<kube::api::DynamicObject>::namespaced_with(client.clone(), ns, &resource);
+    let name = manifest["metadata"]["name"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    api.patch(
+        &name,
+        &PatchParams::apply("ferry-test").force(),
+        &Patch::Apply(&manifest),
+    )
+    .await
+    .with_context(|| format!("applying {kind} {ns}/{name}"))?;
+    Ok(())
+}
+
+/// A migration of the lab VM `vm` with every vcsim network on the pod network, staged in the lab's MinIO.
+pub fn migration(state: &LabState, ns: &str, name: &str, vm: &str) -> Value {
+    let staging = state.staging.clone().expect("the lab has a staging store");
+    let networks: Vec<Value> = SOURCE_NETWORKS
+        .iter()
+        .map(|n| json!({"source": n, "pod": {}}))
+        .collect();
+    json!({
+        "apiVersion": "migration.platform.example/v1alpha1", "kind": "VirtualMachineMigration",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {
+            "source": {"providerRef": {"name": PROVIDER}, "vm": {"name": vm}, "restorePowerState": true},
+            "target": {"networks": networks},
+            "staging": {"url": staging.url("migrations"), "endpoint": staging.endpoint, "secretRef": {"name": STAGING_SECRET}},
+        },
+    })
 }

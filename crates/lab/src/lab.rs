@@ -29,6 +29,9 @@ pub struct LabOptions {
     pub standins: Option<PathBuf>,
     /// Replace the empty disks of vcsim's demo VMs with bootable VMDKs.
     pub demo_vms: bool,
+    /// Run Ferry's controller (the `standins` binary) as the deploy/ ServiceAccount. Tests that run their own
+    /// leave it out.
+    pub controller: bool,
 }
 
 /// The stand-ins `ferry lab up` starts, each a process of its own: `ferry lab standin <name> --dir DIR`.
@@ -47,6 +50,9 @@ pub struct LabState {
     /// The S3 staging store (MinIO) migrations stage converted disks in.
     #[serde(default)]
     pub staging: Option<StagingEndpoint>,
+    /// `http://127.0.0.1:PORT` of the controller's /metrics, /healthz and /readyz, when the lab runs it.
+    #[serde(default)]
+    pub controller: Option<String>,
     pub ports: Vec<u16>,
     pub processes: Vec<ProcessRecord>,
 }
@@ -60,6 +66,7 @@ impl LabState {
             api_url: String::new(),
             vcsim: None,
             staging: None,
+            controller: None,
             ports: Vec::new(),
             processes: Vec::new(),
         }
@@ -204,6 +211,21 @@ async fn start_all(state: &mut LabState, options: &LabOptions) -> Result<()> {
     if let Some(ferry) = &options.standins {
         for name in STANDINS {
             start_component(state, lifetime, |_| Ok(standin(ferry, &dir, name))).await?;
+        }
+        if options.controller {
+            crate::controller::apply_rbac(&state.tools, &state.kubeconfig)?;
+            let kubeconfig = crate::controller::kubeconfig(&dir, &state.api_url)?;
+            let ready = start_component(state, lifetime, |ports| {
+                Ok(crate::controller::component(
+                    ferry,
+                    &kubeconfig,
+                    ports.first(),
+                    "ferry-lab",
+                ))
+            })
+            .await?;
+            state.controller = ready.url;
+            state.save()?;
         }
     }
     Ok(())

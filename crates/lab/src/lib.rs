@@ -1,9 +1,10 @@
-//! Ferry's lab: the real Kubernetes control plane (etcd, kube-apiserver, kube-controller-manager) and vcsim,
-//! started as supervised local processes. Later the stand-ins for what a cluster provides join it.
+//! Ferry's lab: the real Kubernetes control plane (etcd, kube-apiserver, kube-controller-manager), vcsim, MinIO,
+//! the stand-ins for what a cluster provides, and Ferry's controller, as supervised local processes.
 
 pub mod bench;
 pub mod bootdisk;
 pub mod components;
+pub mod controller;
 pub mod crds;
 pub mod demo;
 pub mod disks;

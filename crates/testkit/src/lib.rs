@@ -62,6 +62,7 @@ impl TestLab {
             tools: ferry_lab::tools::bin_dir()?,
             lifetime: Lifetime::TiedToThisProcess,
             demo_vms: standins.is_some(),
+            controller: false,
             standins,
         };
         match ferry_lab::up(&options).await {

@@ -88,6 +88,7 @@ async fn up_twice_starts_no_second_copy_and_down_leaves_nothing() {
         lifetime: ferry_lab::Lifetime::TiedToThisProcess,
         standins: None,
         demo_vms: false,
+        controller: false,
     })
     .await
     .unwrap();

@@ -1,6 +1,6 @@
 //! The observed state of a migration. Written only by the controller, through the status subresource.
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, MicroTime, Time};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -133,7 +133,8 @@ pub struct VirtualMachineMigrationStatus {
 #[serde(rename_all = "camelCase")]
 pub struct CheckpointTime {
     pub phase: Phase,
-    pub entered: Time,
+    /// Microseconds: most checkpoints of a small VM take less than a second.
+    pub entered: MicroTime,
 }
 
 #[derive(Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]

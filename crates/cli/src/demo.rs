@@ -1,0 +1,209 @@
+//! `ferry lab demo`: the lab up, the controller running as in a cluster, one migration per demo VM followed
+//! live, and a summary of what happened to each.
+
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use ferry_api::{Phase, VirtualMachineMigration};
+use k8s_openapi::api::core::v1::Namespace;
+use kube::api::{DeleteParams, DynamicObject, PostParams};
+use kube::{Api, ResourceExt};
+
+use crate::views::{bytes, phase_name};
+
+pub const NAMESPACE: &str = "ferry-demo";
+const DEFAULT_VMS: [&str; 2] = ["DC0_H0_VM0", "DC0_H0_VM1"];
+
+pub async fn run(dir: PathBuf, vms: Vec<String>) -> Result<()> {
+    let started = Instant::now();
+    let vms = if vms.is_empty() {
+        DEFAULT_VMS.map(String::from).to_vec()
+    } else {
+        vms
+    };
+    println!(
+        "starting the lab in {} (first run: about 10 s) ...",
+        dir.display()
+    );
+    let state = ferry_lab::up(&crate::lab::options(dir)?)
+        .await?
+        .into_state();
+    println!(
+        "lab ready after {:.1}s: kube-apiserver {}, vcsim {}, ferry controller {}",
+        started.elapsed().as_secs_f64(),
+        state.api_url,
+        state.vcsim.as_ref().map_or("-", |v| v.url.as_str()),
+        state.controller.as_deref().unwrap_or("-")
+    );
+    let client = state.client().await?;
+    fresh_namespace(&client).await?;
+    power_on_sources(&state, &vms).await?;
+    ferry_lab::demo::create_provider(&client, &state, NAMESPACE).await?;
+    for vm in &vms {
+        let name = migration_name(vm);
+        ferry_lab::demo::apply(
+            &client,
+            NAMESPACE,
+            ferry_lab::demo::migration(&state, NAMESPACE, &name, vm),
+        )
+        .await?;
+        println!("created migration {NAMESPACE}/{name} for {vm}");
+    }
+    println!(
+        "following them (elsewhere: . {}/env && ferry watch -n {NAMESPACE})\n",
+        state.dir.display()
+    );
+    let api: Api<VirtualMachineMigration> = Api::namespaced(client.clone(), NAMESPACE);
+    let watch =
+        crate::views::watch::follow(api.clone(), None, true, std::io::stdout().is_terminal());
+    tokio::time::timeout(Duration::from_secs(1800), watch)
+        .await
+        .context("the demo migrations did not end within 30 minutes")??;
+
+    println!("\nSummary (total {:.1}s):", started.elapsed().as_secs_f64());
+    let mut failed = vec![];
+    for vm in &vms {
+        let name = migration_name(vm);
+        let m = api.get(&name).await?;
+        print!("{}", summary(&client, vm, &m).await);
+        if m.status.as_ref().and_then(|s| s.phase) != Some(Phase::Succeeded) {
+            failed.push(name);
+        }
+    }
+    println!(
+        "\nlook closer:  . {}/env && ferry get -n {NAMESPACE} && ferry describe -n {NAMESPACE} {}",
+        state.dir.display(),
+        migration_name(&vms[0])
+    );
+    println!("stop the lab: ferry lab down --dir {}", state.dir.display());
+    anyhow::ensure!(
+        failed.is_empty(),
+        "not every migration succeeded: {}; see `ferry describe -n {NAMESPACE} NAME`",
+        failed.join(", ")
+    );
+    Ok(())
+}
+
+pub fn migration_name(vm: &str) -> String {
+    vm.to_lowercase().replace('_', "-")
+}
+
+/// The demo starts over in an empty namespace: the previous demo's VMs and migrations go with the old one.
+async fn fresh_namespace(client: &kube::Client) -> Result<()> {
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    if namespaces.get_opt(NAMESPACE).await?.is_some() {
+        println!("removing the previous demo (namespace {NAMESPACE}) ...");
+        let _ = namespaces
+            .delete(NAMESPACE, &DeleteParams::background())
+            .await;
+        let deadline = Instant::now() + Duration::from_secs(180);
+        while namespaces.get_opt(NAMESPACE).await?.is_some() {
+            anyhow::ensure!(
+                Instant::now() < deadline,
+                "namespace {NAMESPACE} is still being deleted after 3 minutes"
+            );
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+    let ns: Namespace =
+        serde_json::from_value(serde_json::json!({"metadata": {"name": NAMESPACE}}))?;
+    namespaces.create(&PostParams::default(), &ns).await?;
+    Ok(())
+}
+
+/// A previous demo left its sources powered off; the demo shows them being shut down, so they start running.
+async fn power_on_sources(state: &ferry_lab::LabState, vms: &[String]) -> Result<()> {
+    let vcsim = state.vcsim.as_ref().context("the lab has no vcsim")?;
+    let session =
+        ferry_vsphere::Session::connect(vcsim.connect_config(Duration::from_secs(60))?).await?;
+    for vm in vms {
+        let moref = ferry_vsphere::inventory::find_vm(
+            &session,
+            &ferry_vsphere::VmSelector::Name(vm.clone()),
+        )
+        .await
+        .with_context(|| {
+            format!("{vm} is not in the lab's vcsim (`ferry inventory` lists its VMs)")
+        })?;
+        ferry_vsphere::power::power_on(&session, &moref, Duration::from_secs(60)).await?;
+    }
+    session.logout().await;
+    Ok(())
+}
+
+async fn summary(client: &kube::Client, vm: &str, m: &VirtualMachineMigration) -> String {
+    let status = m.status.clone().unwrap_or_default();
+    let start = status.checkpoints.first().map(|c| c.entered.0);
+    let end = status
+        .checkpoints
+        .iter()
+        .find(|c| c.phase == Phase::Succeeded)
+        .map(|c| c.entered.0)
+        .or(status.completion_time.as_ref().map(|t| t.0));
+    let took = match (start, end) {
+        (Some(s), Some(e)) => e.duration_since(s).as_secs_f64(),
+        _ => 0.0,
+    };
+    let mut out = format!(
+        "{vm} -> {}/{}: {} in {took:.1}s{}\n",
+        NAMESPACE,
+        status.target_vm.clone().unwrap_or_else(|| m.name_any()),
+        phase_name(status.phase),
+        status
+            .reason
+            .as_ref()
+            .filter(|_| status.phase != Some(Phase::Succeeded))
+            .map(|r| format!(" ({r}: {})", status.message.clone().unwrap_or_default()))
+            .unwrap_or_default()
+    );
+    if let Some(s) = start {
+        let times: Vec<String> = status
+            .checkpoints
+            .iter()
+            .map(|c| {
+                format!(
+                    "{} +{:.1}s",
+                    phase_name(Some(c.phase)),
+                    c.entered.0.duration_since(s).as_secs_f64()
+                )
+            })
+            .collect();
+        out.push_str(&format!("  checkpoints: {}\n", times.join(", ")));
+    }
+    let moved: i64 = status.disks.iter().map(|d| d.bytes_moved).sum();
+    let rate = if took > 0.0 { moved as f64 / took } else { 0.0 };
+    out.push_str(&format!(
+        "  moved {} from {} disk(s), {}/s end to end\n",
+        bytes(moved as f64),
+        status.disks.len(),
+        bytes(rate)
+    ));
+    let verified = status.disks.iter().filter(|d| d.verified).count();
+    out.push_str(&format!(
+        "  checksum: {verified} of {} disk(s) read back from their volumes with the source's sha256{}\n",
+        status.disks.len(),
+        if verified == status.disks.len() && verified > 0 { " (match)" } else { "" }
+    ));
+    let vmis = Api::<DynamicObject>::namespaced_with(
+        client.clone(),
+        NAMESPACE,
+        &ferry_controller::build::vmi_resource(),
+    );
+    let marker = match vmis
+        .get_opt(&status.target_vm.clone().unwrap_or_default())
+        .await
+    {
+        Ok(Some(vmi)) => vmi
+            .annotations()
+            .get(ferry_lab::standins::kubevirt::MARKER_ANNOTATION)
+            .cloned(),
+        _ => None,
+    };
+    out.push_str(&match marker {
+        Some(line) => format!("  guest: {line:?} on the migrated VM's serial console\n"),
+        None => "  guest: no marker seen\n".to_string(),
+    });
+    out
+}

@@ -1,0 +1,319 @@
+//! `ferry describe NAME`: what was asked, where it stands, what happened, and what to do when it stopped.
+
+use anyhow::{Context, Result};
+use clap::Args;
+use ferry_api::{ErrorClass, Phase, VirtualMachineMigration};
+use k8s_openapi::api::core::v1::Event;
+use k8s_openapi::jiff::Timestamp;
+use kube::ResourceExt;
+use kube::api::ListParams;
+
+use super::{Scope, age, bytes, phase_name, table};
+
+#[derive(Args)]
+pub struct DescribeArgs {
+    /// The migration.
+    name: String,
+    #[command(flatten)]
+    scope: Scope,
+}
+
+pub async fn run(args: DescribeArgs) -> Result<()> {
+    let (client, namespace) = args.scope.client().await?;
+    let api: kube::Api<VirtualMachineMigration> = kube::Api::namespaced(client.clone(), &namespace);
+    let vmm = api
+        .get_opt(&args.name)
+        .await?
+        .with_context(|| format!("no migration {} in namespace {namespace}", args.name))?;
+    let events: kube::Api<Event> = kube::Api::namespaced(client, &namespace);
+    let selector = format!("involvedObject.uid={}", vmm.uid().unwrap_or_default());
+    let mut events = events
+        .list(&ListParams::default().fields(&selector))
+        .await?
+        .items;
+    events.sort_by_key(event_time);
+    print!("{}", render(&vmm, &events, Timestamp::now()));
+    Ok(())
+}
+
+fn event_time(e: &Event) -> Timestamp {
+    e.event_time
+        .as_ref()
+        .map(|t| t.0)
+        .or(e.last_timestamp.as_ref().map(|t| t.0))
+        .or(e.first_timestamp.as_ref().map(|t| t.0))
+        .or(e.metadata.creation_timestamp.as_ref().map(|t| t.0))
+        .unwrap_or(Timestamp::UNIX_EPOCH)
+}
+
+pub fn render(vmm: &VirtualMachineMigration, events: &[Event], now: Timestamp) -> String {
+    let spec = &vmm.spec;
+    let status = vmm.status.clone().unwrap_or_default();
+    let mut out = String::new();
+    let line =
+        |out: &mut String, key: &str, value: String| out.push_str(&format!("{key:<12}{value}\n"));
+    line(
+        &mut out,
+        "Name:",
+        format!("{}/{}", vmm.namespace().unwrap_or_default(), vmm.name_any()),
+    );
+    let vm = &spec.source.vm;
+    let selector = vm
+        .name
+        .clone()
+        .or(vm.inventory_path.clone())
+        .or(vm.uuid.clone())
+        .or(vm.moref.clone())
+        .unwrap_or_default();
+    line(
+        &mut out,
+        "Source:",
+        format!(
+            "{selector} via Provider {} (power off: {:?}{}){}",
+            spec.source.provider_ref.name,
+            spec.source.power_off.mode,
+            if spec.source.restore_power_state {
+                ", restored if cancelled or failed"
+            } else {
+                ""
+            },
+            status
+                .source
+                .as_ref()
+                .map(|s| format!(", {} {} vCPU {} MiB", s.moref, s.cpus, s.memory_mib))
+                .unwrap_or_default()
+        ),
+    );
+    let networks: Vec<String> = spec
+        .target
+        .networks
+        .iter()
+        .map(|n| {
+            let to = match (&n.pod, &n.multus) {
+                (Some(_), _) => "pod".to_string(),
+                (_, Some(m)) => format!("multus {}", m.network_name),
+                _ => "ignored".to_string(),
+            };
+            format!("{} -> {to}", n.source)
+        })
+        .collect();
+    line(
+        &mut out,
+        "Target:",
+        format!(
+            "VM {} ({:?}, {:?} volumes, StorageClass {}), networks: {}",
+            spec.target.name.clone().unwrap_or_else(|| vmm.name_any()),
+            spec.target.run_strategy,
+            spec.target.volume_mode,
+            spec.target
+                .storage_class_name
+                .clone()
+                .unwrap_or_else(|| "default".into()),
+            if networks.is_empty() {
+                "none".into()
+            } else {
+                networks.join(", ")
+            }
+        ),
+    );
+    line(
+        &mut out,
+        "Staging:",
+        format!("{} ({:?})", spec.staging.url, spec.conversion.format),
+    );
+    line(
+        &mut out,
+        "Phase:",
+        format!(
+            "{}  {}",
+            phase_name(status.phase),
+            status.reason.clone().unwrap_or_default()
+        ),
+    );
+    if let Some(message) = &status.message {
+        line(&mut out, "Message:", message.clone());
+    }
+    line(
+        &mut out,
+        "Progress:",
+        status.progress.clone().unwrap_or_else(|| "-".into()),
+    );
+
+    if !status.checkpoints.is_empty() {
+        out.push_str("\nCheckpoints:\n");
+        let start = status.checkpoints[0].entered.0;
+        let mut rows = vec![vec![
+            "  PHASE".to_string(),
+            "ENTERED".into(),
+            "AFTER START".into(),
+        ]];
+        for c in &status.checkpoints {
+            rows.push(vec![
+                format!("  {}", phase_name(Some(c.phase))),
+                c.entered.0.strftime("%H:%M:%S%.3f").to_string(),
+                format!("+{:.1}s", c.entered.0.duration_since(start).as_secs_f64()),
+            ]);
+        }
+        if let Some(end) = &status.completion_time {
+            rows.push(vec![
+                "  (ended)".into(),
+                end.0.strftime("%H:%M:%S").to_string(),
+                // Whole seconds (metav1.Time) against microseconds: never before the start.
+                format!(
+                    "+{:.1}s",
+                    end.0.duration_since(start).as_secs_f64().max(0.0)
+                ),
+            ]);
+        }
+        out.push_str(&table(&rows));
+    }
+    if !status.conditions.is_empty() {
+        out.push_str("\nConditions:\n");
+        let mut rows = vec![vec![
+            "  TYPE".to_string(),
+            "STATUS".into(),
+            "REASON".into(),
+            "AGE".into(),
+            "MESSAGE".into(),
+        ]];
+        for c in &status.conditions {
+            rows.push(vec![
+                format!("  {}", c.type_),
+                c.status.clone(),
+                c.reason.clone(),
+                age(c.last_transition_time.0, now),
+                c.message.clone(),
+            ]);
+        }
+        out.push_str(&table(&rows));
+    }
+    if !status.disks.is_empty() {
+        out.push_str("\nDisks:\n");
+        let mut rows = vec![vec![
+            "  #".to_string(),
+            "SOURCE".into(),
+            "CAPACITY".into(),
+            "MOVED".into(),
+            "DATAVOLUME".into(),
+            "IMPORT".into(),
+            "SHA256".into(),
+            "VERIFIED".into(),
+        ]];
+        for d in &status.disks {
+            rows.push(vec![
+                format!("  {}", d.index),
+                d.source_file.clone(),
+                bytes(d.capacity_bytes as f64),
+                bytes(d.bytes_moved as f64),
+                d.data_volume.clone().unwrap_or_else(|| "-".into()),
+                d.progress.clone().unwrap_or_else(|| "-".into()),
+                d.sha256
+                    .as_ref()
+                    .map(|s| format!("{}…", &s[..s.len().min(12)]))
+                    .unwrap_or_else(|| "-".into()),
+                if d.verified {
+                    "yes".into()
+                } else {
+                    "no".into()
+                },
+            ]);
+        }
+        out.push_str(&table(&rows));
+    }
+    if let Some(retry) = &status.retry
+        && (retry.attempts > 0 || !retry.budget_used.is_empty())
+    {
+        let used: Vec<String> = retry
+            .budget_used
+            .iter()
+            .map(|b| format!("{} {}", phase_name(Some(b.phase)), b.used))
+            .collect();
+        out.push_str(&format!(
+            "\nRetries:    {} attempt(s) in this checkpoint; budget used: {} (of {} per step){}\n",
+            retry.attempts,
+            if used.is_empty() {
+                "none".into()
+            } else {
+                used.join(", ")
+            },
+            spec.retry.budget,
+            retry
+                .next_attempt_time
+                .as_ref()
+                .map(|t| format!("; next attempt at {}", t.0.strftime("%H:%M:%S")))
+                .unwrap_or_default()
+        ));
+    }
+    let stopped = matches!(
+        status.phase,
+        Some(Phase::Failed) | Some(Phase::ManualInterventionRequired)
+    );
+    if let (true, Some(error)) = (
+        stopped,
+        status.retry.as_ref().and_then(|r| r.last_error.as_ref()),
+    ) {
+        out.push_str("\nWhat went wrong:\n");
+        out.push_str(&format!(
+            "  Checkpoint: {}\n",
+            phase_name(Some(error.phase))
+        ));
+        out.push_str(&format!(
+            "  Error:      {:?} {}: {}\n",
+            error.class, error.reason, error.message
+        ));
+        out.push_str(&format!(
+            "  Next step:  {}\n",
+            next_step(&error.reason, error.class, status.phase, &vmm.name_any())
+        ));
+    }
+    out.push_str("\nEvents:\n");
+    if events.is_empty() {
+        out.push_str("  none\n");
+    } else {
+        let mut rows = vec![vec![
+            "  AGE".to_string(),
+            "TYPE".into(),
+            "REASON".into(),
+            "MESSAGE".into(),
+        ]];
+        for e in events.iter().rev().take(15).rev() {
+            rows.push(vec![
+                format!("  {}", age(event_time(e), now)),
+                e.type_.clone().unwrap_or_default(),
+                e.reason.clone().unwrap_or_default(),
+                e.message.clone().unwrap_or_default(),
+            ]);
+        }
+        out.push_str(&table(&rows));
+    }
+    out
+}
+
+/// What a person should do about a stopped migration.
+pub fn next_step(reason: &str, class: ErrorClass, phase: Option<Phase>, name: &str) -> String {
+    let resumes = phase == Some(Phase::ManualInterventionRequired);
+    let specific = match reason {
+        "LoginFailed" => "correct user and password in the Provider's Secret".to_string(),
+        "ThumbprintMismatch" => "check the endpoint's certificate; if it was replaced on purpose, update the Provider's spec.tls.thumbprint".into(),
+        "TLSVerificationFailed" => "set the Provider's spec.tls.caBundle to the CA that signs the endpoint, or pin its thumbprint".into(),
+        "SourceVMNotFound" | "SourceVMNameAmbiguous" => "run `ferry inventory` to find the VM, and select it by uuid or moref".into(),
+        "NetworkNotMapped" | "MultiplePodNetworkNICs" => "map every source network in spec.target.networks (pod, multus or ignored)".into(),
+        "StorageClassNotFound" | "NoDefaultStorageClass" => "create the StorageClass (or mark one as default)".into(),
+        "SecretNotFound" | "ProviderSecretNotFound" | "SecretKeyMissing" => "create the Secret with the keys the message names".into(),
+        "ProviderNotFound" => "create the Provider the migration names".into(),
+        "TargetVMExists" | "DataVolumeExists" => "delete or rename the object in the way".into(),
+        "SourcePoweredOn" => "shut the source VM down (powerOff.mode is RequireOff)".into(),
+        "SnapshotsPresent" => "delete or consolidate the VM's snapshots in vSphere".into(),
+        "Forbidden" => "grant the controller's ServiceAccount the permission (see deploy/rbac)".into(),
+        "GuestNotReady" => format!("open the VM's console (virtctl console {name}): the guest may lack drivers for its disk bus or network"),
+        _ => match class {
+            ErrorClass::BoundedRetryable => "the retry budget is spent: read the Events and the failed Job's or DataVolume's log, fix the cause".into(),
+            _ => "read the message above and fix its cause".into(),
+        },
+    };
+    if resumes {
+        format!("{specific}; the migration resumes by itself")
+    } else {
+        format!("{specific}, then delete this migration and create it again")
+    }
+}
