@@ -4,14 +4,11 @@ LAB_DIR ?= $(CURDIR)/.lab
 
 .PHONY: demo test lab-down lint
 
-## demo: start the local lab (real control plane, vSphere simulator, stand-ins) and show what it serves.
+## demo: start the local lab (real control plane, vSphere simulator, stand-ins, the controller) and migrate two
+## demo VMs with live progress; ends with a summary, non-zero if a migration failed.
 demo:
 	@tools=$$(hack/setup.sh) && cargo build --quiet --bin ferry && \
-	FERRY_TOOLS_BIN=$$tools ./target/debug/ferry lab up --dir $(LAB_DIR) && \
-	. $(LAB_DIR)/env && echo "kube-apiserver /readyz: $$(kubectl get --raw /readyz)" && \
-	kubectl get nodes && kubectl get crds && \
-	./target/debug/ferry inventory && ./target/debug/ferry inventory --vm DC0_H0_VM1 && \
-	echo "stop it with: ./target/debug/ferry lab down --dir $(LAB_DIR)"
+	FERRY_TOOLS_BIN=$$tools ./target/debug/ferry lab demo --dir $(LAB_DIR)
 
 ## test: formatting, lints, then every unit and integration test against real components.
 test: lint

@@ -136,6 +136,15 @@ pub fn print_summary(state: &LabState) {
             v.password_file.display()
         );
     }
+    if let Some(url) = &state.controller {
+        println!("  ferry controller         {url}/metrics, /healthz, /readyz");
+    }
+    if let Some(s) = &state.staging {
+        println!(
+            "  staging (S3, MinIO)      {} bucket {}",
+            s.endpoint, s.bucket
+        );
+    }
     for p in &state.processes {
         println!("  {:<24} pid {:<8} log {}", p.name, p.pid, p.log.display());
     }
