@@ -51,8 +51,10 @@ pub async fn run(dir: PathBuf, vms: Vec<String>) -> Result<()> {
         .await?;
         println!("created migration {NAMESPACE}/{name} for {vm}");
     }
+    // Hints name this binary as it was invoked (`./target/debug/ferry`, say), so they can be pasted.
+    let ferry = std::env::args().next().unwrap_or_else(|| "ferry".into());
     println!(
-        "following them (elsewhere: . {}/env && ferry watch -n {NAMESPACE})\n",
+        "following them (elsewhere: . {}/env && {ferry} watch -n {NAMESPACE})\n",
         state.dir.display()
     );
     let api: Api<VirtualMachineMigration> = Api::namespaced(client.clone(), NAMESPACE);
@@ -73,11 +75,14 @@ pub async fn run(dir: PathBuf, vms: Vec<String>) -> Result<()> {
         }
     }
     println!(
-        "\nlook closer:  . {}/env && ferry get -n {NAMESPACE} && ferry describe -n {NAMESPACE} {}",
+        "\nlook closer:  . {}/env && {ferry} get -n {NAMESPACE} && {ferry} describe -n {NAMESPACE} {}",
         state.dir.display(),
         migration_name(&vms[0])
     );
-    println!("stop the lab: ferry lab down --dir {}", state.dir.display());
+    println!(
+        "stop the lab: {ferry} lab down --dir {}",
+        state.dir.display()
+    );
     anyhow::ensure!(
         failed.is_empty(),
         "not every migration succeeded: {}; see `ferry describe -n {NAMESPACE} NAME`",
