@@ -405,3 +405,191 @@ async fn a_missing_storage_class_waits_for_a_person_then_resumes() {
             .all(|c| c.status == "True")
     );
 }
+
+#[tokio::test]
+async fn secrets_never_leak_and_the_controller_stays_within_its_permissions() {
+    let vm = "DC0_C0_RP0_VM0";
+    let _source = source_lock(vm).await;
+    set_source_power(vm, true).await;
+    let (client, ns) = setup("canary").await;
+    let lab = lab().await;
+    let state = lab.state();
+    // The real credentials are the canaries: random, long, and needed for the migration to work at all.
+    let password = std::fs::read_to_string(&state.vcsim.clone().unwrap().password_file)
+        .unwrap()
+        .trim()
+        .to_string();
+    let secret_key = std::fs::read_to_string(
+        state
+            .staging
+            .clone()
+            .unwrap()
+            .credentials_dir
+            .join("secretKey"),
+    )
+    .unwrap()
+    .trim()
+    .to_string();
+    assert!(password.len() >= 16 && secret_key.len() >= 16);
+
+    // Every pod spec the namespace ever shows, seen while the migration runs.
+    let pods = kube::Api::<k8s_openapi::api::core::v1::Pod>::namespaced(client.clone(), ns.name());
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(std::collections::BTreeMap::<
+        String,
+        String,
+    >::new()));
+    let node_dir = lab.dir().join("standin-node");
+    let poller = tokio::spawn({
+        let (pods, seen) = (pods.clone(), seen.clone());
+        async move {
+            loop {
+                if let Ok(list) = pods.list(&Default::default()).await {
+                    for pod in list.items {
+                        let text = serde_json::to_string(&pod).unwrap();
+                        seen.lock().unwrap().insert(pod.name_any(), text);
+                    }
+                }
+                // What the conversion and verification processes print (the node agent removes it with the pod).
+                for file in walk(&node_dir)
+                    .into_iter()
+                    .filter(|f| f.ends_with("container.log"))
+                {
+                    if let Ok(text) = std::fs::read_to_string(&file) {
+                        seen.lock()
+                            .unwrap()
+                            .insert(file.display().to_string(), text);
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    });
+    migration::apply(
+        &client,
+        ns.name(),
+        migration::migration(lab, ns.name(), "canary", vm),
+    )
+    .await
+    .unwrap();
+    let done = wait_for_phase(
+        &client,
+        ns.name(),
+        "canary",
+        Phase::Succeeded,
+        Duration::from_secs(300),
+    )
+    .await;
+    poller.abort();
+
+    let pod_specs = seen.lock().unwrap().clone();
+    assert!(
+        pod_specs.keys().filter(|k| !k.contains('/')).count() >= 2,
+        "the conversion and verification pods were seen: {:?}",
+        pod_specs.keys()
+    );
+    let mut places: Vec<(String, String)> = pod_specs.into_iter().collect();
+    let events =
+        kube::Api::<k8s_openapi::api::core::v1::Event>::namespaced(client.clone(), ns.name())
+            .list(&Default::default())
+            .await
+            .unwrap();
+    places.push(("events".into(), serde_json::to_string(&events).unwrap()));
+    places.push((
+        "the migration (status, annotations)".into(),
+        serde_json::to_string(&done).unwrap(),
+    ));
+    for (group, version, kind) in [
+        ("kubevirt.io", "v1", "VirtualMachine"),
+        ("cdi.kubevirt.io", "v1beta1", "DataVolume"),
+        ("", "v1", "PersistentVolumeClaim"),
+        ("", "v1", "ConfigMap"),
+        ("batch", "v1", "Job"),
+    ] {
+        let all = kube::Api::<DynamicObject>::namespaced_with(
+            client.clone(),
+            ns.name(),
+            &resource(group, version, kind),
+        )
+        .list(&Default::default())
+        .await
+        .unwrap();
+        places.push((kind.to_string(), serde_json::to_string(&all).unwrap()));
+    }
+    places.push((
+        "the controller's logs".into(),
+        controller().await.lock().await.logs(),
+    ));
+    assert!(
+        places.iter().any(|(p, _)| p.ends_with("container.log")),
+        "the Job processes' output was scanned"
+    );
+    // The restricted level really is enforced here: a pod that runs as root with privilege escalation is refused.
+    let root: k8s_openapi::api::core::v1::Pod = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "root"},
+        "spec": {"containers": [{"name": "c", "image": "ferry", "securityContext": {"allowPrivilegeEscalation": true}}]}}))
+    .unwrap();
+    let refused = pods.create(&Default::default(), &root).await.unwrap_err();
+    assert!(
+        refused.to_string().contains("violates PodSecurity"),
+        "{refused}"
+    );
+    for (place, text) in &places {
+        assert!(
+            !text.contains(&password),
+            "the vSphere password leaked into {place}"
+        );
+        assert!(
+            !text.contains(&secret_key),
+            "the staging secret key leaked into {place}"
+        );
+    }
+
+    // The audit log: the controller reads Secrets by name only, and never execs, escalates or binds.
+    let audit = lab.audit_requests_by(migration::SERVICE_ACCOUNT);
+    assert!(
+        audit
+            .iter()
+            .any(|r| r.resource == "secrets" && r.verb == "get"),
+        "it did read Secrets by name"
+    );
+    for r in &audit {
+        assert!(
+            !(r.resource == "secrets" && matches!(r.verb.as_str(), "list" | "watch")),
+            "listed Secrets: {}",
+            r.uri
+        );
+        assert!(
+            !["/exec", "/attach", "/portforward"]
+                .iter()
+                .any(|s| r.uri.contains(s)),
+            "pod exec: {}",
+            r.uri
+        );
+        assert!(
+            !matches!(r.verb.as_str(), "escalate" | "bind" | "impersonate"),
+            "{} {}",
+            r.verb,
+            r.uri
+        );
+        assert!(
+            !r.uri.contains("rbac.authorization.k8s.io") || !r.is_write(),
+            "an RBAC write: {}",
+            r.uri
+        );
+    }
+}
+
+fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut out = vec![];
+    if let Ok(entries) = std::fs::read_dir(dir) {
+        for entry in entries.flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                out.extend(walk(&path));
+            } else {
+                out.push(path);
+            }
+        }
+    }
+    out
+}

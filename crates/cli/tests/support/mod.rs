@@ -41,6 +41,16 @@ pub async fn setup(prefix: &str) -> (Client, ferry_testkit::TestNamespace) {
     controller().await;
     let ns = lab.namespace(prefix).await;
     let client = lab.client().await;
+    // Every pod Ferry creates must pass the restricted Pod Security level: the API server enforces it here.
+    let label = serde_json::json!({"metadata": {"labels": {"pod-security.kubernetes.io/enforce": "restricted"}}});
+    Api::<k8s_openapi::api::core::v1::Namespace>::all(client.clone())
+        .patch(
+            ns.name(),
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&label),
+        )
+        .await
+        .unwrap();
     ferry_testkit::migration::create_provider(&client, lab, ns.name())
         .await
         .unwrap();
