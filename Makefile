@@ -12,11 +12,12 @@ demo:
 
 ## test: formatting, lints, then every unit and integration test against real components.
 test: lint
-	@tools=$$(hack/setup.sh) && FERRY_TOOLS_BIN=$$tools cargo test --workspace
+	@tools=$$(hack/setup.sh) && FERRY_TOOLS_BIN=$$tools cargo test --workspace --features ferry/chaos
 
 lint:
 	cargo fmt --all -- --check
 	cargo clippy --workspace --all-targets --quiet -- -D warnings
+	cargo clippy --workspace --all-targets --quiet --features ferry/chaos -- -D warnings
 
 lab-down:
 	@cargo build --quiet --bin ferry && ./target/debug/ferry lab down --dir $(LAB_DIR)

@@ -29,6 +29,9 @@ enum LabCommand {
     },
     /// Say whether the lab runs, and where.
     Status(DirArg),
+    /// Crash and fail the controller at every write of a workload, judged against a fault-free run (feature chaos).
+    #[cfg(feature = "chaos")]
+    Chaos(crate::chaos::ChaosArgs),
     /// Run one stand-in (node, cdi or kubevirt) against the lab in DIR; `ferry lab up` starts them.
     #[command(hide = true)]
     Standin {
@@ -58,6 +61,8 @@ pub struct DirArg {
 pub async fn run(args: LabArgs) -> Result<()> {
     match args.command {
         LabCommand::Demo { dir, vms } => crate::demo::run(dir.dir, vms).await,
+        #[cfg(feature = "chaos")]
+        LabCommand::Chaos(args) => crate::chaos::run(args).await,
         LabCommand::Up(DirArg { dir }) => {
             let started = Instant::now();
             let outcome = ferry_lab::up(&options(dir)?).await?;

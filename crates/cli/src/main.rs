@@ -1,6 +1,8 @@
 //! The `ferry` command line: one binary for the controller, the lab and the tools around them.
 
 mod bench;
+#[cfg(feature = "chaos")]
+mod chaos;
 mod controller;
 mod convert;
 mod demo;

@@ -8,6 +8,8 @@
 //! - [`runtime`]: watches, leader election, metrics and health endpoints.
 
 pub mod build;
+#[cfg(feature = "chaos")]
+pub mod chaos;
 pub mod checkpoint;
 pub mod children;
 pub mod context;
@@ -21,3 +23,11 @@ pub mod status;
 
 pub use context::Config;
 pub use runtime::{RunOptions, run};
+
+/// The controller's Kubernetes client; with the `chaos` feature, wrapped in the fault plan of `FERRY_CHAOS_PLAN`.
+pub fn client(config: kube::Config) -> kube::Result<kube::Client> {
+    #[cfg(feature = "chaos")]
+    return chaos::client(config);
+    #[cfg(not(feature = "chaos"))]
+    kube::Client::try_from(config)
+}
