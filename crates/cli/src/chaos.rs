@@ -57,6 +57,9 @@ struct SavedPlan {
     perturbation: String,
     plan: Plan,
     violations: Vec<String>,
+    /// The migration's last status and the controller's last log lines, to debug from the file alone.
+    #[serde(default)]
+    detail: String,
 }
 
 pub async fn run(args: ChaosArgs) -> Result<()> {
@@ -119,6 +122,7 @@ pub async fn run(args: ChaosArgs) -> Result<()> {
                     perturbation: perturbation.clone(),
                     plan: *plan,
                     violations: record.violations.clone(),
+                    detail: record.detail.clone(),
                 };
                 std::fs::write(&file, serde_json::to_vec_pretty(&saved)?)?;
                 println!(
@@ -181,6 +185,9 @@ fn plans(args: &ChaosArgs, writes: usize) -> Vec<(String, Plan)> {
 #[derive(Debug, Default)]
 struct Record {
     end: String,
+    /// The migration's last reason and message, to say why a run ended elsewhere.
+    why: String,
+    detail: String,
     conditions: BTreeMap<String, String>,
     objects: BTreeMap<String, usize>,
     creates: BTreeMap<String, usize>,
@@ -194,7 +201,10 @@ struct Record {
 fn compare(reference: &Record, run: &Record) -> Vec<String> {
     let mut v = vec![];
     if run.end != reference.end {
-        v.push(format!("ended {} instead of {}", run.end, reference.end));
+        v.push(format!(
+            "ended {} ({}) instead of {}",
+            run.end, run.why, reference.end
+        ));
     }
     if run.conditions != reference.conditions {
         v.push(format!(
@@ -373,6 +383,11 @@ impl ChaosLab {
                     .violations
                     .push("the source and the target ran at the same time".into());
             }
+            record.why = format!(
+                "{}: {}",
+                status.reason.clone().unwrap_or_default(),
+                status.message.clone().unwrap_or_default()
+            );
             if let Some(p) = status.phase.filter(|p| p.is_terminal()) {
                 if p == Phase::Succeeded
                     && status.power.as_ref().and_then(|p| p.original) != Some(PowerState::PoweredOn)
@@ -445,6 +460,16 @@ impl ChaosLab {
         }
         let logs = std::fs::read_to_string(&log).unwrap_or_default()
             + &std::fs::read_to_string(log.with_extension("restarted.log")).unwrap_or_default();
+        let last_status = api
+            .get_opt("m")
+            .await?
+            .map(|m| serde_json::to_string_pretty(&m.status).unwrap_or_default());
+        let tail: Vec<&str> = logs.lines().rev().take(60).collect();
+        record.detail = format!(
+            "{}\n{}",
+            last_status.unwrap_or_default(),
+            tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+        );
         if logs.contains("panicked") {
             record.violations.push("the controller panicked".into());
         }

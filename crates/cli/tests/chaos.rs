@@ -40,6 +40,13 @@ fn a_seeded_sample_of_chaos_plans_violates_no_oracle() {
         })
         .sum();
     assert!(plans >= 12, "at least 12 plans ran: {stdout}");
+    for saved in std::fs::read_dir(failures.path()).unwrap().flatten() {
+        println!(
+            "{}:\n{}",
+            saved.path().display(),
+            std::fs::read_to_string(saved.path()).unwrap_or_default()
+        );
+    }
     assert!(
         out.status.success(),
         "{stdout}\n{}",

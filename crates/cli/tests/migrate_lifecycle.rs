@@ -198,6 +198,48 @@ async fn failures_within_the_budget_are_retried_and_past_it_fail_with_cleanup() 
         .await
         .unwrap();
 
+    // A failed verification re-imports the disk: the DataVolume goes, and its new copy waits until the old
+    // claim is gone (the chaos suite found a re-import that found the previous claim instead).
+    set_source_power(vm, true).await;
+    let verify_fails: k8s_openapi::api::core::v1::ConfigMap = serde_json::from_value(json!({
+        "metadata": {"name": "lab-faults"},
+        "data": {"fail-pods": "1", "fail-pods-selector": "migration.platform.example/step=verify"},
+    }))
+    .unwrap();
+    config_maps
+        .create(&Default::default(), &verify_fails)
+        .await
+        .unwrap();
+    migration::apply(
+        &client,
+        ns.name(),
+        migration::migration(lab().await, ns.name(), "reverify", vm),
+    )
+    .await
+    .unwrap();
+    let done = wait_for_phase(
+        &client,
+        ns.name(),
+        "reverify",
+        Phase::Succeeded,
+        Duration::from_secs(300),
+    )
+    .await;
+    let retry = done.status.unwrap().retry.unwrap();
+    assert_eq!(
+        retry
+            .budget_used
+            .iter()
+            .find(|b| b.phase == Phase::Importing)
+            .map(|b| b.used),
+        Some(1),
+        "{retry:?}"
+    );
+    config_maps
+        .delete("lab-faults", &DeleteParams::default())
+        .await
+        .unwrap();
+
     // Past the budget: Failed, with everything removed and the source powered on again.
     set_source_power(vm, true).await;
     config_maps

@@ -6,6 +6,7 @@
 use std::time::Duration;
 
 use ferry_api::{ErrorClass, Phase};
+use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use kube::api::{DeleteParams, DynamicObject, PostParams, PropagationPolicy};
 use kube::{Api, ResourceExt};
 
@@ -34,7 +35,16 @@ pub async fn run(step: &mut Step<'_>) -> Result<Next> {
             && dv.metadata.deletion_timestamp.is_none()
             && charged(step.status, &dv.uid().unwrap_or_default())
         {
-            // Its failure is on record: remove it, and the import starts over.
+            // Its failure is on record: remove it, and the import starts over. Its earlier verification Jobs go
+            // too: a pod that mounted the claim, even a finished one, keeps the claim from being released.
+            for earlier in 1..attempt {
+                jobs::delete(
+                    step.ctx,
+                    &ns,
+                    &children::verify_job(step.vmm, disk.index, earlier),
+                )
+                .await?;
+            }
             delete_dv(&dvs, &name).await?;
             step.status.disks[i].progress = None;
             waiting.push(format!("{name} removed for a new import"));
@@ -43,6 +53,22 @@ pub async fn run(step: &mut Step<'_>) -> Result<Next> {
         let dv_uid = observed.as_ref().and_then(|d| d.uid()).unwrap_or_default();
         match dv_state(observed.as_ref()) {
             DvState::Absent => {
+                // A claim of that name left by an earlier import (being collected) would be taken for the new one.
+                let claims = Api::<PersistentVolumeClaim>::namespaced(step.ctx.client.clone(), &ns);
+                if let Some(claim) = claims.get_opt(&name).await? {
+                    if claim.metadata.deletion_timestamp.is_none()
+                        && claim.labels().get(children::UID_LABEL) != Some(&children::uid(step.vmm))
+                    {
+                        return Err(Failure::fixable(
+                            "PersistentVolumeClaimExists",
+                            format!(
+                                "PersistentVolumeClaim {ns}/{name} exists and is not this migration's; delete it"
+                            ),
+                        ));
+                    }
+                    waiting.push(format!("the previous claim {name} is being removed"));
+                    continue;
+                }
                 let dv = build::datavolume::data_volume(
                     step.vmm,
                     &disk,

@@ -196,6 +196,15 @@ async fn ensure_volume(client: &Client, dv: &DynamicObject, dir: &Path) -> Resul
     if existing.is_none() {
         claims.create(&PostParams::default(), &claim).await?;
     }
+    // A claim of that name owned by an earlier DataVolume is not this one's: wait until it is gone, as CDI does.
+    let owned_here = existing.as_ref().is_none_or(|c| {
+        c.owner_references()
+            .iter()
+            .any(|o| Some(&o.uid) == dv.metadata.uid.as_ref())
+    });
+    if !owned_here {
+        return Ok(false);
+    }
     let pvs: Api<PersistentVolume> = Api::all(client.clone());
     if pvs.get_opt(&pv_name).await?.is_none() {
         let pv: PersistentVolume = serde_json::from_value(json!({
