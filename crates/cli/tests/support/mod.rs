@@ -112,7 +112,8 @@ pub fn resource(group: &str, version: &str, kind: &str) -> kube::core::ApiResour
     kube::core::ApiResource::from_gvk(&kube::core::GroupVersionKind::gvk(group, version, kind))
 }
 
-pub async fn source_power(vm: &str) -> ferry_api::PowerState {
+/// A session to the lab's vcsim and the managed object of `vm`.
+async fn source_vm(vm: &str) -> (ferry_vsphere::Session, ferry_vsphere::MoRef) {
     let vcsim = lab().await.state().vcsim.clone().unwrap();
     let session =
         ferry_vsphere::Session::connect(vcsim.connect_config(Duration::from_secs(30)).unwrap())
@@ -122,21 +123,18 @@ pub async fn source_power(vm: &str) -> ferry_api::PowerState {
         ferry_vsphere::inventory::find_vm(&session, &ferry_vsphere::VmSelector::Name(vm.into()))
             .await
             .unwrap();
+    (session, moref)
+}
+
+pub async fn source_power(vm: &str) -> ferry_api::PowerState {
+    let (session, moref) = source_vm(vm).await;
     ferry_vsphere::power::current_power_state(&session, &moref)
         .await
         .unwrap()
 }
 
 pub async fn set_source_power(vm: &str, on: bool) {
-    let vcsim = lab().await.state().vcsim.clone().unwrap();
-    let session =
-        ferry_vsphere::Session::connect(vcsim.connect_config(Duration::from_secs(30)).unwrap())
-            .await
-            .unwrap();
-    let moref =
-        ferry_vsphere::inventory::find_vm(&session, &ferry_vsphere::VmSelector::Name(vm.into()))
-            .await
-            .unwrap();
+    let (session, moref) = source_vm(vm).await;
     if on {
         ferry_vsphere::power::power_on(&session, &moref, Duration::from_secs(60))
             .await

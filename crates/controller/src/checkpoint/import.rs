@@ -33,7 +33,7 @@ pub async fn run(step: &mut Step<'_>) -> Result<Next> {
         let observed = dvs.get_opt(&name).await?;
         if let Some(dv) = &observed
             && dv.metadata.deletion_timestamp.is_none()
-            && charged(step.status, &dv.uid().unwrap_or_default())
+            && status::is_charged(step.status, &dv.uid().unwrap_or_default())
         {
             // Its failure is on record: remove it, and the import starts over. Its earlier verification Jobs go
             // too: a pod that mounted the claim, even a finished one, keeps the claim from being released.
@@ -158,13 +158,6 @@ fn retry(step: &mut Step<'_>, dv_uid: &str, failure: Failure) -> Result<Next> {
         ),
         Duration::ZERO,
     ))
-}
-
-fn charged(status: &ferry_api::VirtualMachineMigrationStatus, uid: &str) -> bool {
-    status
-        .retry
-        .as_ref()
-        .is_some_and(|r| r.charged.iter().any(|c| c == uid))
 }
 
 async fn delete_dv(dvs: &Api<DynamicObject>, name: &str) -> Result<()> {
