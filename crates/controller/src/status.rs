@@ -185,13 +185,17 @@ pub enum Charge {
     Exhausted,
 }
 
-/// Charges the failure of `uid` to `phase`'s budget, once.
-pub fn charge(status: &mut Status, phase: Phase, budget: i32, uid: &str) -> Charge {
-    if status
+/// True when the failure of the object `uid` was charged to a budget already.
+pub fn is_charged(status: &Status, uid: &str) -> bool {
+    status
         .retry
         .as_ref()
         .is_some_and(|r| r.charged.iter().any(|c| c == uid))
-    {
+}
+
+/// Charges the failure of `uid` to `phase`'s budget, once.
+pub fn charge(status: &mut Status, phase: Phase, budget: i32, uid: &str) -> Charge {
+    if is_charged(status, uid) {
         return Charge::AlreadyCharged;
     }
     if !spend_budget(status, phase, budget) {
