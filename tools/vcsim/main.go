@@ -3,14 +3,19 @@
 package main
 
 import (
+	"bytes"
 	"crypto/tls"
 	"flag"
 	"fmt"
+	"io"
 	"log"
+	"net/http"
 	"net/url"
 	"os"
 	"os/signal"
+	"regexp"
 	"strings"
+	"sync"
 	"syscall"
 
 	"github.com/vmware/govmomi/simulator"
@@ -25,6 +30,7 @@ func main() {
 	vms := flag.Int("vm", 2, "VMs per resource pool or host")
 	certFile := flag.String("tlscert", "", "PEM certificate to serve (default: a generated self-signed one)")
 	keyFile := flag.String("tlskey", "", "PEM private key of -tlscert")
+	callsFile := flag.String("calls-file", "", "append each SOAP method name called, one per line (no arguments, so no credentials)")
 	flag.Parse()
 
 	m := simulator.VPX()
@@ -58,6 +64,15 @@ func main() {
 	}
 	s := m.Service.NewServer()
 	defer s.Close()
+	if *callsFile != "" {
+		f, err := os.OpenFile(*callsFile, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o600)
+		if err != nil {
+			log.Fatalf("-calls-file: %v", err)
+		}
+		defer f.Close()
+		// Set before the URL is printed, so before any client can call.
+		s.Config.Handler = recordCalls(s.Config.Handler, f)
+	}
 
 	// Print the URL without credentials: the log must never carry the password.
 	printable := *s.URL
@@ -68,4 +83,26 @@ func main() {
 	sig := make(chan os.Signal, 1)
 	signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM)
 	<-sig
+}
+
+var soapMethod = regexp.MustCompile(`Body[^>]*>\s*<(?:[A-Za-z0-9_]+:)?([A-Za-z0-9_]+)`)
+
+// recordCalls writes the method name of every SOAP request to w: the lab's record of what clients asked of
+// vSphere, which the chaos suite compares between runs.
+func recordCalls(next http.Handler, w io.Writer) http.Handler {
+	var mu sync.Mutex
+	return http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodPost && strings.HasSuffix(r.URL.Path, "/sdk") {
+			body, err := io.ReadAll(r.Body)
+			if err == nil {
+				r.Body = io.NopCloser(bytes.NewReader(body))
+				if m := soapMethod.FindSubmatch(body); m != nil {
+					mu.Lock()
+					fmt.Fprintf(w, "%s\n", m[1])
+					mu.Unlock()
+				}
+			}
+		}
+		next.ServeHTTP(rw, r)
+	})
 }

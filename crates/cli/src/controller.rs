@@ -39,18 +39,18 @@ pub struct ControllerArgs {
 
 pub async fn run(args: ControllerArgs) -> Result<()> {
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let client = match &args.kubeconfig {
+    let config = match &args.kubeconfig {
         Some(path) => {
             let kubeconfig = kube::config::Kubeconfig::read_from(path)
                 .with_context(|| format!("reading {}", path.display()))?;
-            let config =
-                kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default()).await?;
-            kube::Client::try_from(config)?
+            kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default()).await?
         }
-        None => kube::Client::try_default()
+        None => kube::Config::infer()
             .await
             .context("no kubeconfig or in-cluster identity")?,
     };
+    // With the `chaos` feature, this client carries the fault plan of FERRY_CHAOS_PLAN.
+    let client = ferry_controller::client(config)?;
     let identity = args.identity.unwrap_or_else(|| {
         std::fs::read_to_string("/proc/sys/kernel/hostname")
             .map(|h| h.trim().to_string())

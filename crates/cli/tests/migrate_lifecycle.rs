@@ -142,6 +142,18 @@ async fn deleting_at_each_checkpoint_removes_everything_and_restores_power() {
     interrupt_at_every_checkpoint("DC0_C0_RP0_VM1", "delete", false).await;
 }
 
+/// DataVolumes the controller created in `ns`, from the audit log.
+async fn dv_creates(ns: &str) -> usize {
+    lab()
+        .await
+        .audit_requests_by(migration::SERVICE_ACCOUNT)
+        .iter()
+        .filter(|r| {
+            r.verb == "create" && r.code == 201 && r.resource == "datavolumes" && r.namespace == ns
+        })
+        .count()
+}
+
 fn faults(convert_pods: u32, imports: u32) -> k8s_openapi::api::core::v1::ConfigMap {
     serde_json::from_value(json!({
         "metadata": {"name": "lab-faults"},
@@ -198,18 +210,21 @@ async fn failures_within_the_budget_are_retried_and_past_it_fail_with_cleanup() 
         .await
         .unwrap();
 
-    // A failed verification re-imports the disk: the DataVolume goes, and its new copy waits until the old
-    // claim is gone (the chaos suite found a re-import that found the previous claim instead).
+    // Corrupt content re-imports the disk: the verification finds the mismatch, the DataVolume goes, and its
+    // new copy waits until the old claim is gone (the chaos suite found a re-import that found the previous
+    // claim instead). A verifier that dies without a result only runs again, on the same DataVolume.
     set_source_power(vm, true).await;
     let verify_fails: k8s_openapi::api::core::v1::ConfigMap = serde_json::from_value(json!({
         "metadata": {"name": "lab-faults"},
-        "data": {"fail-pods": "1", "fail-pods-selector": "migration.platform.example/step=verify"},
+        "data": {"corrupt-imports": "1", "fail-pods": "1",
+                 "fail-pods-selector": "migration.platform.example/step=verify"},
     }))
     .unwrap();
     config_maps
         .create(&Default::default(), &verify_fails)
         .await
         .unwrap();
+    let dv_creates_before = dv_creates(ns.name()).await;
     migration::apply(
         &client,
         ns.name(),
@@ -225,15 +240,22 @@ async fn failures_within_the_budget_are_retried_and_past_it_fail_with_cleanup() 
         Duration::from_secs(300),
     )
     .await;
-    let retry = done.status.unwrap().retry.unwrap();
+    let status = done.status.unwrap();
+    let retry = status.retry.clone().unwrap();
     assert_eq!(
         retry
             .budget_used
             .iter()
             .find(|b| b.phase == Phase::Importing)
             .map(|b| b.used),
-        Some(1),
+        Some(2),
         "{retry:?}"
+    );
+    assert_eq!(status.disks[0].verify_failures, 2, "{:?}", status.disks);
+    assert_eq!(
+        dv_creates(ns.name()).await - dv_creates_before,
+        2,
+        "one import, and one re-import after the mismatch (none after the failed verifier)"
     );
     config_maps
         .delete("lab-faults", &DeleteParams::default())

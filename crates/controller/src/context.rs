@@ -39,6 +39,8 @@ pub struct Context {
     pub metrics: Metrics,
     pub recorder: Recorder,
     sessions: Mutex<HashMap<String, (String, Session)>>,
+    /// Consecutive failed reconciles per migration, for the error backoff.
+    failures: Mutex<HashMap<String, u32>>,
 }
 
 impl Context {
@@ -53,7 +55,24 @@ impl Context {
             config,
             metrics,
             sessions: Mutex::default(),
+            failures: Mutex::default(),
         }
+    }
+
+    /// How long to wait after another failed reconcile of `key`: 1 s, doubling, at most 60 s.
+    pub fn failed(&self, key: &str) -> std::time::Duration {
+        let mut failures = self.failures.lock().unwrap_or_else(|p| p.into_inner());
+        let n = failures.entry(key.to_string()).or_default();
+        *n = n.saturating_add(1);
+        error_backoff(*n)
+    }
+
+    /// A reconcile of `key` went through: the next failure starts the backoff again.
+    pub fn succeeded(&self, key: &str) {
+        self.failures
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(key);
     }
 
     /// Reads a Secret by name (never lists), and one key of it.
@@ -145,4 +164,20 @@ fn secret_key(secret: &Secret, key: &str) -> Result<String> {
                 format!("Secret {} has no key {key}", secret.name_any()),
             )
         })
+}
+
+/// The wait after the n-th consecutive failed reconcile: 1 s, doubling, at most 60 s. A failed write near the
+/// end (the finalizer's release) is tried again soon, and a long outage is not hammered.
+pub fn error_backoff(failures: u32) -> std::time::Duration {
+    let seconds = 1u64 << failures.saturating_sub(1).min(6);
+    std::time::Duration::from_secs(seconds.min(60))
+}
+
+#[cfg(test)]
+mod backoff_tests {
+    #[test]
+    fn failed_reconciles_back_off_from_one_second_to_a_minute() {
+        let waits: Vec<u64> = (1..=9).map(|n| super::error_backoff(n).as_secs()).collect();
+        assert_eq!(waits, [1, 2, 4, 8, 16, 32, 60, 60, 60]);
+    }
 }

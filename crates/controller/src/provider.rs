@@ -103,6 +103,6 @@ async fn write(ctx: &Context, provider: &Provider, status: &ProviderStatus) -> R
 }
 
 pub fn error_policy(_provider: Arc<Provider>, error: &Failure, _ctx: Arc<Context>) -> Action {
-    tracing::warn!(reason = %error.reason, "provider: {error}");
+    tracing::warn!(class = ?error.class, reason = %error.reason, "provider: {error}");
     Action::requeue(Duration::from_secs(15))
 }

@@ -43,6 +43,9 @@ pub async fn reconcile(vmm: Arc<VirtualMachineMigration>, ctx: Arc<Context>) -> 
     let span = tracing::info_span!("reconcile", migration = %key);
     let result = reconcile_one(&vmm, &ctx).instrument(span).await;
     ctx.metrics.reconciled(started.elapsed());
+    if result.is_ok() {
+        ctx.succeeded(&key);
+    }
     result
 }
 
@@ -53,8 +56,9 @@ pub fn error_policy(
 ) -> Action {
     ctx.metrics
         .error(&format!("{:?}", error.class), &error.reason);
-    tracing::warn!(migration = %vmm.name_any(), reason = %error.reason, "{error}");
-    Action::requeue(Duration::from_secs(5))
+    tracing::warn!(migration = %vmm.name_any(), class = ?error.class, reason = %error.reason, "{error}");
+    let key = format!("{}/{}", vmm.namespace().unwrap_or_default(), vmm.name_any());
+    Action::requeue(ctx.failed(&key))
 }
 
 async fn reconcile_one(vmm: &VirtualMachineMigration, ctx: &Context) -> Result<Action> {
@@ -217,6 +221,14 @@ async fn reconcile_one(vmm: &VirtualMachineMigration, ctx: &Context) -> Result<A
             message,
             after,
         }) => {
+            // A checkpoint that charged a failed child to its budget recorded the error: say so, once.
+            let last_error = |s: &Status| s.retry.as_ref().and_then(|r| r.last_error.clone());
+            if let Some(error) =
+                last_error(&status).filter(|e| Some(e) != last_error(&before).as_ref())
+            {
+                tracing::warn!(checkpoint = ?checkpoint, class = ?error.class, reason = %error.reason, "{}", error.message);
+                event(ctx, vmm, EventType::Warning, &error.reason, &error.message).await;
+            }
             status.phase = Some(checkpoint);
             status.reason = Some(reason.into());
             status.message = Some(message);
@@ -452,6 +464,10 @@ async fn event(
         secondary: None,
     };
     if let Err(e) = ctx.recorder.publish(&ev, &vmm.object_ref(&())).await {
-        tracing::warn!("publishing an event: {e}");
+        tracing::warn!(
+            class = "Transient",
+            reason = "EventNotPublished",
+            "publishing an event: {e}"
+        );
     }
 }

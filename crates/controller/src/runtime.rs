@@ -76,17 +76,20 @@ pub async fn run(client: Client, options: RunOptions) -> Result<()> {
         }
     };
     let stopped = run_controllers(client, ctx, options.namespace.as_deref());
-    tokio::select! {
-        _ = lost => {
-            ready.store(false, Ordering::Relaxed);
-            lease_task.abort();
-            anyhow::bail!("lost the leader lease; exiting so that a fresh process observes the world again")
-        }
-        _ = stopped => {
-            ready.store(false, Ordering::Relaxed);
-            Ok(())
-        }
+    let lost_lease = tokio::select! {
+        _ = lost => true,
+        _ = stopped => false,
+    };
+    ready.store(false, Ordering::Relaxed);
+    if lost_lease {
+        lease_task.abort();
+        anyhow::bail!(
+            "lost the leader lease; exiting so that a fresh process observes the world again"
+        )
     }
+    // The watch receiver is gone with `lost`, so the lease manager releases the lease: a successor leads at once.
+    let _ = tokio::time::timeout(Duration::from_secs(2), lease_task).await;
+    Ok(())
 }
 
 fn api<K>(client: &Client, namespace: Option<&str>) -> Api<K>

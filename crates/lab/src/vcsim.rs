@@ -57,6 +57,9 @@ impl VcsimEndpoint {
     }
 }
 
+/// Where vcsim appends the name of every SOAP method it is asked to run (the lab's record of vSphere calls).
+pub const CALLS_FILE: &str = "vcsim-calls.log";
+
 /// Creates `DIR/vcsim-password` with a random password, once.
 pub fn ensure_password(dir: &Path) -> Result<PathBuf> {
     let path = dir.join(PASSWORD_FILE);
@@ -74,6 +77,7 @@ pub fn component(dir: &Path, tools: &Path, cert: &CertFiles, esx: bool) -> Compo
         format!("-password-file={}", dir.join(PASSWORD_FILE).display()),
         format!("-tlscert={}", cert.cert.display()),
         format!("-tlskey={}", cert.key.display()),
+        format!("-calls-file={}", dir.join(CALLS_FILE).display()),
     ];
     if esx {
         args.push("-esx".into());

@@ -105,6 +105,11 @@ impl Error {
             Error::Unreachable { .. } => "EndpointUnreachable",
             Error::Timeout { .. } => "EndpointTimeout",
             Error::Http { .. } => "EndpointHTTPError",
+            Error::Fault { fault, .. } | Error::TaskFailed { fault, .. }
+                if fault_reason(fault).is_some() =>
+            {
+                fault_reason(fault).unwrap_or_default()
+            }
             Error::Fault { .. } => "VSphereFault",
             Error::TaskFailed { .. } => "VSphereTaskFailed",
             Error::TaskTimeout { .. } => "VSphereTaskTimeout",
@@ -123,6 +128,18 @@ impl Error {
             _ => None,
         }
     }
+}
+
+/// The faults common enough to name in a reason of their own.
+fn fault_reason(fault: &str) -> Option<&'static str> {
+    Some(match fault {
+        "ManagedObjectNotFound" => "VSphereObjectNotFound",
+        "NoPermission" => "VSpherePermissionDenied",
+        "InvalidPowerState" => "VSphereInvalidPowerState",
+        "TaskInProgress" | "ConcurrentAccess" => "VSphereObjectBusy",
+        "NotSupported" => "VSphereNotSupported",
+        _ => return None,
+    })
 }
 
 /// Faults a person must act on are permanent; a busy or changing host is transient; the rest get a budget.
@@ -176,6 +193,11 @@ mod tests {
         };
         assert_eq!(task("InvalidPowerState").class(), ErrorClass::Transient);
         assert_eq!(task("FileNotFound").class(), ErrorClass::Permanent);
+        assert_eq!(
+            task("ManagedObjectNotFound").reason(),
+            "VSphereObjectNotFound"
+        );
+        assert_eq!(task("FileNotFound").reason(), "VSphereTaskFailed");
         assert_eq!(
             task("GenericVmConfigFault").class(),
             ErrorClass::BoundedRetryable

@@ -7,6 +7,8 @@
 //! - [`datastore`]: stream a disk's bytes over `/folder` with Range resume.
 //! - [`error`]: every error is classed transient, bounded-retryable or permanent.
 
+#[cfg(feature = "chaos")]
+pub mod chaos;
 pub mod datastore;
 pub mod error;
 pub mod inventory;

@@ -275,6 +275,23 @@ async fn post(
     args: &str,
     action: &str,
 ) -> Result<(Response, Option<String>)> {
+    #[cfg(feature = "chaos")]
+    if let Some(injected) = crate::chaos::before_call(method) {
+        return match injected {
+            crate::chaos::Injected::Unreachable => Err(Error::Unreachable {
+                url: config.url.clone(),
+                detail: format!("chaos: injected connection failure in {method}"),
+            }),
+            crate::chaos::Injected::Fault(fault) => Ok((
+                Response::Fault(Fault {
+                    message: format!("chaos: injected {fault} in {method}"),
+                    type_: fault,
+                    detail: None,
+                }),
+                None,
+            )),
+        };
+    }
     let mut request = http
         .post(&config.url)
         .header("Content-Type", "text/xml; charset=utf-8")

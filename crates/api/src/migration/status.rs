@@ -247,6 +247,14 @@ pub struct DiskStatus {
     /// The imported content was read back and matched `sha256`.
     #[serde(default)]
     pub verified: bool,
+    /// Failed verifications and imports of this disk so far; the next verification Job is
+    /// `<name>-verify-<index>-<verifyFailures + 1>`.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub verify_failures: i32,
+}
+
+fn is_zero(n: &i32) -> bool {
+    *n == 0
 }
 
 /// Attempts survive restarts here, so backoff and budgets do too.

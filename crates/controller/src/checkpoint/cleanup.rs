@@ -73,7 +73,7 @@ async fn remove_staged(step: &Step<'_>) -> Result<()> {
         // Without its Secret (or with an unsupported URL) staging cannot be reached: nothing was staged by us
         // either, since the conversion Job needs the same Secret.
         Err(e) if e.class == ErrorClass::Permanent => {
-            tracing::warn!("staging not cleaned: {e}");
+            tracing::warn!(class = ?e.class, reason = %e.reason, "staging not cleaned: {e}");
             Ok(())
         }
         Err(e) => Err(e),

@@ -22,13 +22,13 @@ const WAIT: Duration = Duration::from_secs(30);
 pub async fn run(step: &mut Step<'_>) -> Result<Next> {
     let ns = step.vmm.namespace().unwrap_or_default();
     let dvs = Api::<DynamicObject>::namespaced_with(step.ctx.client.clone(), &ns, &dv_resource());
-    let attempt = status::budget_used(step.status, Phase::Importing) + 1;
     let mut waiting = Vec::new();
     for i in 0..step.status.disks.len() {
         let disk = step.status.disks[i].clone();
         if disk.verified {
             continue;
         }
+        let attempt = disk.verify_failures + 1;
         let name = children::data_volume(step.vmm, disk.index);
         let observed = dvs.get_opt(&name).await?;
         if let Some(dv) = &observed
@@ -97,7 +97,7 @@ pub async fn run(step: &mut Step<'_>) -> Result<Next> {
             DvState::Failed { message } => {
                 let failure =
                     Failure::bounded("ImportFailed", format!("DataVolume {name}: {message}"));
-                return retry(step, &dv_uid, failure);
+                return retry(step, i, &dv_uid, failure);
             }
             DvState::Succeeded => {
                 step.status.disks[i].progress = Some("100.0%".into());
@@ -120,7 +120,14 @@ pub async fn run(step: &mut Step<'_>) -> Result<Next> {
                         waiting.push(format!("{job} verifies {name}"))
                     }
                     JobState::Succeeded(_) => step.status.disks[i].verified = true,
-                    JobState::Failed(failure, _) => return retry(step, &dv_uid, failure),
+                    // Only wrong or short content is the import's fault; a verifier that died (killed,
+                    // evicted) just runs again on the same DataVolume.
+                    JobState::Failed(failure, job_uid) => {
+                        let content_wrong =
+                            matches!(failure.reason.as_str(), "ChecksumMismatch" | "ShortRead");
+                        let failed = if content_wrong { &dv_uid } else { &job_uid };
+                        return retry(step, i, failed, failure);
+                    }
                 }
             }
         }
@@ -138,15 +145,18 @@ pub async fn run(step: &mut Step<'_>) -> Result<Next> {
     Ok(Next::wait("Importing", waiting.join("; "), WAIT))
 }
 
-/// A failed import or verification: permanent errors stop; otherwise the DataVolume's failure is charged to
-/// the budget (recorded before anything is removed), and the next pass removes it for a new import.
-fn retry(step: &mut Step<'_>, dv_uid: &str, failure: Failure) -> Result<Next> {
+/// A failed import or verification of disk `i`: permanent errors stop; otherwise the failed object (`failed`,
+/// a DataVolume or a verification Job) is charged to the budget, recorded before anything is removed; the next
+/// pass removes a charged DataVolume for a new import, and runs the next verification Job.
+fn retry(step: &mut Step<'_>, i: usize, failed: &str, failure: Failure) -> Result<Next> {
     if failure.class == ErrorClass::Permanent {
         return Err(failure);
     }
     let budget = step.vmm.spec.retry.budget;
-    if status::charge(step.status, Phase::Importing, budget, dv_uid) == status::Charge::Exhausted {
-        return Err(status::exhausted(&failure, budget));
+    match status::charge(step.status, Phase::Importing, budget, failed) {
+        status::Charge::Exhausted => return Err(status::exhausted(&failure, budget)),
+        status::Charge::Charged => step.status.disks[i].verify_failures += 1,
+        status::Charge::AlreadyCharged => {}
     }
     status::record_error(step.status, &failure, Phase::Importing, &step.now);
     Ok(Next::wait(

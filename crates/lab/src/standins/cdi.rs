@@ -108,8 +108,14 @@ async fn reconcile(dv: Arc<DynamicObject>, ctx: Arc<Context>) -> Result<Action, 
     let injected = dv.annotations().get(FAULT_ANNOTATION).map(String::as_str) == Some("fail")
         || (!started
             && phase != "ImportInProgress"
-            && super::faults::take(&ctx.client, &ns, super::faults::FAIL_IMPORTS, dv.labels())
-                .await?);
+            && super::faults::take(
+                &ctx.client,
+                &ns,
+                super::faults::FAIL_IMPORTS,
+                &name,
+                dv.labels(),
+            )
+            .await?);
     if injected {
         set_status(
             &ctx.client,
@@ -272,7 +278,37 @@ async fn set_status(
 
 /// Downloads the source into the volume and converts it to raw `disk.img`, reporting progress.
 async fn import(client: Client, dv: DynamicObject, dir: PathBuf) {
-    let result = import_once(&client, &dv, &dir).await;
+    let ns = dv.namespace().unwrap_or_default();
+    let kill = super::faults::take(
+        &client,
+        &ns,
+        super::faults::KILL_IMPORTS,
+        &dv.name_any(),
+        dv.labels(),
+    )
+    .await
+    .unwrap_or(false);
+    let mut result = import_once(&client, &dv, &dir, kill).await;
+    if kill {
+        // As CDI does when its importer pod dies: a new importer starts over.
+        tracing::info!(dv = %dv.name_any(), "importer killed by the lab's fault switch; importing again");
+        result = import_once(&client, &dv, &dir, false).await;
+    }
+    if result.is_ok()
+        && super::faults::take(
+            &client,
+            &ns,
+            super::faults::CORRUPT_IMPORTS,
+            &dv.name_any(),
+            dv.labels(),
+        )
+        .await
+        .unwrap_or(false)
+    {
+        // Silent corruption on the way: the import still reports success; only reading it back can tell.
+        tracing::info!(dv = %dv.name_any(), "corrupting the imported disk by the lab's fault switch");
+        result = corrupt(&dir.join("disk.img"));
+    }
     let outcome = match result {
         Ok(()) => {
             set_status(
@@ -305,7 +341,27 @@ async fn import(client: Client, dv: DynamicObject, dir: PathBuf) {
     }
 }
 
-async fn import_once(client: &Client, dv: &DynamicObject, dir: &Path) -> anyhow::Result<()> {
+/// Flips every bit of the image's first byte.
+fn corrupt(image: &Path) -> anyhow::Result<()> {
+    use std::io::{Read, Seek, SeekFrom, Write};
+    let mut file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(image)?;
+    let mut first = [0u8; 1];
+    file.read_exact(&mut first)?;
+    file.seek(SeekFrom::Start(0))?;
+    file.write_all(&[!first[0]])?;
+    Ok(())
+}
+
+/// One importer's run; `killed` ends it after its first chunk, as a killed importer pod would.
+async fn import_once(
+    client: &Client,
+    dv: &DynamicObject,
+    dir: &Path,
+    killed: bool,
+) -> anyhow::Result<()> {
     let partial = dir.join("download.partial");
     let (mut body, total) = open_source(client, dv).await?;
     let mut file = tokio::fs::File::create(&partial).await?;
@@ -326,6 +382,9 @@ async fn import_once(client: &Client, dv: &DynamicObject, dir: &Path) -> anyhow:
         let chunk = chunk?;
         file.write_all(&chunk).await?;
         done += chunk.len() as u64;
+        if killed {
+            return Ok(());
+        }
         if stall {
             futures::future::pending::<()>().await;
         }

@@ -1,6 +1,9 @@
 //! The lab's fault switch: a ConfigMap `lab-faults` in a namespace asks the stand-ins to fail the next N imports
-//! (`fail-imports`) or pods (`fail-pods`, only pods whose labels match `fail-pods-selector`, `key=value`). Each
-//! fault is taken once, by compare-and-swap on the ConfigMap's resourceVersion.
+//! (`fail-imports`), to kill the importer of the next N imports midway (`kill-imports`: CDI starts the import
+//! again), to flip a byte of the next N imported disks while reporting success (`corrupt-imports`), to fail the
+//! next N pods (`fail-pods`), or to start the next N pods and SIGKILL them midway
+//! (`kill-pods`). `<key>-selector: key=value` limits a fault to objects with that label (`name=x`: that name).
+//! Each fault is taken once, by compare-and-swap on the ConfigMap's resourceVersion.
 
 use std::collections::BTreeMap;
 
@@ -10,14 +13,18 @@ use kube::{Api, Client};
 
 pub const CONFIGMAP: &str = "lab-faults";
 pub const FAIL_IMPORTS: &str = "fail-imports";
+pub const KILL_IMPORTS: &str = "kill-imports";
+pub const CORRUPT_IMPORTS: &str = "corrupt-imports";
 pub const FAIL_PODS: &str = "fail-pods";
-pub const FAIL_PODS_SELECTOR: &str = "fail-pods-selector";
+pub const KILL_PODS: &str = "kill-pods";
 
-/// Takes one fault of `key` in `namespace` when one is left (and, for pods, `labels` match the selector).
+/// Takes one fault of `key` in `namespace` when one is left and the object (`name`, `labels`) matches the
+/// fault's selector, if it has one.
 pub async fn take(
     client: &Client,
     namespace: &str,
     key: &str,
+    name: &str,
     labels: &BTreeMap<String, String>,
 ) -> kube::Result<bool> {
     let api: Api<ConfigMap> = Api::namespaced(client.clone(), namespace);
@@ -30,10 +37,11 @@ pub async fn take(
             .get(key)
             .and_then(|v| v.trim().parse().ok())
             .unwrap_or(0);
-        let selected = match data.get(FAIL_PODS_SELECTOR).filter(|_| key == FAIL_PODS) {
-            Some(selector) => selector
-                .split_once('=')
-                .is_some_and(|(k, v)| labels.get(k.trim()).map(String::as_str) == Some(v.trim())),
+        let selected = match data.get(&format!("{key}-selector")) {
+            Some(selector) => selector.split_once('=').is_some_and(|(k, v)| {
+                let (k, v) = (k.trim(), v.trim());
+                labels.get(k).map(String::as_str) == Some(v) || (k == "name" && name == v)
+            }),
             None => true,
         };
         if left == 0 || !selected {

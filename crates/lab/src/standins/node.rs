@@ -204,8 +204,27 @@ async fn run_pod(pod: Pod, ctx: Arc<Context>) {
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &pod.namespace().unwrap_or_default());
     let started = Timestamp::now().to_string();
     let ns = pod.namespace().unwrap_or_default();
-    let injected =
-        super::faults::take(&ctx.client, &ns, super::faults::FAIL_PODS, pod.labels()).await;
+    let name = pod.name_any();
+    let injected = super::faults::take(
+        &ctx.client,
+        &ns,
+        super::faults::FAIL_PODS,
+        &name,
+        pod.labels(),
+    )
+    .await;
+    let killed = !matches!(injected, Ok(true))
+        && matches!(
+            super::faults::take(
+                &ctx.client,
+                &ns,
+                super::faults::KILL_PODS,
+                &name,
+                pod.labels()
+            )
+            .await,
+            Ok(true)
+        );
     let outcome = if matches!(injected, Ok(true)) {
         Outcome {
             exit_code: 1,
@@ -214,14 +233,25 @@ async fn run_pod(pod: Pod, ctx: Arc<Context>) {
             started: started.clone(),
         }
     } else {
-        run_container(&pod, &ctx, &pods, &started).await
+        run_container(&pod, &ctx, &pods, &started, killed).await
     };
     if let Err(e) = write_status(&pods, &pod, terminated_status(&pod, &outcome)).await {
         tracing::warn!(pod = %pod.name_any(), "recording the pod's end: {e}");
     }
 }
 
-async fn run_container(pod: &Pod, ctx: &Context, pods: &Api<Pod>, started: &str) -> Outcome {
+/// How long a pod the fault switch kills runs before its SIGKILL: long enough to be midway.
+const KILLED_AFTER: Duration = Duration::from_millis(300);
+
+/// Runs the container; `killed` SIGKILLs it after [`KILLED_AFTER`] (exit 137, as a kubelet reports it), or
+/// discards its result if it ended sooner.
+async fn run_container(
+    pod: &Pod,
+    ctx: &Context,
+    pods: &Api<Pod>,
+    started: &str,
+    killed: bool,
+) -> Outcome {
     let started = started.to_string();
     match prepare(pod, ctx).await {
         Err(e) => Outcome {
@@ -238,6 +268,18 @@ async fn run_container(pod: &Pod, ctx: &Context, pods: &Api<Pod>, started: &str)
                 .and_then(|s| s.active_deadline_seconds)
                 .map(|s| Duration::from_secs(s.max(0) as u64));
             let waited = match deadline {
+                // Killed midway, or, when it ends sooner, right before it could report: either way the
+                // kubelet sees exit 137 and no result, so the fault always strikes.
+                _ if killed => {
+                    let _ = tokio::time::timeout(KILLED_AFTER, command.status()).await;
+                    tracing::info!(pod = %pod.name_any(), "killed by the lab's fault switch");
+                    return Outcome {
+                        exit_code: 137,
+                        reason: "Error".into(),
+                        message: String::new(),
+                        started: started.clone(),
+                    };
+                }
                 Some(limit) => tokio::time::timeout(limit, command.status()).await.ok(),
                 None => Some(command.status().await),
             };

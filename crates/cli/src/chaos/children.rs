@@ -1,0 +1,169 @@
+//! The migration's children in a run's namespace, as the chaos harness observes them.
+
+use std::collections::BTreeMap;
+
+use anyhow::Result;
+use ferry_api::VirtualMachineMigration;
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::{Event, PersistentVolumeClaim, Pod};
+use kube::api::{DynamicObject, ListParams};
+use kube::{Api, Client, ResourceExt};
+
+use super::oracles::Record;
+
+const UID_LABEL: &str = "migration.platform.example/uid";
+
+/// The migration's children in the run's namespace.
+pub struct Children {
+    jobs: Api<Job>,
+    pods: Api<Pod>,
+    claims: Api<PersistentVolumeClaim>,
+    data_volumes: Api<DynamicObject>,
+    vms: Api<DynamicObject>,
+    vmis: Api<DynamicObject>,
+    events: Api<Event>,
+    migrations: Api<VirtualMachineMigration>,
+}
+
+impl Children {
+    pub fn new(client: &Client, ns: &str) -> Self {
+        let dynamic = |r| Api::<DynamicObject>::namespaced_with(client.clone(), ns, &r);
+        Self {
+            jobs: Api::namespaced(client.clone(), ns),
+            pods: Api::namespaced(client.clone(), ns),
+            claims: Api::namespaced(client.clone(), ns),
+            data_volumes: dynamic(ferry_controller::build::dv_resource()),
+            vms: dynamic(ferry_controller::build::vm_resource()),
+            vmis: dynamic(ferry_controller::build::vmi_resource()),
+            events: Api::namespaced(client.clone(), ns),
+            migrations: Api::namespaced(client.clone(), ns),
+        }
+    }
+
+    /// Notes the Jobs and DataVolumes seen; at most one DataVolume per disk may exist at any time.
+    pub async fn observe(&self, record: &mut Record, uid: &str, disks: usize) -> Result<()> {
+        let lp = ListParams::default();
+        for job in self.jobs.list(&lp).await? {
+            if !record.jobs_seen.contains(&job.name_any()) {
+                record.jobs_seen.push(job.name_any());
+            }
+        }
+        let dvs = self
+            .data_volumes
+            .list(&ListParams::default().labels(&format!("{UID_LABEL}={uid}")))
+            .await?;
+        if dvs.items.len() > disks.max(1) {
+            let names: Vec<String> = dvs.items.iter().map(|d| d.name_any()).collect();
+            record.violations.push(format!(
+                "{} DataVolumes for {disks} disk(s): {names:?}",
+                names.len()
+            ));
+        }
+        for dv in dvs {
+            if !record.data_volumes_seen.contains(&dv.name_any()) {
+                record.data_volumes_seen.push(dv.name_any());
+            }
+        }
+        Ok(())
+    }
+
+    pub async fn count(&self) -> Result<BTreeMap<String, usize>> {
+        let lp = ListParams::default();
+        Ok(BTreeMap::from([
+            (
+                "VirtualMachine".to_string(),
+                self.vms.list(&lp).await?.items.len(),
+            ),
+            (
+                "DataVolume".to_string(),
+                self.data_volumes.list(&lp).await?.items.len(),
+            ),
+            ("Job".to_string(), self.jobs.list(&lp).await?.items.len()),
+        ]))
+    }
+
+    /// Objects still labelled with the migration's UID.
+    pub async fn labelled(&self, uid: &str) -> Result<usize> {
+        if uid.is_empty() {
+            return Ok(0);
+        }
+        let lp = ListParams::default().labels(&format!("{UID_LABEL}={uid}"));
+        Ok(self.jobs.list(&lp).await?.items.len()
+            + self.pods.list(&lp).await?.items.len()
+            + self.claims.list(&lp).await?.items.len()
+            + self.data_volumes.list(&lp).await?.items.len()
+            + self.vms.list(&lp).await?.items.len()
+            + self.vmis.list(&lp).await?.items.len())
+    }
+
+    /// Every Event in the namespace, oldest first, one line each.
+    pub async fn story(&self) -> Result<String> {
+        let mut events = self.events.list(&ListParams::default()).await?.items;
+        events.sort_by_key(|e| e.metadata.creation_timestamp.clone().map(|t| t.0));
+        Ok(events
+            .iter()
+            .map(|e| {
+                format!(
+                    "{} {} {}: {}",
+                    e.type_.clone().unwrap_or_default(),
+                    e.involved_object.name.clone().unwrap_or_default(),
+                    e.reason.clone().unwrap_or_default(),
+                    e.message.clone().unwrap_or_default()
+                )
+            })
+            .collect::<Vec<_>>()
+            .join("\n"))
+    }
+
+    pub async fn warnings(&self) -> Result<Vec<String>> {
+        let lp = ListParams::default().fields("type=Warning");
+        Ok(self
+            .events
+            .list(&lp)
+            .await?
+            .items
+            .into_iter()
+            .filter_map(|e| e.reason)
+            .collect())
+    }
+
+    /// Every resourceVersion in the namespace that the controller would see change.
+    pub async fn fingerprint(&self) -> Result<Vec<String>> {
+        let lp = ListParams::default();
+        let mut versions = vec![];
+        versions.extend(
+            self.jobs
+                .list(&lp)
+                .await?
+                .items
+                .iter()
+                .map(|o| o.resource_version().unwrap_or_default()),
+        );
+        versions.extend(
+            self.pods
+                .list(&lp)
+                .await?
+                .items
+                .iter()
+                .map(|o| o.resource_version().unwrap_or_default()),
+        );
+        for api in [&self.data_volumes, &self.vms, &self.vmis] {
+            versions.extend(
+                api.list(&lp)
+                    .await?
+                    .items
+                    .iter()
+                    .map(|o| o.resource_version().unwrap_or_default()),
+            );
+        }
+        versions.extend(
+            self.migrations
+                .list(&lp)
+                .await?
+                .items
+                .iter()
+                .map(|o| o.resource_version().unwrap_or_default()),
+        );
+        Ok(versions)
+    }
+}

@@ -1,0 +1,247 @@
+//! What one run did, and the oracles that judge it against the fault-free run. Pure.
+
+use std::collections::BTreeMap;
+
+use ferry_api::Phase;
+
+use super::plans::Expect;
+
+/// What one run of a workload did and ended as.
+#[derive(Clone, Debug, Default)]
+pub struct Record {
+    pub end: String,
+    /// The migration's last reason and message, to say why a run ended elsewhere.
+    pub why: String,
+    pub reason: String,
+    pub detail: String,
+    pub conditions: BTreeMap<String, String>,
+    /// Objects left in the namespace at the end, by kind.
+    pub objects: BTreeMap<String, usize>,
+    /// Objects labelled with the migration's UID left at the end.
+    pub labelled_left: usize,
+    pub creates: BTreeMap<String, usize>,
+    pub deletes: BTreeMap<String, usize>,
+    pub writes: usize,
+    /// The controller's vSphere calls (from its chaos log), and the changes vcsim was asked for, by method.
+    pub vsphere_calls: usize,
+    pub vsphere_changes: BTreeMap<String, usize>,
+    /// Bounded retries spent, over all checkpoints.
+    pub budget_used: i32,
+    pub jobs_seen: Vec<String>,
+    pub data_volumes_seen: Vec<String>,
+    pub seconds: f64,
+    /// The trial's fault was injected (a plan aimed past the run's last write is not).
+    pub fired: bool,
+    pub violations: Vec<String>,
+}
+
+/// Reasons too vague to tell a person what happened.
+const VAGUE_REASONS: [&str; 6] = ["", "Error", "Failed", "Unknown", "InternalError", "Failure"];
+
+/// The only changes Ferry may ask of vSphere: the source's power.
+const POWER_METHODS: [&str; 3] = ["PowerOnVM_Task", "PowerOffVM_Task", "ShutdownGuest"];
+
+/// Whether a SOAP method changes something (every `*_Task`, and the guest operations without a task).
+pub fn changes_something(method: &str) -> bool {
+    method.ends_with("_Task")
+        || matches!(
+            method,
+            "ShutdownGuest" | "RebootGuest" | "StandbyGuest" | "UnregisterVM" | "MarkAsTemplate"
+        )
+}
+
+/// The oracles that compare a perturbed run with the fault-free one.
+pub fn compare(reference: &Record, run: &Record, expect: Expect) -> Vec<String> {
+    let mut v = vec![];
+    let failed_clean = expect == Expect::SameOrFailedClean && run.end == "Failed";
+    if failed_clean {
+        if VAGUE_REASONS.contains(&run.reason.as_str()) {
+            v.push(format!("failed with a vague reason: {}", run.why));
+        }
+        if run.labelled_left > 0 {
+            v.push(format!(
+                "failed, and left {} object(s) with the migration's UID",
+                run.labelled_left
+            ));
+        }
+        if run.objects.values().any(|n| *n > 0) {
+            v.push(format!("failed, and left objects {:?}", run.objects));
+        }
+    } else {
+        if run.end != reference.end {
+            v.push(format!(
+                "ended {} ({}) instead of {}",
+                run.end, run.why, reference.end
+            ));
+        }
+        let mut same = |what: &str, got: String, want: String| {
+            if got != want {
+                v.push(format!("{what} {got} instead of {want}"));
+            }
+        };
+        same(
+            "conditions",
+            format!("{:?}", run.conditions),
+            format!("{:?}", reference.conditions),
+        );
+        same(
+            "objects",
+            format!("{:?}", run.objects),
+            format!("{:?}", reference.objects),
+        );
+        let (mut creates, mut deletes, mut budget) = (
+            reference.creates.clone(),
+            reference.deletes.clone(),
+            reference.budget_used,
+        );
+        if expect == Expect::OneJobRetried {
+            *creates.entry("jobs".into()).or_default() += 1;
+            *deletes.entry("jobs".into()).or_default() += 1;
+            budget += 1;
+        }
+        same(
+            "creates",
+            format!("{:?}", run.creates),
+            format!("{creates:?}"),
+        );
+        same(
+            "deletes",
+            format!("{:?}", run.deletes),
+            format!("{deletes:?}"),
+        );
+        same(
+            "retries spent",
+            run.budget_used.to_string(),
+            budget.to_string(),
+        );
+        same(
+            "vSphere changes",
+            format!("{:?}", run.vsphere_changes),
+            format!("{:?}", reference.vsphere_changes),
+        );
+    }
+    v.extend(never_beyond_power(run));
+    v
+}
+
+/// Ferry never changes the source beyond its power state.
+pub fn never_beyond_power(run: &Record) -> Option<String> {
+    let other: Vec<&String> = run
+        .vsphere_changes
+        .keys()
+        .filter(|m| !POWER_METHODS.contains(&m.as_str()))
+        .collect();
+    (!other.is_empty()).then(|| format!("asked vSphere for {other:?}, beyond the source's power"))
+}
+
+/// Every error the controller logged carries its class and a specific reason. `logs` are its JSON lines.
+pub fn unclassed_errors(logs: &str) -> Vec<String> {
+    logs.lines()
+        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+        .filter(|e| matches!(e["level"].as_str(), Some("WARN" | "ERROR")))
+        .filter(|e| e["target"].as_str().is_some_and(|t| t.starts_with("ferry")))
+        .filter(|e| {
+            let reason = e["fields"]["reason"].as_str().unwrap_or_default();
+            e["fields"]["class"].is_null() || VAGUE_REASONS.contains(&reason)
+        })
+        .map(|e| format!("an error without class or specific reason: {}", e["fields"]))
+        .collect()
+}
+
+/// A Warning Event's reason must say what went wrong.
+pub fn vague_events(reasons: &[String]) -> Vec<String> {
+    reasons
+        .iter()
+        .filter(|r| VAGUE_REASONS.contains(&r.as_str()))
+        .map(|r| format!("a Warning Event with the vague reason {r:?}"))
+        .collect()
+}
+
+/// The checkpoints only move forward; Failed, ManualInterventionRequired, Cancelling and Cancelled are exits.
+pub fn phases_move_forward(phases: &[Phase]) -> bool {
+    let rank = |p: &Phase| Phase::CHECKPOINTS.iter().position(|c| c == p);
+    let ranks: Vec<usize> = phases.iter().filter_map(rank).collect();
+    ranks.windows(2).all(|w| w[0] <= w[1])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn phases_must_not_go_back() {
+        assert!(phases_move_forward(&[
+            Phase::Discovering,
+            Phase::Validating,
+            Phase::Cancelling,
+            Phase::Cancelled
+        ]));
+        assert!(!phases_move_forward(&[
+            Phase::Converting,
+            Phase::Validating
+        ]));
+    }
+
+    fn record(end: &str, jobs: usize) -> Record {
+        Record {
+            end: end.into(),
+            creates: [("jobs".to_string(), jobs)].into(),
+            deletes: [("jobs".to_string(), jobs)].into(),
+            vsphere_changes: [("PowerOffVM_Task".to_string(), 1)].into(),
+            ..Record::default()
+        }
+    }
+
+    #[test]
+    fn a_killed_pod_may_cost_one_job_and_one_retry_and_nothing_else() {
+        let reference = record("Succeeded", 2);
+        let mut retried = record("Succeeded", 3);
+        retried.budget_used = 1;
+        assert!(compare(&reference, &retried, Expect::OneJobRetried).is_empty());
+        assert_eq!(compare(&reference, &retried, Expect::Same).len(), 3);
+        let twice = record("Succeeded", 4);
+        assert!(!compare(&reference, &twice, Expect::OneJobRetried).is_empty());
+    }
+
+    #[test]
+    fn a_permanent_error_may_fail_the_run_only_cleanly_and_specifically() {
+        let reference = record("Succeeded", 2);
+        let mut failed = record("Failed", 1);
+        failed.reason = "VSphereObjectNotFound".into();
+        failed.objects = [("Job".to_string(), 0)].into();
+        assert!(compare(&reference, &failed, Expect::SameOrFailedClean).is_empty());
+        failed.labelled_left = 1;
+        failed.reason = "Failed".into();
+        assert_eq!(
+            compare(&reference, &failed, Expect::SameOrFailedClean).len(),
+            2
+        );
+        assert!(!compare(&reference, &failed, Expect::Same).is_empty());
+    }
+
+    #[test]
+    fn only_power_changes_are_allowed_in_vsphere() {
+        let mut run = record("Succeeded", 2);
+        assert!(never_beyond_power(&run).is_none());
+        run.vsphere_changes.insert("ReconfigVM_Task".into(), 1);
+        assert!(never_beyond_power(&run).is_some());
+        assert!(changes_something("Destroy_Task") && !changes_something("RetrieveProperties"));
+    }
+
+    #[test]
+    fn errors_need_a_class_and_a_specific_reason() {
+        let logs = [
+            r#"{"level":"WARN","target":"ferry_controller::reconcile","fields":{"class":"Transient","reason":"Conflict"}}"#,
+            r#"{"level":"WARN","target":"ferry_controller::reconcile","fields":{"reason":"Conflict"}}"#,
+            r#"{"level":"ERROR","target":"ferry_controller::x","fields":{"class":"Permanent","reason":"Error"}}"#,
+            r#"{"level":"WARN","target":"kube_runtime::controller","fields":{}}"#,
+            r#"{"level":"INFO","target":"ferry_controller::x","fields":{}}"#,
+        ]
+        .join("\n");
+        assert_eq!(unclassed_errors(&logs).len(), 2);
+        assert_eq!(
+            vague_events(&["Unknown".into(), "ImportFailed".into()]).len(),
+            1
+        );
+    }
+}

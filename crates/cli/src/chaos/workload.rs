@@ -1,0 +1,103 @@
+//! The workloads: what a run asks of Ferry, and what the person in it does along the way.
+
+use anyhow::{Context, Result};
+use ferry_api::Phase;
+
+pub const WORKLOADS: [&str; 5] = ["happy-1", "happy-3", "cancel", "delete", "bad-spec"];
+
+/// What the person does once the migration holds before a checkpoint.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Act {
+    Cancel,
+    Delete,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Workload {
+    pub name: String,
+    pub vm: &'static str,
+    /// Cancel or delete when held before this checkpoint.
+    pub act: Option<(Act, String)>,
+    /// Starts with a Secret name that does not exist, then corrects it once Ferry asks for a person.
+    pub bad_spec: bool,
+}
+
+/// The Secret name a bad spec names first.
+pub const MISSPELLED_SECRET: &str = "staging-credentails";
+
+impl Workload {
+    /// `happy-1`, `happy-3`, `cancel[@Checkpoint]` (default Importing), `delete[@Checkpoint]` (default
+    /// CreatingVM), or `bad-spec`.
+    pub fn parse(name: &str) -> Result<Self> {
+        let (base, at) = match name.split_once('@') {
+            Some((base, at)) => (base, Some(at)),
+            None => (name, None),
+        };
+        let held = |default: &str| -> Result<String> {
+            let phase = at.unwrap_or(default);
+            let parsed: Phase = serde_json::from_value(serde_json::json!(phase))
+                .with_context(|| format!("{phase} is not a checkpoint"))?;
+            anyhow::ensure!(
+                Phase::CHECKPOINTS.contains(&parsed) && parsed != Phase::Discovering,
+                "{phase}: a migration can hold before Validating .. ValidatingGuest"
+            );
+            Ok(phase.to_string())
+        };
+        let workload = |vm, act, bad_spec| Workload {
+            name: name.to_string(),
+            vm,
+            act,
+            bad_spec,
+        };
+        Ok(match base {
+            "happy-1" if at.is_none() => workload("DC0_H0_VM0", None, false),
+            "happy-3" if at.is_none() => workload("DC0_H0_VM1", None, false),
+            "bad-spec" if at.is_none() => workload("DC0_C0_RP0_VM0", None, false).with_bad_spec(),
+            "cancel" => workload(
+                "DC0_C0_RP0_VM0",
+                Some((Act::Cancel, held("Importing")?)),
+                false,
+            ),
+            "delete" => workload(
+                "DC0_C0_RP0_VM1",
+                Some((Act::Delete, held("CreatingVM")?)),
+                false,
+            ),
+            _ => anyhow::bail!(
+                "unknown workload {name}: one of {WORKLOADS:?} (cancel and delete take @Checkpoint), or all"
+            ),
+        })
+    }
+
+    fn with_bad_spec(mut self) -> Self {
+        self.bad_spec = true;
+        self
+    }
+
+    /// A namespace-safe form of the name.
+    pub fn slug(&self) -> String {
+        self.name
+            .to_ascii_lowercase()
+            .chars()
+            .filter(char::is_ascii_alphanumeric)
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn workloads_parse_with_their_checkpoint() {
+        let cancel = Workload::parse("cancel").unwrap();
+        assert_eq!(cancel.act, Some((Act::Cancel, "Importing".into())));
+        let early = Workload::parse("delete@Converting").unwrap();
+        assert_eq!(early.act, Some((Act::Delete, "Converting".into())));
+        assert_eq!(early.slug(), "deleteconverting");
+        assert!(Workload::parse("bad-spec").unwrap().bad_spec);
+        assert!(Workload::parse("cancel@Sometime").is_err());
+        assert!(Workload::parse("happy-1@Importing").is_err());
+        assert!(Workload::parse("happy-2").is_err());
+    }
+}
