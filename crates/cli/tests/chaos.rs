@@ -1,7 +1,8 @@
 //! A seeded sample of `ferry lab chaos` trials on every run of the suite (built with `--features ferry/chaos`,
 //! as `make test` does): sampled from every perturbation (crashes, failed and stale writes, pauses, vSphere
-//! faults, killed pods and importers) on a 3-disk migration, a deletion and a bad spec corrected later, each
-//! judged against its fault-free run. The full run is
+//! faults, killed pods and importers) on a 3-disk migration, a deletion while the guest boots (the source
+//! must stay off until the target's VMI is gone) and a bad spec corrected later, each judged against its
+//! fault-free run. The full run is
 //! `ferry lab chaos --workload all --perturbation all --workers 3` (see README).
 #![cfg(feature = "chaos")]
 
@@ -17,7 +18,7 @@ fn a_seeded_sample_of_chaos_plans_violates_no_oracle() {
             "--workload",
             "happy-3",
             "--workload",
-            "delete",
+            "delete@ValidatingGuest",
             "--workload",
             "bad-spec",
             "--perturbation",

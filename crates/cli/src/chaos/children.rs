@@ -67,6 +67,29 @@ impl Children {
         Ok(())
     }
 
+    /// Whether a VMI of the migration (its VM's instance, named as the VM) is Running.
+    pub async fn target_running(&self, uid: &str) -> Result<bool> {
+        let vms = self
+            .vms
+            .list(&ListParams::default().labels(&format!("{UID_LABEL}={uid}")))
+            .await?;
+        let names: Vec<String> = vms.items.iter().map(|v| v.name_any()).collect();
+        Ok(self
+            .vmis
+            .list(&ListParams::default())
+            .await?
+            .items
+            .iter()
+            .any(|vmi| {
+                vmi.data["status"]["phase"] == "Running"
+                    && (names.contains(&vmi.name_any())
+                        || vmi
+                            .owner_references()
+                            .iter()
+                            .any(|o| o.kind == "VirtualMachine"))
+            }))
+    }
+
     pub async fn count(&self) -> Result<BTreeMap<String, usize>> {
         let lp = ListParams::default();
         Ok(BTreeMap::from([

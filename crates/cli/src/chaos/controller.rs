@@ -107,16 +107,22 @@ fn cont(pid: i32) {
         .status();
 }
 
-/// Waits until the controller leads, or is gone (a plan may crash it that early; the run restarts it).
+/// Waits until the controller leads, or is gone or stopped (a plan may crash or pause it that early).
 pub async fn wait_ready(port: u16, log: &Path, controller: &Controller, dir: &Path) -> Result<()> {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
-        if !controller.is_alive(dir) {
+        // Gone, or stopped by the plan before it could answer: the run restarts or continues it.
+        if !controller.is_alive(dir) || stopped(controller.pid()) {
             return Ok(());
         }
         let ok = tokio::task::spawn_blocking(move || {
             std::process::Command::new("curl")
-                .args(["-fsS", &format!("http://127.0.0.1:{port}/readyz")])
+                .args([
+                    "-fsS",
+                    "--max-time",
+                    "2",
+                    &format!("http://127.0.0.1:{port}/readyz"),
+                ])
                 .output()
                 .is_ok_and(|o| o.status.success())
         })

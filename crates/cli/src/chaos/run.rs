@@ -115,8 +115,8 @@ impl Run {
             {
                 self.correct_spec(&reason).await?;
             }
-            // Never both running: the target's VMI runs only while the source is off.
-            if matches!(status.phase, Some(Phase::ValidatingGuest))
+            // Never both running: while a VMI of the migration runs, the source is off.
+            if self.children.target_running(&self.uid).await?
                 && self.source_power().await? == PowerState::PoweredOn
             {
                 self.record

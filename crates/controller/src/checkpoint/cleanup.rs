@@ -1,7 +1,8 @@
 //! Cleanup after a cancel, a delete or a failure. Desired: nothing labelled with the migration's UID left (VM,
 //! DataVolumes, Jobs), no staged image, and the source powered on again if `restorePowerState` asks and Ferry
 //! powered it off. Observed: those objects by label, the staged objects by name, the source's power. Action:
-//! delete what is there; power on only once the target VM is gone (never both running). Recorded: power.restored.
+//! delete what is there; power on only once the target VM and its instance are gone (never both running).
+//! Recorded: power.restored.
 
 use std::time::Duration;
 
@@ -11,7 +12,7 @@ use kube::api::{DeleteParams, DynamicObject, ListParams, PropagationPolicy};
 use kube::{Api, ResourceExt};
 
 use super::{Step, jobs, power};
-use crate::build::{dv_resource, vm_resource};
+use crate::build::{dv_resource, vm_resource, vmi_resource};
 use crate::children;
 use crate::error::Result;
 
@@ -37,6 +38,12 @@ pub async fn cleanup(step: &mut Step<'_>) -> Result<bool> {
                 }
             }
         }
+    }
+    // The VM's instance goes after the VM (garbage collection); until it has, the target may still run, and the
+    // source must not be powered on.
+    let vmis = Api::<DynamicObject>::namespaced_with(client.clone(), &ns, &vmi_resource());
+    if vmis.get_opt(&children::vm_name(step.vmm)).await?.is_some() {
+        remaining += 1;
     }
     for job in Api::<Job>::namespaced(client.clone(), &ns)
         .list(&selector)
