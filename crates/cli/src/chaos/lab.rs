@@ -75,7 +75,7 @@ impl ChaosLab {
     ) -> Result<Record> {
         let mut run = self.set_up(workload, trial, tag).await?;
         let end = run.drive(self).await?;
-        run.finish(end).await?;
+        run.finish(self, end).await?;
         run.judge(self).await?;
         let Run {
             mut record,

@@ -63,18 +63,8 @@ impl Run {
                     .tend(self.controller.pid(), &self.children)
                     .await?;
             }
-            if !self.controller.is_alive(&lab.state.dir) {
-                if self.restarted {
-                    self.record
-                        .violations
-                        .push("the controller exited again without a fault".into());
-                    return Ok("ControllerDied".to_string());
-                }
-                self.restarted = true;
-                let restarted_log = self.log.with_extension("restarted.log");
-                let (again, port) = lab.controller(None, &restarted_log)?;
-                self.controller = Controller(Some(again));
-                wait_ready(port, &restarted_log, &self.controller, &lab.state.dir).await?;
+            if !self.keep_controller(lab).await? {
+                return Ok("ControllerDied".to_string());
             }
             let Some(m) = self.api.get_opt("m").await? else {
                 return Ok("Deleted".to_string());
@@ -148,6 +138,25 @@ impl Run {
         }
     }
 
+    /// Restarts a controller the plan crashed, once, without the plan; false when it died again.
+    async fn keep_controller(&mut self, lab: &ChaosLab) -> Result<bool> {
+        if self.controller.is_alive(&lab.state.dir) {
+            return Ok(true);
+        }
+        if self.restarted {
+            self.record
+                .violations
+                .push("the controller exited again without a fault".into());
+            return Ok(false);
+        }
+        self.restarted = true;
+        let restarted_log = self.log.with_extension("restarted.log");
+        let (again, port) = lab.controller(None, &restarted_log)?;
+        self.controller = Controller(Some(again));
+        wait_ready(port, &restarted_log, &self.controller, &lab.state.dir).await?;
+        Ok(true)
+    }
+
     /// The bad spec must stop Ferry before it touches anything; then the person corrects it.
     async fn correct_spec(&mut self, reason: &str) -> Result<()> {
         self.corrected = true;
@@ -172,9 +181,11 @@ impl Run {
 
     /// Ending includes releasing the finalizer; a controller the plan stopped after its last writes is
     /// continued the same way as before.
-    pub async fn finish(&mut self, end: String) -> Result<()> {
+    pub async fn finish(&mut self, lab: &ChaosLab, end: String) -> Result<()> {
         let pausing = self.plan.fault == Fault::PauseAfter;
+        // A plan may crash it at one of its last writes (the finalizer's release): it is restarted here too.
         while Instant::now() < self.deadline
+            && self.keep_controller(lab).await?
             && self
                 .api
                 .get_opt("m")
