@@ -417,6 +417,12 @@ async fn import_once(
         "the source ended after {done} of {} bytes",
         total.unwrap_or(0)
     );
+    // tokio's File writes in the background: without this flush the last chunk can still be in flight when
+    // qemu-img reads the file (the chaos suite's verifications caught disk.img 39,424 bytes short).
+    {
+        use tokio::io::AsyncWriteExt;
+        file.flush().await?;
+    }
     drop(file);
     // CDI's importer converts whatever it gets (raw, qcow2, ...) to a raw disk.img.
     let image = dir.join("disk.img");
