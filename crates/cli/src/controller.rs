@@ -35,6 +35,9 @@ pub struct ControllerArgs {
     /// How long a started guest may take to report ready, in seconds.
     #[arg(long, default_value_t = 900)]
     guest_ready_timeout: u64,
+    /// Reconciles in flight at once (memory and API load stay bounded however many migrations run).
+    #[arg(long, default_value_t = 32)]
+    max_concurrent_reconciles: u16,
 }
 
 pub async fn run(args: ControllerArgs) -> Result<()> {
@@ -60,6 +63,7 @@ pub async fn run(args: ControllerArgs) -> Result<()> {
         config: Config {
             worker_image: args.worker_image,
             guest_ready_timeout: Duration::from_secs(args.guest_ready_timeout),
+            max_concurrent_reconciles: args.max_concurrent_reconciles.max(1),
             ..Config::default()
         },
         metrics_addr: args.metrics_addr,

@@ -39,6 +39,9 @@ enum LabCommand {
         name: String,
         #[arg(long)]
         dir: PathBuf,
+        /// KubeVirt only, for `ferry bench controlplane`: report guests ready without booting them in QEMU.
+        #[arg(long)]
+        no_boot: bool,
     },
     /// Write a raw demo disk: a boot sector that prints MARKER on COM1, then pseudo-random data.
     MakeDisk {
@@ -92,7 +95,7 @@ pub async fn run(args: LabArgs) -> Result<()> {
             }
             Ok(())
         }
-        LabCommand::Standin { name, dir } => standin(&name, &dir).await,
+        LabCommand::Standin { name, dir, no_boot } => standin(&name, &dir, no_boot).await,
         LabCommand::MakeDisk { size, marker, out } => {
             let mib: u64 = size.trim_end_matches("MiB").parse().map_err(|_| {
                 anyhow::anyhow!("--size {size:?}: give a whole number of MiB, like 64MiB")
@@ -127,6 +130,8 @@ pub fn options(dir: PathBuf) -> Result<LabOptions> {
         standins: Some(std::env::current_exe()?),
         demo_vms: true,
         controller: true,
+        vcsim_vms: ferry_lab::lab::DEFAULT_VCSIM_VMS,
+        boot_guests: true,
     })
 }
 
@@ -155,7 +160,7 @@ pub fn print_summary(state: &LabState) {
     }
 }
 
-async fn standin(name: &str, dir: &std::path::Path) -> Result<()> {
+async fn standin(name: &str, dir: &std::path::Path, no_boot: bool) -> Result<()> {
     use ferry_lab::standins::{cdi, kubevirt, node};
     let state =
         LabState::load(dir)?.ok_or_else(|| anyhow::anyhow!("no lab in {}", dir.display()))?;
@@ -179,6 +184,13 @@ async fn standin(name: &str, dir: &std::path::Path) -> Result<()> {
             node::run(client, None, config, shutdown).await
         }
         "cdi" => cdi::run(client, None, &state_dir, shutdown).await,
-        _ => kubevirt::run(client, None, &state_dir, shutdown).await,
+        _ => {
+            let boot = if no_boot {
+                kubevirt::Boot::ReportReadyWithoutBooting
+            } else {
+                kubevirt::Boot::Qemu
+            };
+            kubevirt::run(client, None, &state_dir, boot, shutdown).await
+        }
     }
 }

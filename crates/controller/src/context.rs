@@ -5,7 +5,8 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use ferry_api::Provider;
-use ferry_vsphere::{ConnectConfig, Session, TlsMode};
+use ferry_vsphere::inventory::VmNameIndex;
+use ferry_vsphere::{ConnectConfig, MoRef, Session, TlsMode};
 use k8s_openapi::api::core::v1::Secret;
 use kube::runtime::events::{Recorder, Reporter};
 use kube::{Api, Client, ResourceExt};
@@ -21,6 +22,11 @@ pub struct Config {
     pub guest_ready_timeout: Duration,
     /// The longest wait between two attempts of a transient error.
     pub max_backoff: Duration,
+    /// Reconciles in flight at once: bounds memory and the load on the API server and vCenter, however many
+    /// migrations run.
+    pub max_concurrent_reconciles: u16,
+    /// Changes to one migration arriving within this are reconciled once.
+    pub debounce: Duration,
 }
 
 impl Default for Config {
@@ -29,6 +35,8 @@ impl Default for Config {
             worker_image: format!("ferry:{}", env!("CARGO_PKG_VERSION")),
             guest_ready_timeout: Duration::from_secs(900),
             max_backoff: Duration::from_secs(300),
+            max_concurrent_reconciles: 32,
+            debounce: Duration::from_millis(100),
         }
     }
 }
@@ -41,7 +49,14 @@ pub struct Context {
     sessions: Mutex<HashMap<String, (String, Session)>>,
     /// Consecutive failed reconciles per migration, for the error backoff.
     failures: Mutex<HashMap<String, u32>>,
+    /// The resourceVersion of this process's last write per migration, until the migration ends.
+    written: Mutex<HashMap<String, String>>,
+    /// Every source VM's name per Provider, shared by the discoveries of [`VM_INDEX_TTL`] (one listing at a time).
+    vm_names: tokio::sync::Mutex<HashMap<String, std::sync::Arc<VmNameIndex>>>,
 }
+
+/// How long one listing of the VMs' names serves discoveries by name.
+pub const VM_INDEX_TTL: Duration = Duration::from_secs(30);
 
 impl Context {
     pub fn new(client: Client, config: Config, metrics: Metrics) -> Self {
@@ -56,6 +71,8 @@ impl Context {
             metrics,
             sessions: Mutex::default(),
             failures: Mutex::default(),
+            written: Mutex::default(),
+            vm_names: Default::default(),
         }
     }
 
@@ -73,6 +90,60 @@ impl Context {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .remove(key);
+    }
+
+    /// This process wrote migration `key`, which the API server stored at `resource_version`.
+    pub fn wrote(&self, key: &str, resource_version: Option<String>) {
+        let mut written = self.written.lock().unwrap_or_else(|p| p.into_inner());
+        match resource_version {
+            Some(rv) => written.insert(key.to_string(), rv),
+            None => written.remove(key),
+        };
+    }
+
+    /// True when `resource_version` is older than this process's last write of `key`: the watch cache has not
+    /// caught up with our own write yet, and the event of that write will reconcile again.
+    pub fn is_stale(&self, key: &str, resource_version: Option<&str>) -> bool {
+        let written = self.written.lock().unwrap_or_else(|p| p.into_inner());
+        match (written.get(key), resource_version) {
+            (Some(ours), Some(seen)) => older(seen, ours),
+            _ => false,
+        }
+    }
+
+    /// The migration ended or is gone: nothing more to compare against.
+    pub fn forget(&self, key: &str) {
+        self.written
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(key);
+    }
+
+    /// The VM named `name` behind `provider`, from a listing at most [`VM_INDEX_TTL`] old; a name it lacks, or
+    /// shares, is looked up in a fresh one. True when the answer came from an earlier listing, which the caller
+    /// confirms (the VM may have been renamed or removed since).
+    pub async fn find_vm_by_name(
+        &self,
+        provider: &Provider,
+        session: &Session,
+        name: &str,
+    ) -> Result<(MoRef, bool)> {
+        let key = provider_key(provider);
+        let mut indexes = self.vm_names.lock().await;
+        if let Some(index) = indexes.get(&key).filter(|i| i.age() < VM_INDEX_TTL)
+            && let Ok(found) = index.lookup(name)
+        {
+            return Ok((found, true));
+        }
+        let index = VmNameIndex::build(session).await?;
+        let found = index.lookup(name);
+        indexes.insert(key, std::sync::Arc::new(index));
+        Ok((found?, false))
+    }
+
+    /// An earlier listing named a VM that is gone or renamed: the next lookup lists again.
+    pub async fn forget_vm_names(&self, provider: &Provider) {
+        self.vm_names.lock().await.remove(&provider_key(provider));
     }
 
     /// Reads a Secret by name (never lists), and one key of it.
@@ -166,6 +237,24 @@ fn secret_key(secret: &Secret, key: &str) -> Result<String> {
         })
 }
 
+fn provider_key(provider: &Provider) -> String {
+    format!(
+        "{}/{} {}",
+        provider.namespace().unwrap_or_default(),
+        provider.name_any(),
+        provider.spec.url
+    )
+}
+
+/// resourceVersions are opaque to clients, but the API server's are etcd revisions: numbers that only grow.
+/// Anything else is never called older, so a copy is only skipped when that is certain.
+pub fn older(seen: &str, written: &str) -> bool {
+    match (seen.parse::<u64>(), written.parse::<u64>()) {
+        (Ok(seen), Ok(written)) => seen < written,
+        _ => false,
+    }
+}
+
 /// The wait after the n-th consecutive failed reconcile: 1 s, doubling, at most 60 s. A failed write near the
 /// end (the finalizer's release) is tried again soon, and a long outage is not hammered.
 pub fn error_backoff(failures: u32) -> std::time::Duration {
@@ -179,5 +268,13 @@ mod backoff_tests {
     fn failed_reconciles_back_off_from_one_second_to_a_minute() {
         let waits: Vec<u64> = (1..=9).map(|n| super::error_backoff(n).as_secs()).collect();
         assert_eq!(waits, [1, 2, 4, 8, 16, 32, 60, 60, 60]);
+    }
+
+    #[test]
+    fn only_a_numerically_older_resource_version_is_stale() {
+        assert!(super::older("99", "100"));
+        assert!(!super::older("100", "100"));
+        assert!(!super::older("101", "100"));
+        assert!(!super::older("abc", "100"));
     }
 }

@@ -6,7 +6,9 @@ use std::fmt::Write;
 use std::sync::Mutex;
 use std::time::Duration;
 
-const BUCKETS: [f64; 9] = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0];
+const BUCKETS: [f64; 12] = [
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+];
 
 #[derive(Default)]
 pub struct Metrics {

@@ -34,11 +34,18 @@ fn held_before(vmm: &VirtualMachineMigration, phase: Phase) -> Option<Phase> {
     (held == phase).then_some(held)
 }
 
+/// A reconcile skipped on a stale copy runs again after this, should the event of our write never come.
+const STALE_RECHECK: Duration = Duration::from_secs(2);
+
 /// Checked again this often when nothing else wakes a migration that waits for a person.
 const MANUAL_RECHECK: Duration = Duration::from_secs(10);
 
 pub async fn reconcile(vmm: Arc<VirtualMachineMigration>, ctx: Arc<Context>) -> Result<Action> {
     let key = format!("{}/{}", vmm.namespace().unwrap_or_default(), vmm.name_any());
+    if ctx.is_stale(&key, vmm.resource_version().as_deref()) {
+        // A copy from before our own last write: acting on it would redo a step and lose the write to a 409.
+        return Ok(Action::requeue(STALE_RECHECK));
+    }
     let started = Instant::now();
     let span = tracing::info_span!("reconcile", migration = %key);
     let result = reconcile_one(&vmm, &ctx).instrument(span).await;
@@ -117,22 +124,19 @@ async fn reconcile_one(vmm: &VirtualMachineMigration, ctx: &Context) -> Result<A
         set_finalizer(ctx, vmm, true).await?;
         return Ok(Action::requeue(Duration::ZERO));
     }
-    let Some(phase) = phase else {
-        status.start_time = Some(now.clone());
-        status.target_vm = Some(crate::children::vm_name(vmm));
-        status::enter(&mut status, Phase::Discovering, generation, &now);
-        status.reason = Some("Started".into());
-        status.message = Some("discovering the source VM".into());
-        write_status(ctx, vmm, &before, &mut status).await?;
-        event(
-            ctx,
-            vmm,
-            EventType::Normal,
-            "Discovering",
-            "migration started",
-        )
-        .await;
-        return Ok(Action::requeue(Duration::ZERO));
+    // Each checkpoint passed in this reconcile, for its one Event.
+    let mut passed: Vec<(&'static str, String)> = Vec::new();
+    let phase = match phase {
+        Some(phase) => phase,
+        None => {
+            status.start_time = Some(now.clone());
+            status.target_vm = Some(crate::children::vm_name(vmm));
+            status::enter(&mut status, Phase::Discovering, generation, &now);
+            status.reason = Some("Started".into());
+            status.message = Some("discovering the source VM".into());
+            passed.push(("Discovering", "migration started".into()));
+            Phase::Discovering
+        }
     };
 
     if matches!(phase, Phase::Failed | Phase::Cancelling)
@@ -151,6 +155,7 @@ async fn reconcile_one(vmm: &VirtualMachineMigration, ctx: &Context) -> Result<A
     }
 
     if let Some(held) = held_before(vmm, phase) {
+        publish_passed(ctx, vmm, &passed).await;
         status.reason = Some("Held".into());
         status.message = Some(format!(
             "held before {held:?} by the annotation {HOLD_ANNOTATION}; remove it to go on"
@@ -160,7 +165,7 @@ async fn reconcile_one(vmm: &VirtualMachineMigration, ctx: &Context) -> Result<A
     }
 
     // A migration waiting for a person re-runs the checkpoint that stopped it.
-    let checkpoint = match phase {
+    let mut checkpoint = match phase {
         Phase::ManualInterventionRequired => status
             .retry
             .as_ref()
@@ -168,33 +173,54 @@ async fn reconcile_one(vmm: &VirtualMachineMigration, ctx: &Context) -> Result<A
             .map_or(Phase::Discovering, |e| e.phase),
         other => other,
     };
-    let outcome = {
-        let mut step = Step {
-            ctx,
-            vmm,
-            status: &mut status,
-            now: now.clone(),
+    // A checkpoint that advanced acted on nothing in that pass (it only observed its desired state), so the
+    // next one runs at once, and one status write records them all. A step that must be on record before it
+    // acts (the source's power state) ends its pass with a wait, and that write, of its own.
+    let outcome = loop {
+        let outcome = {
+            let mut step = Step {
+                ctx,
+                vmm,
+                status: &mut status,
+                now: now.clone(),
+            };
+            checkpoint::run(checkpoint, &mut step).await
         };
-        checkpoint::run(checkpoint, &mut step).await
-    };
-    let action = match outcome {
-        Ok(Next::Advance {
+        let Ok(Next::Advance {
             to,
             reason,
             message,
-        }) => {
-            status::advance(
-                &mut status,
-                checkpoint,
+        }) = outcome
+        else {
+            break outcome;
+        };
+        status::advance(
+            &mut status,
+            checkpoint,
+            to,
+            reason,
+            message.clone(),
+            generation,
+            &now,
+        );
+        if let Some(retry) = &mut status.retry {
+            retry.last_error = None;
+        }
+        ctx.metrics.transition(&format!("{to:?}"));
+        tracing::info!(from = ?checkpoint, to = ?to, reason, "{message}");
+        passed.push((reason, message));
+        if to.is_terminal() || held_before(vmm, to).is_some() {
+            break Ok(Next::Advance {
                 to,
                 reason,
-                message.clone(),
-                generation,
-                &now,
-            );
-            if let Some(retry) = &mut status.retry {
-                retry.last_error = None;
-            }
+                message: String::new(),
+            });
+        }
+        checkpoint = to;
+    };
+    publish_passed(ctx, vmm, &passed).await;
+    let action = match outcome {
+        Ok(Next::Advance { to, .. }) => {
             if to == Phase::Succeeded {
                 status.completion_time = Some(now.clone());
                 status::condition(
@@ -206,13 +232,9 @@ async fn reconcile_one(vmm: &VirtualMachineMigration, ctx: &Context) -> Result<A
                     generation,
                     &now,
                 );
-            }
-            ctx.metrics.transition(&format!("{to:?}"));
-            tracing::info!(from = ?checkpoint, to = ?to, reason, "{message}");
-            event(ctx, vmm, EventType::Normal, reason, &message).await;
-            if to == Phase::Succeeded {
                 Action::await_change()
             } else {
+                // Held before `to`: the hold is recorded on the next pass.
                 Action::requeue(Duration::ZERO)
             }
         }
@@ -412,13 +434,19 @@ async fn write_status(
         "metadata": {"name": vmm.name_any(), "resourceVersion": vmm.resource_version()},
         "status": status,
     });
-    api.patch_status(
-        &vmm.name_any(),
-        &PatchParams::apply(MANAGER).force(),
-        &Patch::Apply(&patch),
-    )
-    .await?;
+    let written = api
+        .patch_status(
+            &vmm.name_any(),
+            &PatchParams::apply(MANAGER).force(),
+            &Patch::Apply(&patch),
+        )
+        .await?;
+    ctx.wrote(&key(vmm), written.resource_version());
     Ok(())
+}
+
+fn key(vmm: &VirtualMachineMigration) -> String {
+    format!("{}/{}", vmm.namespace().unwrap_or_default(), vmm.name_any())
 }
 
 async fn set_finalizer(ctx: &Context, vmm: &VirtualMachineMigration, present: bool) -> Result<()> {
@@ -443,9 +471,32 @@ async fn set_finalizer(ctx: &Context, vmm: &VirtualMachineMigration, present: bo
         )
         .await
     {
-        Ok(_) => Ok(()),
-        Err(kube::Error::Api(s)) if s.code == 404 && !present => Ok(()),
+        // Released: the migration is over, and nothing reconciles it against our writes any more.
+        Ok(_) if !present => {
+            ctx.forget(&key(vmm));
+            Ok(())
+        }
+        Ok(written) => {
+            ctx.wrote(&key(vmm), written.resource_version());
+            Ok(())
+        }
+        Err(kube::Error::Api(s)) if s.code == 404 && !present => {
+            ctx.forget(&key(vmm));
+            Ok(())
+        }
         Err(e) => Err(e.into()),
+    }
+}
+
+/// One Normal Event for the checkpoints a reconcile passed, named after the last one.
+async fn publish_passed(
+    ctx: &Context,
+    vmm: &VirtualMachineMigration,
+    passed: &[(&'static str, String)],
+) {
+    if let Some((reason, _)) = passed.last() {
+        let messages: Vec<&str> = passed.iter().map(|(_, m)| m.as_str()).collect();
+        event(ctx, vmm, EventType::Normal, reason, &messages.join("; ")).await;
     }
 }
 

@@ -12,7 +12,7 @@ use ferry_api::{Provider, VirtualMachineMigration};
 use futures::StreamExt;
 use k8s_openapi::api::batch::v1::Job;
 use kube::api::DynamicObject;
-use kube::runtime::controller::Controller;
+use kube::runtime::controller::{self, Controller};
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 use kube::{Api, Client, ResourceExt};
@@ -169,6 +169,11 @@ async fn run_controllers(client: Client, ctx: Arc<Context>, namespace: Option<&s
                     .map(|m| ObjectRef::from_obj(&*m))
                     .collect::<Vec<_>>()
             },
+        )
+        .with_config(
+            controller::Config::default()
+                .concurrency(ctx.config.max_concurrent_reconciles)
+                .debounce(ctx.config.debounce),
         )
         .shutdown_on_signal()
         .run(

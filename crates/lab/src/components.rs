@@ -212,8 +212,8 @@ impl Context {
         )
     }
 
-    pub fn vcsim(&self) -> Component {
-        crate::vcsim::component(&self.dir, &self.tools, &self.serving, false)
+    pub fn vcsim(&self, vms: usize) -> Component {
+        crate::vcsim::component(&self.dir, &self.tools, &self.serving, false, vms)
     }
 }
 

@@ -32,7 +32,15 @@ pub struct LabOptions {
     /// Run Ferry's controller (the `standins` binary) as the deploy/ ServiceAccount. Tests that run their own
     /// leave it out.
     pub controller: bool,
+    /// vcsim's VMs per host and per resource pool (its `-vm`; the lab's default is 2).
+    pub vcsim_vms: usize,
+    /// The KubeVirt stand-in boots each VMI's disk in QEMU; false (`--no-boot`, for the control-plane benchmark
+    /// only) reports guests ready without booting them.
+    pub boot_guests: bool,
 }
+
+/// vcsim's VMs per host and per resource pool in an ordinary lab.
+pub const DEFAULT_VCSIM_VMS: usize = 2;
 
 /// The stand-ins `ferry lab up` starts, each a process of its own: `ferry lab standin <name> --dir DIR`.
 pub const STANDINS: [&str; 3] = ["node", "cdi", "kubevirt"];
@@ -189,7 +197,7 @@ async fn start_all(state: &mut LabState, options: &LabOptions) -> Result<()> {
     state.api_url = api.url.clone().unwrap_or_default();
     crate::crds::install(&probe::client_for(&state.kubeconfig, None).await?).await?;
     start_component(state, lifetime, |ports| ctx.kube_controller_manager(ports)).await?;
-    let vcsim = start_component(state, lifetime, |_| Ok(ctx.vcsim())).await?;
+    let vcsim = start_component(state, lifetime, |_| Ok(ctx.vcsim(options.vcsim_vms))).await?;
     let endpoint = crate::vcsim::endpoint(&dir, vcsim.url)?;
     state.ports.push(endpoint.port()?);
     if options.demo_vms {
@@ -210,7 +218,15 @@ async fn start_all(state: &mut LabState, options: &LabOptions) -> Result<()> {
     state.save()?;
     if let Some(ferry) = &options.standins {
         for name in STANDINS {
-            start_component(state, lifetime, |_| Ok(standin(ferry, &dir, name))).await?;
+            let extra = if name == "kubevirt" && !options.boot_guests {
+                vec!["--no-boot".to_string()]
+            } else {
+                vec![]
+            };
+            start_component(state, lifetime, |_| {
+                Ok(standin(ferry, &dir, name, extra.clone()))
+            })
+            .await?;
         }
         if options.controller {
             crate::controller::apply_rbac(&state.tools, &state.kubeconfig)?;
@@ -231,7 +247,12 @@ async fn start_all(state: &mut LabState, options: &LabOptions) -> Result<()> {
     Ok(())
 }
 
-fn standin(ferry: &Path, dir: &Path, name: &str) -> crate::components::Component {
+fn standin(
+    ferry: &Path,
+    dir: &Path,
+    name: &str,
+    extra: Vec<String>,
+) -> crate::components::Component {
     crate::components::Component {
         spec: crate::process::ProcessSpec {
             name: format!("standin-{name}"),
@@ -241,7 +262,10 @@ fn standin(ferry: &Path, dir: &Path, name: &str) -> crate::components::Component
                 "standin".into(),
                 name.into(),
                 format!("--dir={}", dir.display()),
-            ],
+            ]
+            .into_iter()
+            .chain(extra)
+            .collect(),
             env: vec![("RUST_LOG".into(), "info,kube=warn".into())],
         },
         ports: vec![],

@@ -70,7 +70,8 @@ pub fn ensure_password(dir: &Path) -> Result<PathBuf> {
 }
 
 /// The vcsim process: a vCenter model, or a standalone ESXi host with `esx`. It serves `cert`.
-pub fn component(dir: &Path, tools: &Path, cert: &CertFiles, esx: bool) -> Component {
+/// `vms`: VMs per host and per resource pool.
+pub fn component(dir: &Path, tools: &Path, cert: &CertFiles, esx: bool, vms: usize) -> Component {
     let mut args = vec![
         "-l=127.0.0.1:0".to_string(),
         format!("-username={USER}"),
@@ -78,6 +79,7 @@ pub fn component(dir: &Path, tools: &Path, cert: &CertFiles, esx: bool) -> Compo
         format!("-tlscert={}", cert.cert.display()),
         format!("-tlskey={}", cert.key.display()),
         format!("-calls-file={}", dir.join(CALLS_FILE).display()),
+        format!("-vm={vms}"),
     ];
     if esx {
         args.push("-esx".into());
@@ -120,7 +122,7 @@ impl StandaloneVcsim {
         let pki = Pki::open_or_create(&dir.join("pki"))?;
         let cert = pki.issue_server("vcsim")?;
         ensure_password(&dir)?;
-        let component = component(&dir, tools, &cert, esx);
+        let component = component(&dir, tools, &cert, esx, crate::lab::DEFAULT_VCSIM_VMS);
         let log = dir.join(format!("{}.log", component.spec.name));
         let process = process::start(&component.spec, &log, lifetime)?;
         match crate::probe::wait_ready(&component.probe, &process, &dir).await {

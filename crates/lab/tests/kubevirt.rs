@@ -46,7 +46,14 @@ async fn a_vm_boots_its_disk_in_qemu_and_halting_stops_it() {
     let (standin_client, ns_name, standin_state) =
         (client.clone(), ns.name().to_string(), state.clone());
     let standin = Background::spawn(move |shutdown| async move {
-        kubevirt::run(standin_client, Some(&ns_name), &standin_state, shutdown).await
+        kubevirt::run(
+            standin_client,
+            Some(&ns_name),
+            &standin_state,
+            kubevirt::Boot::Qemu,
+            shutdown,
+        )
+        .await
     });
 
     let vms =

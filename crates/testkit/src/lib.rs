@@ -64,6 +64,8 @@ impl TestLab {
             demo_vms: standins.is_some(),
             controller: false,
             standins,
+            vcsim_vms: ferry_lab::lab::DEFAULT_VCSIM_VMS,
+            boot_guests: true,
         };
         match ferry_lab::up(&options).await {
             Ok(outcome) => Ok(TestLab {

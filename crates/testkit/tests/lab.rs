@@ -89,6 +89,8 @@ async fn up_twice_starts_no_second_copy_and_down_leaves_nothing() {
         standins: None,
         demo_vms: false,
         controller: false,
+        vcsim_vms: ferry_lab::lab::DEFAULT_VCSIM_VMS,
+        boot_guests: true,
     })
     .await
     .unwrap();

@@ -138,6 +138,53 @@ pub fn power_state(text: &str) -> Option<PowerState> {
     }
 }
 
+/// Every VM's name, from one listing: a controller discovering many VMs by name reads it once, instead of
+/// listing every VM once per migration (N migrations would cost N² names).
+#[derive(Clone, Debug)]
+pub struct VmNameIndex {
+    built: std::time::Instant,
+    by_name: std::collections::HashMap<String, Vec<MoRef>>,
+}
+
+impl VmNameIndex {
+    pub async fn build(session: &Session) -> Result<Self> {
+        let listed = props::retrieve_all(session, "VirtualMachine", &["name"]).await?;
+        Ok(Self::from_names(listed.into_iter().filter_map(|o| {
+            let name = o.text("name")?.to_string();
+            Some((name, o.obj))
+        })))
+    }
+
+    pub fn from_names(names: impl IntoIterator<Item = (String, MoRef)>) -> Self {
+        let mut by_name: std::collections::HashMap<String, Vec<MoRef>> = Default::default();
+        for (name, vm) in names {
+            by_name.entry(name).or_default().push(vm);
+        }
+        Self {
+            built: std::time::Instant::now(),
+            by_name,
+        }
+    }
+
+    pub fn age(&self) -> std::time::Duration {
+        self.built.elapsed()
+    }
+
+    /// The one VM named `name`, with the errors `find_vm` gives.
+    pub fn lookup(&self, name: &str) -> Result<MoRef> {
+        match self.by_name.get(name).map(Vec::as_slice) {
+            None | Some([]) => Err(Error::VmNotFound {
+                selector: VmSelector::Name(name.into()).to_string(),
+            }),
+            Some([one]) => Ok(one.clone()),
+            Some(many) => Err(Error::AmbiguousVmName {
+                name: name.into(),
+                count: many.len(),
+            }),
+        }
+    }
+}
+
 pub async fn find_vm(session: &Session, selector: &VmSelector) -> Result<MoRef> {
     let not_found = || Error::VmNotFound {
         selector: selector.to_string(),
@@ -466,4 +513,28 @@ async fn datacenter_of(session: &Session, start: Option<&Element>) -> Result<Str
         method: "RetrievePropertiesEx".into(),
         detail: "no datacenter above the VM".into(),
     })
+}
+
+#[cfg(test)]
+mod name_index_tests {
+    use super::*;
+
+    #[test]
+    fn a_name_finds_its_one_vm_and_says_when_it_is_missing_or_shared() {
+        let vm = |id: &str| MoRef::new("VirtualMachine", id.to_string());
+        let index = VmNameIndex::from_names([
+            ("web".to_string(), vm("vm-1")),
+            ("db".to_string(), vm("vm-2")),
+            ("db".to_string(), vm("vm-3")),
+        ]);
+        assert_eq!(index.lookup("web").unwrap(), vm("vm-1"));
+        assert!(matches!(
+            index.lookup("db"),
+            Err(Error::AmbiguousVmName { count: 2, .. })
+        ));
+        assert!(matches!(
+            index.lookup("mail"),
+            Err(Error::VmNotFound { .. })
+        ));
+    }
 }

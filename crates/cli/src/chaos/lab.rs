@@ -40,6 +40,8 @@ impl ChaosLab {
             standins: Some(ferry.clone()),
             demo_vms: true,
             controller: false,
+            vcsim_vms: ferry_lab::lab::DEFAULT_VCSIM_VMS,
+            boot_guests: true,
         };
         let state = ferry_lab::up(&options).await?.into_state();
         ferry_lab::controller::apply_rbac(&state.tools, &state.kubeconfig)?;

@@ -2,7 +2,7 @@
 //! Standard, with credentials mounted from Secrets as files (never in argv or the environment). Each writes its
 //! result, or its classed error, to the termination message.
 
-use ferry_api::{Provider, VirtualMachineMigration, VolumeMode};
+use ferry_api::{Provider, SourceVmStatus, VirtualMachineMigration, VolumeMode};
 use ferry_datapath::spec::{ConvertSpec, DiskSpec, SourceSpec, StagingSpec};
 use k8s_openapi::api::batch::v1::Job;
 use kube::ResourceExt;
@@ -16,13 +16,13 @@ const SCRATCH: &str = "/scratch";
 const DISK_MOUNT: &str = "/disk";
 const DISK_DEVICE: &str = "/dev/ferry-disk";
 
-/// What `ferry convert` runs with: every disk discovery found, staged under the migration's own prefix.
-pub fn convert_spec(vmm: &VirtualMachineMigration, provider: &Provider) -> ConvertSpec {
-    let source = vmm
-        .status
-        .as_ref()
-        .and_then(|s| s.source.clone())
-        .unwrap_or_default();
+/// What `ferry convert` runs with: every disk discovery found (`source`, from the working status), staged under
+/// the migration's own prefix.
+pub fn convert_spec(
+    vmm: &VirtualMachineMigration,
+    source: &SourceVmStatus,
+    provider: &Provider,
+) -> ConvertSpec {
     let tls = &provider.spec.tls;
     ConvertSpec {
         source: SourceSpec {
@@ -68,11 +68,13 @@ pub fn convert_spec(vmm: &VirtualMachineMigration, provider: &Provider) -> Conve
 
 pub fn convert_job(
     vmm: &VirtualMachineMigration,
+    source: &SourceVmStatus,
     provider: &Provider,
     attempt: i32,
     image: &str,
 ) -> Job {
-    let spec = serde_json::to_string(&convert_spec(vmm, provider)).expect("a spec serializes");
+    let spec =
+        serde_json::to_string(&convert_spec(vmm, source, provider)).expect("a spec serializes");
     let mut volumes = vec![
         json!({"name": "source-credentials", "secret": {"secretName": provider.spec.secret_ref.name,
             "items": [{"key": "user", "path": "user"}, {"key": "password", "path": "password"}]}}),

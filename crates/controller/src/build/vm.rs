@@ -1,6 +1,6 @@
 //! The KubeVirt VirtualMachine: the source's shape (CPU, memory, firmware), its disks in boot order over the
-//! imported DataVolumes, and its NICs with their MACs on the mapped networks. It is created Halted; the Starting
-//! checkpoint sets the requested run strategy.
+//! imported DataVolumes, and its NICs with their MACs on the mapped networks, created with the requested run
+//! strategy (the Starting checkpoint sets it again only if someone changed it).
 
 use ferry_api::{Firmware, RunStrategy, SourceVmStatus, VirtualMachineMigration};
 use kube::ResourceExt;
@@ -94,7 +94,9 @@ pub fn virtual_machine(vmm: &VirtualMachineMigration, source: &SourceVmStatus) -
             "ownerReferences": [children::owner(vmm)],
         },
         "spec": {
-            "runStrategy": "Halted",
+            // Created with the run strategy asked for: the Starting checkpoint then only watches the VMI come
+            // up, and one write less per migration.
+            "runStrategy": run_strategy(vmm.spec.target.run_strategy),
             "template": {
                 "metadata": {"labels": {"kubevirt.io/vm": name}},
                 "spec": {
@@ -183,7 +185,7 @@ mod tests {
         assert!(nics[0]["masquerade"].is_object());
         assert_eq!(nics[1]["model"], "e1000e");
         assert_eq!(spec["networks"][1]["multus"]["networkName"], "net/dmz");
-        assert_eq!(vm.data["spec"]["runStrategy"], "Halted");
+        assert_eq!(vm.data["spec"]["runStrategy"], "Always");
         assert_eq!(
             vm.metadata.owner_references.as_ref().unwrap()[0].uid,
             "uid-1"

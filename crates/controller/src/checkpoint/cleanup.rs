@@ -96,7 +96,7 @@ async fn restore_power(step: &mut Step<'_>) -> Result<bool> {
         return Ok(true);
     }
     let session = power::session(step.ctx, step.vmm).await?;
-    let vm = power::source_vm(step.vmm)?;
+    let vm = power::source_vm(step.status)?;
     let observed = ferry_vsphere::power::current_power_state(&session, &vm).await?;
     if observed != PowerState::PoweredOn {
         ferry_vsphere::power::power_on(&session, &vm, Duration::from_secs(300)).await?;

@@ -25,15 +25,20 @@ pub async fn run(step: &mut Step<'_>) -> Result<Next> {
                 jobs::delete(step.ctx, &ns, &children::convert_job(step.vmm, attempt - 1)).await?;
             }
             let provider = super::power::provider(step.ctx, step.vmm).await?;
+            let source = step.status.source.clone().ok_or_else(|| {
+                Failure::transient("SourceNotDiscovered", "discovery recorded no source")
+            })?;
             let job = build::job::convert_job(
                 step.vmm,
+                &source,
                 &provider,
                 attempt,
                 &step.ctx.config.worker_image,
             );
             jobs::create(step.ctx, &ns, &job).await?;
+            // The same words as while it runs: its pod starting is no news worth a status write.
             Ok(Next::wait(
-                "ConversionStarted",
+                "Converting",
                 format!("Job {name} (attempt {attempt}) converts the disks"),
                 WAIT,
             ))
@@ -45,7 +50,7 @@ pub async fn run(step: &mut Step<'_>) -> Result<Next> {
         )),
         JobState::Running => Ok(Next::wait(
             "Converting",
-            format!("Job {name} converts the disks"),
+            format!("Job {name} (attempt {attempt}) converts the disks"),
             WAIT,
         )),
         JobState::Succeeded(result) => record(step, &name, result),

@@ -3,16 +3,39 @@
 //! `status.source`, the disk list, the target VM name; SourceDiscovered.
 
 use ferry_api::{DiskStatus, Phase, SourceDisk, SourceNic, SourceVmStatus};
-use ferry_vsphere::VmInfo;
+use ferry_vsphere::{VmInfo, VmSelector};
 
 use super::{Next, Step, power};
 use crate::children;
-use crate::error::Result;
+use crate::error::{Failure, Result};
 
 pub async fn run(step: &mut Step<'_>) -> Result<Next> {
-    let session = power::session(step.ctx, step.vmm).await?;
-    let moref = ferry_vsphere::inventory::find_vm(&session, &power::selector(step.vmm)).await?;
-    let info = ferry_vsphere::inventory::describe_vm(&session, &moref).await?;
+    let provider = power::provider(step.ctx, step.vmm).await?;
+    let session = step
+        .ctx
+        .session(&provider)
+        .await
+        .inspect_err(|_| step.ctx.forget_session(&provider))?;
+    let selector = power::selector(step.vmm);
+    let (moref, from_earlier_listing) = match &selector {
+        VmSelector::Name(name) => step.ctx.find_vm_by_name(&provider, &session, name).await?,
+        other => (
+            ferry_vsphere::inventory::find_vm(&session, other).await?,
+            false,
+        ),
+    };
+    let described = ferry_vsphere::inventory::describe_vm(&session, &moref).await;
+    let renamed =
+        matches!((&described, &selector), (Ok(info), VmSelector::Name(n)) if &info.name != n);
+    let gone = matches!(&described, Err(e) if e.fault() == Some("ManagedObjectNotFound"));
+    if from_earlier_listing && (renamed || gone) {
+        step.ctx.forget_vm_names(&provider).await;
+        return Err(Failure::transient(
+            "SourceListingStale",
+            format!("{selector} changed since the VMs were listed; listing them again"),
+        ));
+    }
+    let info = described?;
     let source = source_status(&info);
     let message = format!(
         "found {} ({}): {} vCPU, {} MiB, {} disk(s), {} NIC(s), {:?}",
@@ -70,7 +93,8 @@ pub fn source_status(info: &VmInfo) -> SourceVmStatus {
     }
 }
 
-fn disks(source: &SourceVmStatus) -> Vec<DiskStatus> {
+/// The disk list discovery records: one entry per source disk, nothing staged yet.
+pub fn disks(source: &SourceVmStatus) -> Vec<DiskStatus> {
     source
         .disks
         .iter()

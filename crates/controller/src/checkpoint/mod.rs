@@ -5,10 +5,10 @@
 
 mod cleanup;
 mod convert;
-mod discover;
+pub mod discover;
 mod guest;
 mod import;
-mod jobs;
+pub mod jobs;
 mod power;
 mod prepare;
 mod start;

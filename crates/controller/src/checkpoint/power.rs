@@ -1,6 +1,6 @@
 //! The source side: the Provider, a session to it, and the source VM's managed object.
 
-use ferry_api::{Provider, VirtualMachineMigration};
+use ferry_api::{Provider, VirtualMachineMigration, VirtualMachineMigrationStatus};
 use ferry_vsphere::{MoRef, Session, VmSelector};
 use kube::{Api, ResourceExt};
 
@@ -42,11 +42,12 @@ pub fn selector(vmm: &VirtualMachineMigration) -> VmSelector {
     }
 }
 
-/// The source VM as discovery recorded it.
-pub fn source_vm(vmm: &VirtualMachineMigration) -> Result<MoRef> {
-    vmm.status
+/// The source VM as discovery recorded it in `status`, the working copy (discovery may have run in this very
+/// reconcile, so the object as read may not have it yet).
+pub fn source_vm(status: &VirtualMachineMigrationStatus) -> Result<MoRef> {
+    status
+        .source
         .as_ref()
-        .and_then(|s| s.source.as_ref())
         .map(|s| MoRef::new("VirtualMachine", s.moref.clone()))
         .ok_or_else(|| {
             Failure::transient(

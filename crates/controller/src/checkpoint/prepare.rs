@@ -57,7 +57,7 @@ pub fn plan(
 
 pub async fn run(step: &mut Step<'_>) -> Result<Next> {
     let session = super::power::session(step.ctx, step.vmm).await?;
-    let vm = super::power::source_vm(step.vmm)?;
+    let vm = super::power::source_vm(step.status)?;
     let observed = power::current_power_state(&session, &vm).await?;
     let spec = &step.vmm.spec.source.power_off;
     let mut recorded = step.status.power.clone().unwrap_or_default();
@@ -94,12 +94,14 @@ pub async fn run(step: &mut Step<'_>) -> Result<Next> {
                     format!("power-off task {task} running ({}%)", progress.unwrap_or(0)),
                     POLL,
                 ),
+                // The task's success is the evidence: the source is off now.
                 TaskState::Succeeded { .. } => {
                     recorded.task = None;
-                    Next::wait(
-                        "PoweringOff",
-                        format!("power-off task {task} finished"),
-                        Duration::ZERO,
+                    recorded.current = Some(PowerState::PoweredOff);
+                    Next::advance(
+                        Phase::Converting,
+                        "SourcePoweredOff",
+                        format!("power-off task {task} finished: the source is powered off"),
                     )
                 }
                 TaskState::Failed { fault, message } if fault == "InvalidPowerState" => {

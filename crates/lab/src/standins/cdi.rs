@@ -43,6 +43,8 @@ struct Context {
     volumes: PathBuf,
     /// Imports in flight, by DataVolume uid.
     imports: Mutex<HashMap<String, tokio::task::JoinHandle<()>>>,
+    /// Importer pods running at once, as a node's pod capacity bounds CDI's; the rest stay ImportScheduled.
+    importers: Arc<tokio::sync::Semaphore>,
 }
 
 pub async fn run(
@@ -58,6 +60,7 @@ pub async fn run(
         client: client.clone(),
         volumes: volumes.canonicalize()?,
         imports: Mutex::default(),
+        importers: Arc::new(tokio::sync::Semaphore::new(super::node::MAX_PODS)),
     });
     let dvs = match namespace {
         Some(ns) => Api::<DynamicObject>::namespaced_with(client.clone(), ns, &dv_resource()),
@@ -162,7 +165,12 @@ async fn reconcile(dv: Arc<DynamicObject>, ctx: Arc<Context>) -> Result<Action, 
             .await?;
         }
         let (client, dv, dir) = (ctx.client.clone(), (*dv).clone(), dir.clone());
-        let task = tokio::spawn(async move { import(client, dv, dir).await });
+        let importers = ctx.importers.clone();
+        let task = tokio::spawn(async move {
+            if let Ok(_importer) = importers.acquire_owned().await {
+                import(client, dv, dir).await
+            }
+        });
         ctx.imports
             .lock()
             .unwrap_or_else(|p| p.into_inner())

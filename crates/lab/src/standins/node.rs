@@ -44,7 +44,12 @@ struct Context {
     client: Client,
     config: NodeAgentConfig,
     running: Mutex<HashMap<String, tokio::task::JoinHandle<()>>>,
+    /// A container slot per pod the node runs at once; the rest wait, Pending, as on a full node.
+    slots: tokio::sync::Semaphore,
 }
+
+/// Pods the node runs at once: the kubelet's default `--max-pods`.
+pub const MAX_PODS: usize = 110;
 
 pub async fn run(
     client: Client,
@@ -62,6 +67,7 @@ pub async fn run(
         client,
         config,
         running: Mutex::default(),
+        slots: tokio::sync::Semaphore::new(MAX_PODS),
     });
     Controller::new(pods, watcher::Config::default())
         .graceful_shutdown_on(shutdown)
@@ -201,6 +207,9 @@ async fn reconcile(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action, Error> {
 
 /// Runs the pod's container to its end and records each state, as a kubelet with `restartPolicy: Never` does.
 async fn run_pod(pod: Pod, ctx: Arc<Context>) {
+    let Ok(_slot) = ctx.slots.acquire().await else {
+        return;
+    };
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &pod.namespace().unwrap_or_default());
     let started = Timestamp::now().to_string();
     let ns = pod.namespace().unwrap_or_default();

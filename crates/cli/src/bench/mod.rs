@@ -1,5 +1,7 @@
 //! `ferry bench ...`: benchmarks that print ratios against baselines measured in the same run.
 
+mod controlplane;
+
 use anyhow::{Result, bail};
 use clap::{Args, Subcommand, ValueEnum};
 use ferry_api::DiskFormat;
@@ -19,6 +21,16 @@ enum BenchCommand {
         size: u64,
         #[arg(long, value_enum, default_value = "raw")]
         format: Format,
+    },
+    /// N single-disk migrations of 1 MiB VMs in the lab, first as a straight-line script with no controller
+    /// (the floor), then through Ferry's controller: wall times and their ratio, the controller's CPU and peak
+    /// RSS, API requests per migration by verb, reconciles and their latency. Fails unless all N succeed.
+    Controlplane {
+        #[arg(long, default_value_t = 1000)]
+        migrations: usize,
+        /// Each of the two runs must finish within this many seconds.
+        #[arg(long, default_value_t = 3600)]
+        timeout: u64,
     },
 }
 
@@ -47,6 +59,32 @@ fn parse_size(text: &str) -> Result<u64, String> {
 
 pub async fn run(args: BenchArgs) -> Result<()> {
     match args.command {
+        BenchCommand::Controlplane {
+            migrations,
+            timeout,
+        } => {
+            if migrations == 0 {
+                bail!("--migrations must be at least 1");
+            }
+            if cfg!(debug_assertions) {
+                eprintln!(
+                    "note: a debug build; measure with `cargo run --release --bin ferry -- bench ...`"
+                );
+            }
+            let options = controlplane::Options {
+                migrations,
+                timeout: std::time::Duration::from_secs(timeout),
+            };
+            let report = controlplane::run(&options).await?;
+            print!("{}", report.render());
+            if !report.all_succeeded() {
+                bail!(
+                    "{} of {migrations} migrations did not succeed",
+                    migrations - report.ferry.succeeded
+                );
+            }
+            Ok(())
+        }
         BenchCommand::Datapath { size, format } => {
             if cfg!(debug_assertions) {
                 eprintln!(

@@ -1,0 +1,71 @@
+//! The control-plane benchmark's smoke run: 50 migrations through Ferry's controller in one lab, beside the
+//! floor (the same work as a straight-line script). Every migration must succeed; the numbers are printed, not
+//! judged (timing on a shared CI machine proves nothing). The full run is `ferry bench controlplane` (1000).
+
+use std::process::Command;
+
+#[test]
+fn fifty_migrations_all_succeed_and_are_measured() {
+    let out = Command::new(env!("CARGO_BIN_EXE_ferry"))
+        .args([
+            "bench",
+            "controlplane",
+            "--migrations",
+            "50",
+            "--timeout",
+            "1200",
+        ])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    println!("{stdout}");
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    let row = |label: &str| -> Vec<String> {
+        stdout
+            .lines()
+            .find(|l| l.trim_start().starts_with(label))
+            .unwrap_or_else(|| panic!("no {label:?} row: {stdout}"))
+            .split_whitespace()
+            .map(String::from)
+            .collect()
+    };
+    assert_eq!(row("succeeded")[1..], ["50/50", "50/50"], "{stdout}");
+    // The floor's writes are fixed by its script: the audit log must count exactly those.
+    let writes = row("writes (create/update/patch/delete)");
+    assert_eq!(writes[2], "14.00", "the floor's writes: {stdout}");
+    let ferry_writes: f64 = writes[3].parse().unwrap();
+    assert!(
+        ferry_writes >= 11.0,
+        "Ferry's writes were counted: {stdout}"
+    );
+    for target in [
+        "API writes per migration",
+        "controller peak RSS",
+        "controller CPU",
+        "floor ratio",
+    ] {
+        assert!(stdout.contains(target), "{target} reported: {stdout}");
+    }
+    let left: Vec<_> = std::fs::read_dir(std::env::temp_dir())
+        .unwrap()
+        .flatten()
+        .filter(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .starts_with(&format!("ferry-bench-cp-{}", out_pid(&stderr)))
+        })
+        .collect();
+    assert!(left.is_empty(), "the lab's directory is removed: {left:?}");
+}
+
+/// The benchmark names its lab after its process id, which it prints.
+fn out_pid(stderr: &str) -> String {
+    stderr
+        .lines()
+        .find_map(|l| l.strip_prefix("lab: "))
+        .and_then(|l| l.split_whitespace().next())
+        .and_then(|dir| dir.rsplit('-').next())
+        .unwrap_or("none")
+        .to_string()
+}
