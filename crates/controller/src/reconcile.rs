@@ -41,7 +41,7 @@ const STALE_RECHECK: Duration = Duration::from_secs(2);
 const MANUAL_RECHECK: Duration = Duration::from_secs(10);
 
 pub async fn reconcile(vmm: Arc<VirtualMachineMigration>, ctx: Arc<Context>) -> Result<Action> {
-    let key = format!("{}/{}", vmm.namespace().unwrap_or_default(), vmm.name_any());
+    let key = key(&vmm);
     if ctx.is_stale(&key, vmm.resource_version().as_deref()) {
         // A copy from before our own last write: acting on it would redo a step and lose the write to a 409.
         return Ok(Action::requeue(STALE_RECHECK));
@@ -64,12 +64,12 @@ pub fn error_policy(
     ctx.metrics
         .error(&format!("{:?}", error.class), &error.reason);
     tracing::warn!(migration = %vmm.name_any(), class = ?error.class, reason = %error.reason, "{error}");
-    let key = format!("{}/{}", vmm.namespace().unwrap_or_default(), vmm.name_any());
+    let key = key(&vmm);
     Action::requeue(ctx.failed(&key))
 }
 
 async fn reconcile_one(vmm: &VirtualMachineMigration, ctx: &Context) -> Result<Action> {
-    let key = format!("{}/{}", vmm.namespace().unwrap_or_default(), vmm.name_any());
+    let key = key(vmm);
     let now = Time(k8s_openapi::jiff::Timestamp::now());
     let before = vmm.status.clone().unwrap_or_default();
     let mut status = before.clone();
@@ -292,7 +292,7 @@ async fn on_failure(
     let generation = vmm.metadata.generation;
     match failure.class {
         ErrorClass::Transient => {
-            let seed = format!("{}/{}", vmm.namespace().unwrap_or_default(), vmm.name_any());
+            let seed = key(vmm);
             let wait = status::transient_attempt(status, &seed, ctx.config.max_backoff, now);
             Action::requeue(wait)
         }
@@ -445,6 +445,7 @@ async fn write_status(
     Ok(())
 }
 
+/// `namespace/name`: the migration's key in metrics, backoff and the controller's own-write record.
 fn key(vmm: &VirtualMachineMigration) -> String {
     format!("{}/{}", vmm.namespace().unwrap_or_default(), vmm.name_any())
 }

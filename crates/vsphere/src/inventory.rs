@@ -191,21 +191,7 @@ pub async fn find_vm(session: &Session, selector: &VmSelector) -> Result<MoRef> 
     };
     let search_index = session.content().search_index.clone();
     match selector {
-        VmSelector::Name(name) => {
-            let matches: Vec<_> = props::retrieve_all(session, "VirtualMachine", &["name"])
-                .await?
-                .into_iter()
-                .filter(|o| o.text("name") == Some(name.as_str()))
-                .collect();
-            match matches.len() {
-                0 => Err(not_found()),
-                1 => Ok(matches[0].obj.clone()),
-                count => Err(Error::AmbiguousVmName {
-                    name: name.clone(),
-                    count,
-                }),
-            }
-        }
+        VmSelector::Name(name) => VmNameIndex::build(session).await?.lookup(name),
         VmSelector::InventoryPath(path) => {
             let args = format!(
                 "<inventoryPath>{}</inventoryPath>",
