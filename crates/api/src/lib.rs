@@ -2,6 +2,7 @@
 //!
 //! - [`Provider`]: a vSphere endpoint, its credentials (by Secret name) and how to trust its certificate.
 //! - [`VirtualMachineMigration`] (`vmm`): one VM to move, and everything the controller observed doing it.
+//! - [`foreign`]: the CDI and KubeVirt kinds it creates and reads.
 //!
 //! The schema and its CEL rules reject bad input when it is applied, before the controller sees it.
 
@@ -9,6 +10,7 @@
 #![allow(clippy::duplicated_attributes)]
 
 pub mod crds;
+pub mod foreign;
 pub mod migration;
 pub mod names;
 pub mod provider;

@@ -7,23 +7,15 @@ use std::time::Duration;
 
 use ferry_api::{Phase, PowerState};
 use ferry_testkit::migration;
+use k8s_openapi::api::core::v1::ConfigMap;
 use kube::ResourceExt;
 use kube::api::{DeleteParams, Patch, PatchParams};
 use serde_json::json;
 use support::*;
 
 /// Where a checkpoint is caught: held before it (its action not yet taken, everything before it done), or, for
-/// the guest check, while the booted VM runs.
-const CHECKPOINTS: [Phase; 8] = [
-    Phase::Discovering,
-    Phase::Validating,
-    Phase::Preparing,
-    Phase::Converting,
-    Phase::Importing,
-    Phase::CreatingVm,
-    Phase::Starting,
-    Phase::ValidatingGuest,
-];
+/// the guest check, while the booted VM runs. Every checkpoint but the last, `Succeeded`.
+const CHECKPOINTS: &[Phase] = Phase::CHECKPOINTS.split_last().unwrap().1;
 
 fn phase_name(phase: Phase) -> String {
     serde_json::to_value(phase)
@@ -87,7 +79,7 @@ async fn interrupt_at_every_checkpoint(vm: &str, prefix: &str, cancel: bool) {
     let _source = source_lock(vm).await;
     let (client, ns) = setup(prefix).await;
     let api = migrations(&client, ns.name());
-    for (i, phase) in CHECKPOINTS.into_iter().enumerate() {
+    for (i, &phase) in CHECKPOINTS.iter().enumerate() {
         set_source_power(vm, true).await;
         let name = format!("{prefix}-{i}");
         let uid = caught_at(&client, ns.name(), &name, vm, phase).await;
@@ -154,102 +146,100 @@ async fn dv_creates(ns: &str) -> usize {
         .count()
 }
 
-fn faults(convert_pods: u32, imports: u32) -> k8s_openapi::api::core::v1::ConfigMap {
-    serde_json::from_value(json!({
-        "metadata": {"name": "lab-faults"},
-        "data": {"fail-pods": convert_pods.to_string(), "fail-pods-selector": "migration.platform.example/step=convert",
-                 "fail-imports": imports.to_string()},
-    }))
-    .unwrap()
+/// The lab's fault switches: fail this many conversion pods and imports.
+fn faults(convert_pods: u32, imports: u32) -> ConfigMap {
+    fault_switches(json!({"fail-pods": convert_pods.to_string(),
+        "fail-pods-selector": "migration.platform.example/step=convert", "fail-imports": imports.to_string()}))
+}
+
+fn fault_switches(data: serde_json::Value) -> ConfigMap {
+    serde_json::from_value(json!({"metadata": {"name": "lab-faults"}, "data": data})).unwrap()
+}
+
+/// Migrates `vm` (powered on first) as `manifest` says, with the lab's fault switches set, until `phase`; the
+/// switches are removed again before it returns.
+async fn migrate_with_faults(
+    client: &kube::Client,
+    ns: &str,
+    vm: &str,
+    switches: ConfigMap,
+    manifest: serde_json::Value,
+    phase: Phase,
+) -> ferry_api::VirtualMachineMigration {
+    set_source_power(vm, true).await;
+    let config_maps = kube::Api::<ConfigMap>::namespaced(client.clone(), ns);
+    config_maps
+        .create(&Default::default(), &switches)
+        .await
+        .unwrap();
+    let name = manifest["metadata"]["name"].as_str().unwrap().to_string();
+    migration::apply(client, ns, manifest).await.unwrap();
+    let reached = wait_for_phase(client, ns, &name, phase, Duration::from_secs(600)).await;
+    config_maps
+        .delete("lab-faults", &DeleteParams::default())
+        .await
+        .unwrap();
+    reached
+}
+
+fn budget_used(status: &ferry_api::VirtualMachineMigrationStatus, phase: Phase) -> i32 {
+    status
+        .retry
+        .iter()
+        .flat_map(|r| &r.budget_used)
+        .find(|b| b.phase == phase)
+        .map_or(0, |b| b.used)
 }
 
 #[tokio::test]
 async fn failures_within_the_budget_are_retried_and_past_it_fail_with_cleanup() {
     let vm = "DC0_H0_VM0";
     let _source = source_lock(vm).await;
-    set_source_power(vm, true).await;
     let (client, ns) = setup("retry").await;
-    let config_maps =
-        kube::Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(client.clone(), ns.name());
+    let manifest = async |name| migration::migration(lab().await, ns.name(), name, vm);
 
     // One conversion and one import fail once: both are retried and the migration succeeds.
-    config_maps
-        .create(&Default::default(), &faults(1, 1))
-        .await
-        .unwrap();
-    migration::apply(
+    let done = migrate_with_faults(
         &client,
         ns.name(),
-        migration::migration(lab().await, ns.name(), "once", vm),
-    )
-    .await
-    .unwrap();
-    let done = wait_for_phase(
-        &client,
-        ns.name(),
-        "once",
+        vm,
+        faults(1, 1),
+        manifest("once").await,
         Phase::Succeeded,
-        Duration::from_secs(600),
     )
     .await;
-    let retry = done.status.unwrap().retry.unwrap();
-    let used = |phase| {
-        retry
-            .budget_used
-            .iter()
-            .find(|b| b.phase == phase)
-            .map_or(0, |b| b.used)
-    };
+    let status = done.status.unwrap();
     assert_eq!(
-        (used(Phase::Converting), used(Phase::Importing)),
+        (
+            budget_used(&status, Phase::Converting),
+            budget_used(&status, Phase::Importing)
+        ),
         (1, 1),
-        "{retry:?}"
+        "{:?}",
+        status.retry
     );
-    config_maps
-        .delete("lab-faults", &DeleteParams::default())
-        .await
-        .unwrap();
 
     // Corrupt content re-imports the disk: the verification finds the mismatch, the DataVolume goes, and its
     // new copy waits until the old claim is gone (the chaos suite found a re-import that found the previous
     // claim instead). A verifier that dies without a result only runs again, on the same DataVolume.
-    set_source_power(vm, true).await;
-    let verify_fails: k8s_openapi::api::core::v1::ConfigMap = serde_json::from_value(json!({
-        "metadata": {"name": "lab-faults"},
-        "data": {"corrupt-imports": "1", "fail-pods": "1",
-                 "fail-pods-selector": "migration.platform.example/step=verify"},
-    }))
-    .unwrap();
-    config_maps
-        .create(&Default::default(), &verify_fails)
-        .await
-        .unwrap();
     let dv_creates_before = dv_creates(ns.name()).await;
-    migration::apply(
+    let verify_fails = fault_switches(json!({"corrupt-imports": "1", "fail-pods": "1",
+        "fail-pods-selector": "migration.platform.example/step=verify"}));
+    let done = migrate_with_faults(
         &client,
         ns.name(),
-        migration::migration(lab().await, ns.name(), "reverify", vm),
-    )
-    .await
-    .unwrap();
-    let done = wait_for_phase(
-        &client,
-        ns.name(),
-        "reverify",
+        vm,
+        verify_fails,
+        manifest("reverify").await,
         Phase::Succeeded,
-        Duration::from_secs(300),
     )
     .await;
     let status = done.status.unwrap();
-    let retry = status.retry.clone().unwrap();
     assert_eq!(
-        retry
-            .budget_used
-            .iter()
-            .find(|b| b.phase == Phase::Importing)
-            .map(|b| b.used),
-        Some(2),
-        "{retry:?}"
+        budget_used(&status, Phase::Importing),
+        2,
+        "{:?}",
+        status.retry
     );
     assert_eq!(status.disks[0].verify_failures, 2, "{:?}", status.disks);
     assert_eq!(
@@ -257,28 +247,17 @@ async fn failures_within_the_budget_are_retried_and_past_it_fail_with_cleanup() 
         2,
         "one import, and one re-import after the mismatch (none after the failed verifier)"
     );
-    config_maps
-        .delete("lab-faults", &DeleteParams::default())
-        .await
-        .unwrap();
 
     // Past the budget: Failed, with everything removed and the source powered on again.
-    set_source_power(vm, true).await;
-    config_maps
-        .create(&Default::default(), &faults(3, 0))
-        .await
-        .unwrap();
-    let mut manifest = migration::migration(lab().await, ns.name(), "exhausted", vm);
-    manifest["spec"]["retry"] = json!({"budget": 1});
-    migration::apply(&client, ns.name(), manifest)
-        .await
-        .unwrap();
-    let failed = wait_for_phase(
+    let mut exhausted = manifest("exhausted").await;
+    exhausted["spec"]["retry"] = json!({"budget": 1});
+    let failed = migrate_with_faults(
         &client,
         ns.name(),
-        "exhausted",
+        vm,
+        faults(3, 0),
+        exhausted,
         Phase::Failed,
-        Duration::from_secs(300),
     )
     .await;
     let uid = failed.uid().unwrap();

@@ -35,6 +35,17 @@ pub fn uid_selector(vmm: &VirtualMachineMigration) -> String {
     format!("{UID_LABEL}={}", uid(vmm))
 }
 
+/// The merge patch that hands a child over to its user: no owner (so deleting the migration keeps it), none of
+/// our labels (so cleanup never finds it), and where it came from.
+pub fn release_patch(vmm: &VirtualMachineMigration) -> serde_json::Value {
+    let from = format!("{}/{}", vmm.namespace().unwrap_or_default(), vmm.name_any());
+    serde_json::json!({"metadata": {
+        "ownerReferences": null,
+        "labels": {UID_LABEL: null, NAME_LABEL: null, STEP_LABEL: null},
+        "annotations": {MIGRATED_BY_ANNOTATION: from},
+    }})
+}
+
 pub fn owner(vmm: &VirtualMachineMigration) -> OwnerReference {
     vmm.controller_owner_ref(&())
         .expect("a stored migration has a uid")

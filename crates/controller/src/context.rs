@@ -52,7 +52,7 @@ pub struct Context {
     /// The resourceVersion of this process's last write per migration, until the migration ends.
     written: Mutex<HashMap<String, String>>,
     /// Every source VM's name per Provider, shared by the discoveries of [`VM_INDEX_TTL`] (one listing at a time).
-    vm_names: tokio::sync::Mutex<HashMap<String, std::sync::Arc<VmNameIndex>>>,
+    vm_names: tokio::sync::Mutex<HashMap<String, VmNameIndex>>,
 }
 
 /// How long one listing of the VMs' names serves discoveries by name.
@@ -137,7 +137,7 @@ impl Context {
         }
         let index = VmNameIndex::build(session).await?;
         let found = index.lookup(name);
-        indexes.insert(key, std::sync::Arc::new(index));
+        indexes.insert(key, index);
         Ok((found?, false))
     }
 

@@ -95,14 +95,7 @@ async fn reconcile_one(vmm: &VirtualMachineMigration, ctx: &Context) -> Result<A
             }
             status.cleaned_up = true;
             write_status(ctx, vmm, &before, &mut status).await?;
-            event(
-                ctx,
-                vmm,
-                EventType::Normal,
-                "CleanedUp",
-                "everything the migration created was removed",
-            )
-            .await;
+            cleaned_up_event(ctx, vmm).await;
         }
         set_finalizer(ctx, vmm, false).await?;
         return Ok(Action::await_change());
@@ -403,15 +396,13 @@ async fn finish_with_cleanup(
         ctx.metrics.transition("Cancelled");
     }
     write_status(ctx, vmm, &before, &mut status).await?;
-    event(
-        ctx,
-        vmm,
-        EventType::Normal,
-        "CleanedUp",
-        "everything the migration created was removed",
-    )
-    .await;
+    cleaned_up_event(ctx, vmm).await;
     Ok(Action::await_change())
+}
+
+async fn cleaned_up_event(ctx: &Context, vmm: &VirtualMachineMigration) {
+    let message = "everything the migration created was removed";
+    event(ctx, vmm, EventType::Normal, "CleanedUp", message).await;
 }
 
 /// Writes status when it differs from what was read, with that read's resourceVersion as a precondition.

@@ -2,6 +2,8 @@
 //!
 //! - [`conditions`]: set a condition, keeping `lastTransitionTime` unless its status changes.
 //! - [`apply`]: server-side apply that sends nothing when the object already holds what we want.
+//! - [`delete`]: delete that counts an object already gone as deleted.
 
 pub mod apply;
 pub mod conditions;
+pub mod delete;

@@ -89,7 +89,9 @@ pub fn component(dir: &Path, tools: &Path, cert: &CertFiles, esx: bool, vms: usi
             name: if esx { "vcsim-esx" } else { "vcsim" }.into(),
             program: tools.join("vcsim"),
             args,
-            env: vec![],
+            // Its datastores' files (`govcsim-*`) go in `dir`, so they go with it even when vcsim is killed
+            // before it can remove them.
+            env: vec![("TMPDIR".into(), dir.display().to_string())],
         },
         // vcsim picks its own port and prints it; the URL is recorded instead.
         ports: vec![],

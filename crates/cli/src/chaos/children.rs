@@ -1,13 +1,15 @@
 //! The migration's children in a run's namespace, as the chaos harness observes them.
 
 use std::collections::BTreeMap;
+use std::fmt::Debug;
 
 use anyhow::Result;
 use ferry_api::VirtualMachineMigration;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Event, PersistentVolumeClaim, Pod};
 use kube::api::{DynamicObject, ListParams};
-use kube::{Api, Client, ResourceExt};
+use kube::{Api, Client, Resource, ResourceExt};
+use serde::de::DeserializeOwned;
 
 use super::oracles::Record;
 
@@ -93,15 +95,12 @@ impl Children {
     pub async fn count(&self) -> Result<BTreeMap<String, usize>> {
         let lp = ListParams::default();
         Ok(BTreeMap::from([
-            (
-                "VirtualMachine".to_string(),
-                self.vms.list(&lp).await?.items.len(),
-            ),
+            ("VirtualMachine".to_string(), len(&self.vms, &lp).await?),
             (
                 "DataVolume".to_string(),
-                self.data_volumes.list(&lp).await?.items.len(),
+                len(&self.data_volumes, &lp).await?,
             ),
-            ("Job".to_string(), self.jobs.list(&lp).await?.items.len()),
+            ("Job".to_string(), len(&self.jobs, &lp).await?),
         ]))
     }
 
@@ -111,12 +110,12 @@ impl Children {
             return Ok(0);
         }
         let lp = ListParams::default().labels(&format!("{UID_LABEL}={uid}"));
-        Ok(self.jobs.list(&lp).await?.items.len()
-            + self.pods.list(&lp).await?.items.len()
-            + self.claims.list(&lp).await?.items.len()
-            + self.data_volumes.list(&lp).await?.items.len()
-            + self.vms.list(&lp).await?.items.len()
-            + self.vmis.list(&lp).await?.items.len())
+        Ok(len(&self.jobs, &lp).await?
+            + len(&self.pods, &lp).await?
+            + len(&self.claims, &lp).await?
+            + len(&self.data_volumes, &lp).await?
+            + len(&self.vms, &lp).await?
+            + len(&self.vmis, &lp).await?)
     }
 
     /// Every Event in the namespace, oldest first, one line each.
@@ -153,40 +152,32 @@ impl Children {
     /// Every resourceVersion in the namespace that the controller would see change.
     pub async fn fingerprint(&self) -> Result<Vec<String>> {
         let lp = ListParams::default();
-        let mut versions = vec![];
-        versions.extend(
-            self.jobs
-                .list(&lp)
-                .await?
-                .items
-                .iter()
-                .map(|o| o.resource_version().unwrap_or_default()),
-        );
-        versions.extend(
-            self.pods
-                .list(&lp)
-                .await?
-                .items
-                .iter()
-                .map(|o| o.resource_version().unwrap_or_default()),
-        );
+        let mut versions = versions_of(&self.jobs, &lp).await?;
+        versions.extend(versions_of(&self.pods, &lp).await?);
         for api in [&self.data_volumes, &self.vms, &self.vmis] {
-            versions.extend(
-                api.list(&lp)
-                    .await?
-                    .items
-                    .iter()
-                    .map(|o| o.resource_version().unwrap_or_default()),
-            );
+            versions.extend(versions_of(api, &lp).await?);
         }
-        versions.extend(
-            self.migrations
-                .list(&lp)
-                .await?
-                .items
-                .iter()
-                .map(|o| o.resource_version().unwrap_or_default()),
-        );
+        versions.extend(versions_of(&self.migrations, &lp).await?);
         Ok(versions)
     }
+}
+
+async fn len<K>(api: &Api<K>, lp: &ListParams) -> Result<usize>
+where
+    K: Clone + DeserializeOwned + Debug,
+{
+    Ok(api.list(lp).await?.items.len())
+}
+
+async fn versions_of<K>(api: &Api<K>, lp: &ListParams) -> Result<Vec<String>>
+where
+    K: Resource + Clone + DeserializeOwned + Debug,
+{
+    Ok(api
+        .list(lp)
+        .await?
+        .items
+        .iter()
+        .map(|o| o.resource_version().unwrap_or_default())
+        .collect())
 }

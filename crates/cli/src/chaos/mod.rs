@@ -106,6 +106,7 @@ async fn run_in(
     work: Vec<(Workload, Option<Trial>)>,
     labs: &mut Vec<ChaosLab>,
 ) -> Result<()> {
+    let started = std::time::Instant::now();
     let mut queue = VecDeque::new();
     for (w, fixed) in work {
         let reference = labs[0].run(&w, None, "reference").await?;
@@ -170,9 +171,10 @@ async fn run_in(
         result?;
     }
     let tally = tally.lock().unwrap_or_else(|p| p.into_inner());
-    let mut failed = 0;
+    let (mut failed, mut not_reached) = (0, 0);
     for ((workload, perturbation), (trials, passed, missed)) in &tally.per {
         failed += trials - passed;
+        not_reached += missed;
         let missed = match missed {
             0 => String::new(),
             n => format!(" (fault not reached in {n})"),
@@ -182,6 +184,11 @@ async fn run_in(
             trials - passed
         );
     }
+    println!(
+        "total: {total} trial(s), {} passed (fault not reached in {not_reached}), {failed} violation(s), in {:.1} min",
+        total - failed,
+        started.elapsed().as_secs_f64() / 60.0
+    );
     anyhow::ensure!(failed == 0, "{failed} trial(s) violated an oracle");
     Ok(())
 }

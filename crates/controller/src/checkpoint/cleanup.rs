@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use ferry_api::{ErrorClass, PowerState};
 use k8s_openapi::api::batch::v1::Job;
-use kube::api::{DeleteParams, DynamicObject, ListParams, PropagationPolicy};
+use kube::api::{DynamicObject, ListParams};
 use kube::{Api, ResourceExt};
 
 use super::{Step, jobs, power};
@@ -21,21 +21,13 @@ pub async fn cleanup(step: &mut Step<'_>) -> Result<bool> {
     let ns = step.vmm.namespace().unwrap_or_default();
     let client = &step.ctx.client;
     let selector = ListParams::default().labels(&children::uid_selector(step.vmm));
-    let background = DeleteParams {
-        propagation_policy: Some(PropagationPolicy::Background),
-        ..DeleteParams::default()
-    };
     let mut remaining = 0;
     for resource in [vm_resource(), dv_resource()] {
         let api = Api::<DynamicObject>::namespaced_with(client.clone(), &ns, &resource);
         for object in api.list(&selector).await? {
             remaining += 1;
             if object.metadata.deletion_timestamp.is_none() {
-                match api.delete(&object.name_any(), &background).await {
-                    Ok(_) => {}
-                    Err(kube::Error::Api(s)) if s.code == 404 => {}
-                    Err(e) => return Err(e.into()),
-                }
+                ferry_kube::delete::delete_if_present(&api, &object.name_any()).await?;
             }
         }
     }

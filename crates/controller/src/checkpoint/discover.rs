@@ -11,11 +11,7 @@ use crate::error::{Failure, Result};
 
 pub async fn run(step: &mut Step<'_>) -> Result<Next> {
     let provider = power::provider(step.ctx, step.vmm).await?;
-    let session = step
-        .ctx
-        .session(&provider)
-        .await
-        .inspect_err(|_| step.ctx.forget_session(&provider))?;
+    let session = power::session_for(step.ctx, &provider).await?;
     let selector = power::selector(step.vmm);
     let (moref, from_earlier_listing) = match &selector {
         VmSelector::Name(name) => step.ctx.find_vm_by_name(&provider, &session, name).await?,

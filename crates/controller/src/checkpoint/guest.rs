@@ -7,7 +7,7 @@ use std::time::Duration;
 use ferry_api::{Phase, RunStrategy};
 use kube::api::{DynamicObject, ListParams, Patch, PatchParams};
 use kube::{Api, ResourceExt};
-use serde_json::{Value, json};
+use serde_json::Value;
 
 use super::{Next, Step, jobs};
 use crate::build::{dv_resource, vm_resource, vmi_resource};
@@ -73,11 +73,7 @@ fn condition(vmi: &Value, kind: &str) -> bool {
 async fn hand_over(step: &Step<'_>, ns: &str) -> Result<()> {
     let client = &step.ctx.client;
     let selector = ListParams::default().labels(&children::uid_selector(step.vmm));
-    let release = json!({"metadata": {
-        "ownerReferences": null,
-        "labels": {children::UID_LABEL: null, children::NAME_LABEL: null, children::STEP_LABEL: null},
-        "annotations": {children::MIGRATED_BY_ANNOTATION: format!("{ns}/{}", step.vmm.name_any())},
-    }});
+    let release = children::release_patch(step.vmm);
     for resource in [vm_resource(), dv_resource()] {
         let api = Api::<DynamicObject>::namespaced_with(client.clone(), ns, &resource);
         for object in api.list(&selector).await? {

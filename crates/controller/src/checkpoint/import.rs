@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use ferry_api::{ErrorClass, Phase};
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
-use kube::api::{DeleteParams, DynamicObject, PostParams, PropagationPolicy};
+use kube::api::{DynamicObject, PostParams};
 use kube::{Api, ResourceExt};
 
 use super::jobs::{self, JobState};
@@ -171,13 +171,5 @@ fn retry(step: &mut Step<'_>, i: usize, failed: &str, failure: Failure) -> Resul
 }
 
 async fn delete_dv(dvs: &Api<DynamicObject>, name: &str) -> Result<()> {
-    let params = DeleteParams {
-        propagation_policy: Some(PropagationPolicy::Background),
-        ..Default::default()
-    };
-    match dvs.delete(name, &params).await {
-        Ok(_) => Ok(()),
-        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
-        Err(e) => Err(e.into()),
-    }
+    Ok(ferry_kube::delete::delete_if_present(dvs, name).await?)
 }

@@ -3,7 +3,7 @@
 use ferry_api::ErrorClass;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{DeleteParams, ListParams, PostParams, PropagationPolicy};
+use kube::api::{ListParams, PostParams};
 use kube::{Api, ResourceExt};
 
 use crate::context::Context;
@@ -113,18 +113,8 @@ pub async fn create(ctx: &Context, ns: &str, job: &Job) -> Result<()> {
 }
 
 pub async fn delete(ctx: &Context, ns: &str, name: &str) -> Result<()> {
-    let params = DeleteParams {
-        propagation_policy: Some(PropagationPolicy::Background),
-        ..DeleteParams::default()
-    };
-    match Api::<Job>::namespaced(ctx.client.clone(), ns)
-        .delete(name, &params)
-        .await
-    {
-        Ok(_) => Ok(()),
-        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
-        Err(e) => Err(e.into()),
-    }
+    let jobs = Api::<Job>::namespaced(ctx.client.clone(), ns);
+    Ok(ferry_kube::delete::delete_if_present(&jobs, name).await?)
 }
 
 #[cfg(test)]

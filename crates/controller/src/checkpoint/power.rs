@@ -25,10 +25,14 @@ pub async fn provider(ctx: &Context, vmm: &VirtualMachineMigration) -> Result<Pr
 
 /// A session to the migration's Provider; a failed login is forgotten so the next attempt logs in afresh.
 pub async fn session(ctx: &Context, vmm: &VirtualMachineMigration) -> Result<Session> {
-    let provider = provider(ctx, vmm).await?;
-    ctx.session(&provider)
+    session_for(ctx, &provider(ctx, vmm).await?).await
+}
+
+/// A session to `provider`, as [`session`] (for a step that needs the Provider itself too).
+pub async fn session_for(ctx: &Context, provider: &Provider) -> Result<Session> {
+    ctx.session(provider)
         .await
-        .inspect_err(|_| ctx.forget_session(&provider))
+        .inspect_err(|_| ctx.forget_session(provider))
 }
 
 pub fn selector(vmm: &VirtualMachineMigration) -> VmSelector {

@@ -8,11 +8,11 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+pub use ferry_api::foreign::dv_resource;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Secret};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{DynamicObject, Patch, PatchParams, PostParams};
-use kube::core::{ApiResource, GroupVersionKind};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::watcher;
 use kube::{Api, Client, Resource, ResourceExt};
@@ -21,14 +21,6 @@ use serde_json::json;
 pub const FAULT_ANNOTATION: &str = "lab.ferry.dev/fault";
 pub const STORAGE_CLASS: &str = "lab-hostpath";
 const MANAGER: &str = "cdi-standin";
-
-pub fn dv_resource() -> ApiResource {
-    ApiResource::from_gvk(&GroupVersionKind::gvk(
-        "cdi.kubevirt.io",
-        "v1beta1",
-        "DataVolume",
-    ))
-}
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -284,35 +276,24 @@ async fn set_status(
     Ok(())
 }
 
+/// Whether the lab's fault switch `switch` strikes this DataVolume's import (an unreadable switch never does).
+async fn fault_for(client: &Client, dv: &DynamicObject, switch: &str) -> bool {
+    let ns = dv.namespace().unwrap_or_default();
+    super::faults::take(client, &ns, switch, &dv.name_any(), dv.labels())
+        .await
+        .unwrap_or(false)
+}
+
 /// Downloads the source into the volume and converts it to raw `disk.img`, reporting progress.
 async fn import(client: Client, dv: DynamicObject, dir: PathBuf) {
-    let ns = dv.namespace().unwrap_or_default();
-    let kill = super::faults::take(
-        &client,
-        &ns,
-        super::faults::KILL_IMPORTS,
-        &dv.name_any(),
-        dv.labels(),
-    )
-    .await
-    .unwrap_or(false);
+    let kill = fault_for(&client, &dv, super::faults::KILL_IMPORTS).await;
     let mut result = import_once(&client, &dv, &dir, kill).await;
     if kill {
         // As CDI does when its importer pod dies: a new importer starts over.
         tracing::info!(dv = %dv.name_any(), "importer killed by the lab's fault switch; importing again");
         result = import_once(&client, &dv, &dir, false).await;
     }
-    if result.is_ok()
-        && super::faults::take(
-            &client,
-            &ns,
-            super::faults::CORRUPT_IMPORTS,
-            &dv.name_any(),
-            dv.labels(),
-        )
-        .await
-        .unwrap_or(false)
-    {
+    if result.is_ok() && fault_for(&client, &dv, super::faults::CORRUPT_IMPORTS).await {
         // Silent corruption on the way: the import still reports success; only reading it back can tell.
         tracing::info!(dv = %dv.name_any(), "corrupting the imported disk by the lab's fault switch");
         result = corrupt(&dir.join("disk.img"));

@@ -5,11 +5,12 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+pub use ferry_api::foreign::{vm_resource, vmi_resource};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
-use kube::core::{ApiResource, GroupVersionKind};
+use kube::core::ApiResource;
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::finalizer::{Event, finalizer};
 use kube::runtime::watcher;
@@ -25,22 +26,6 @@ pub const MARKER_ANNOTATION: &str = "lab.ferry.dev/serial-marker";
 const FINALIZER: &str = "lab.ferry.dev/stop-qemu";
 const MANAGER: &str = "kubevirt-standin";
 pub const NODE: &str = "lab-node";
-
-pub fn vm_resource() -> ApiResource {
-    ApiResource::from_gvk(&GroupVersionKind::gvk(
-        "kubevirt.io",
-        "v1",
-        "VirtualMachine",
-    ))
-}
-
-pub fn vmi_resource() -> ApiResource {
-    ApiResource::from_gvk(&GroupVersionKind::gvk(
-        "kubevirt.io",
-        "v1",
-        "VirtualMachineInstance",
-    ))
-}
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {

@@ -198,8 +198,7 @@ impl Floor {
         dvs: &Api<DynamicObject>,
         status: &VirtualMachineMigrationStatus,
     ) -> Result<()> {
-        let release = json!({"metadata": {"ownerReferences": null,
-            "labels": {children::UID_LABEL: null, children::NAME_LABEL: null, children::STEP_LABEL: null}}});
+        let release = children::release_patch(vmm);
         vms.patch(
             &children::vm_name(vmm),
             &PatchParams::default(),

@@ -2,9 +2,11 @@
 //! controller's Kubernetes client crashes the process right before or right after its k-th write, fails that
 //! write (timeout, 500, 409 Conflict, AlreadyExists), stops the process after it (SIGSTOP: the world moves on
 //! unobserved until the harness continues it), or answers the reads that follow it with what they answered
-//! before it (stale reads, for at most 2 s). A hook in the vSphere client fails the k-th SOAP call, transiently or with
+//! before it and holds back its watches' events (stale reads and a lagging watch cache, for at most 2 s). A hook in the vSphere client fails the k-th SOAP call, transiently or with
 //! `ManagedObjectNotFound`, and logs every call so a fault-free run can count them. Lease renewals do not count: their
 //! timing is not the controller's logic.
+
+mod lagging;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
@@ -31,7 +33,8 @@ pub enum Fault {
     AlreadyExists,
     /// SIGSTOP right after write k; the harness sends SIGCONT once the world has changed.
     PauseAfter,
-    /// After write k and until the next write, each read answers what it answered before write k.
+    /// After write k and until the next write other than an Event (at most 2 s), each read answers what it
+    /// answered before write k, and watch events wait.
     StaleReads,
     /// The k-th vSphere call cannot connect (transient).
     VsphereUnreachable,
@@ -109,6 +112,19 @@ struct Shared {
     stale: AtomicBool,
     /// A lagging cache catches up in the end: stale answers stop after this even without a write.
     stale_until: Mutex<Option<std::time::Instant>>,
+}
+
+impl Shared {
+    /// Whether reads are answered stale and watch events held back: from the plan's write until the next write of
+    /// state, for at most [`STALE_FOR`].
+    fn stale_window_open(&self) -> bool {
+        self.stale.load(Ordering::SeqCst)
+            && self
+                .stale_until
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .is_some_and(|until| std::time::Instant::now() < until)
+    }
 }
 
 /// How long reads may stay stale after the plan's write, when the controller writes nothing meanwhile.
@@ -202,12 +218,14 @@ where
         let write = request.method() != http::Method::GET && !lease;
         let uri = request.uri().to_string();
         // Only plain reads can be answered stale; a watch is a stream.
-        let read = request.method() == http::Method::GET
-            && !lease
-            && !request.uri().query().unwrap_or_default().contains("watch=");
+        let watch = request.uri().query().unwrap_or_default().contains("watch=");
+        let read = request.method() == http::Method::GET && !lease && !watch;
         let (plan, shared) = (self.plan, self.shared.clone());
         let n = if write {
-            shared.stale.store(false, Ordering::SeqCst);
+            // A write of state ends the stale window (the controller acts on what it read); an Event is no state.
+            if !request.uri().path().contains("/events") {
+                shared.stale.store(false, Ordering::SeqCst);
+            }
             shared.writes.fetch_add(1, Ordering::SeqCst) + 1
         } else {
             0
@@ -222,12 +240,7 @@ where
                 .clone();
             *shared.before.lock().unwrap_or_else(|p| p.into_inner()) = Some(latest);
         }
-        let within = shared
-            .stale_until
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .is_some_and(|until| std::time::Instant::now() < until);
-        if read && stale_reads && within && shared.stale.load(Ordering::SeqCst) {
+        if read && stale_reads && shared.stale_window_open() {
             let before = shared.before.lock().unwrap_or_else(|p| p.into_inner());
             if let Some((code, body)) = before.as_ref().and_then(|b| b.get(&uri)).cloned() {
                 eprintln!("{{\"chaos\":\"stale read of {uri}\"}}");
@@ -271,6 +284,11 @@ where
                     }
                     _ => {}
                 }
+            }
+            if watch && stale_reads {
+                return Ok(response.map(|body| {
+                    Box::new(lagging::LaggingWatch::new(body, shared, uri)) as Box<DynBody>
+                }));
             }
             if !(read && stale_reads) {
                 return Ok(response);
