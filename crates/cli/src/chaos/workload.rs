@@ -38,8 +38,8 @@ impl Workload {
             let parsed: Phase = serde_json::from_value(serde_json::json!(phase))
                 .with_context(|| format!("{phase} is not a checkpoint"))?;
             anyhow::ensure!(
-                Phase::CHECKPOINTS.contains(&parsed) && parsed != Phase::Discovering,
-                "{phase}: a migration can hold before Validating .. ValidatingGuest"
+                Phase::CHECKPOINTS.contains(&parsed) && parsed != Phase::Succeeded,
+                "{phase}: a migration can hold before Discovering .. ValidatingGuest"
             );
             Ok(phase.to_string())
         };
@@ -96,6 +96,11 @@ mod tests {
         assert_eq!(early.act, Some((Act::Delete, "Converting".into())));
         assert_eq!(early.slug(), "deleteconverting");
         assert!(Workload::parse("bad-spec").unwrap().bad_spec);
+        assert!(Workload::parse("cancel@Discovering").is_ok());
+        assert!(
+            Workload::parse("cancel@Succeeded").is_err(),
+            "a finished migration holds nowhere"
+        );
         assert!(Workload::parse("cancel@Sometime").is_err());
         assert!(Workload::parse("happy-1@Importing").is_err());
         assert!(Workload::parse("happy-2").is_err());
