@@ -237,11 +237,11 @@ impl Run {
         let before = migration_writes(&lab.audit(&self.ns, self.audit_from));
         tokio::time::sleep(Duration::from_secs(2)).await;
         let audit = lab.audit(&self.ns, self.audit_from);
-        if migration_writes(&audit) != before {
-            record.violations.push(format!(
-                "{} write(s) after the end",
-                migration_writes(&audit) - before
-            ));
+        let after = migration_writes(&audit);
+        if after != before {
+            record
+                .violations
+                .push(format!("{} write(s) after the end", after - before));
         }
         record.writes = audit.len();
         for (verb, resource, code) in &audit {

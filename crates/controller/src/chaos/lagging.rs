@@ -71,8 +71,6 @@ impl Body for LaggingWatch {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::atomic::Ordering;
-
     use http_body_util::BodyExt;
 
     use super::*;
@@ -86,9 +84,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_watch_event_waits_while_the_window_is_open_and_flows_once_a_write_closes_it() {
         let shared = Arc::new(Shared::default());
-        shared.stale.store(true, Ordering::SeqCst);
-        *shared.stale_until.lock().unwrap() =
-            Some(std::time::Instant::now() + Duration::from_secs(3600));
+        shared.set_window(Some(std::time::Instant::now() + Duration::from_secs(3600)));
         let mut watch = LaggingWatch::new(one_event(), shared.clone(), "/watch".into());
 
         let early = tokio::time::timeout(Duration::from_secs(10), watch.frame()).await;
@@ -97,7 +93,7 @@ mod tests {
             "the event was delivered while the window was open"
         );
 
-        shared.stale.store(false, Ordering::SeqCst);
+        shared.set_window(None);
         let frame = watch.frame().await.expect("the held event").unwrap();
         assert_eq!(frame.into_data().unwrap(), "{\"type\":\"MODIFIED\"}\n");
         assert!(watch.frame().await.is_none(), "then the stream ends");

@@ -2,14 +2,15 @@
 //! controller's Kubernetes client crashes the process right before or right after its k-th write, fails that
 //! write (timeout, 500, 409 Conflict, AlreadyExists), stops the process after it (SIGSTOP: the world moves on
 //! unobserved until the harness continues it), or answers the reads that follow it with what they answered
-//! before it and holds back its watches' events (stale reads and a lagging watch cache, for at most 2 s). A hook in the vSphere client fails the k-th SOAP call, transiently or with
-//! `ManagedObjectNotFound`, and logs every call so a fault-free run can count them. Lease renewals do not count: their
-//! timing is not the controller's logic.
+//! before it and holds back its watches' events (stale reads and a lagging watch cache, for at most 2 s). A hook
+//! in the vSphere client fails the k-th SOAP call, transiently or with `ManagedObjectNotFound`, and logs every
+//! call so a fault-free run can count them. Lease renewals do not count: their timing is not the controller's
+//! logic.
 
 mod lagging;
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 
@@ -106,11 +107,11 @@ type Answers = HashMap<String, (StatusCode, Bytes)>;
 #[derive(Default)]
 struct Shared {
     writes: AtomicU32,
-    /// The answers as they were just before the plan's write, served while `stale` holds.
+    /// The answers as they were just before the plan's write, served while the stale window is open.
     before: Mutex<Option<Answers>>,
     latest: Mutex<Answers>,
-    stale: AtomicBool,
-    /// A lagging cache catches up in the end: stale answers stop after this even without a write.
+    /// When the stale window closes: opened by the plan's write, closed early by the next write of state (a
+    /// lagging cache catches up in the end even when the controller writes nothing).
     stale_until: Mutex<Option<std::time::Instant>>,
 }
 
@@ -118,12 +119,14 @@ impl Shared {
     /// Whether reads are answered stale and watch events held back: from the plan's write until the next write of
     /// state, for at most [`STALE_FOR`].
     fn stale_window_open(&self) -> bool {
-        self.stale.load(Ordering::SeqCst)
-            && self
-                .stale_until
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .is_some_and(|until| std::time::Instant::now() < until)
+        self.stale_until
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_some_and(|until| std::time::Instant::now() < until)
+    }
+
+    fn set_window(&self, until: Option<std::time::Instant>) {
+        *self.stale_until.lock().unwrap_or_else(|p| p.into_inner()) = until;
     }
 }
 
@@ -217,14 +220,14 @@ where
         let lease = request.uri().path().contains("/leases");
         let write = request.method() != http::Method::GET && !lease;
         let uri = request.uri().to_string();
-        // Only plain reads can be answered stale; a watch is a stream.
+        // Plain reads are answered stale from a copy; a watch, a stream, is held back instead.
         let watch = request.uri().query().unwrap_or_default().contains("watch=");
         let read = request.method() == http::Method::GET && !lease && !watch;
         let (plan, shared) = (self.plan, self.shared.clone());
         let n = if write {
             // A write of state ends the stale window (the controller acts on what it read); an Event is no state.
             if !request.uri().path().contains("/events") {
-                shared.stale.store(false, Ordering::SeqCst);
+                shared.set_window(None);
             }
             shared.writes.fetch_add(1, Ordering::SeqCst) + 1
         } else {
@@ -278,9 +281,7 @@ where
                     Fault::CrashAfter => crash("after", n),
                     Fault::PauseAfter => pause(n),
                     Fault::StaleReads => {
-                        let until = std::time::Instant::now() + STALE_FOR;
-                        *shared.stale_until.lock().unwrap_or_else(|p| p.into_inner()) = Some(until);
-                        shared.stale.store(true, Ordering::SeqCst);
+                        shared.set_window(Some(std::time::Instant::now() + STALE_FOR));
                     }
                     _ => {}
                 }
