@@ -7,6 +7,7 @@
 //! - [`reconcile`]: one reconcile: finalizer, cancel, dispatch, status write, Events.
 //! - [`runtime`]: watches, leader election, metrics and health endpoints.
 
+mod backoff;
 pub mod build;
 #[cfg(feature = "chaos")]
 pub mod chaos;
@@ -15,6 +16,7 @@ pub mod children;
 pub mod context;
 pub mod error;
 pub mod metrics;
+mod owned;
 pub mod provider;
 pub mod reconcile;
 pub mod runtime;
