@@ -15,10 +15,14 @@ pub mod checkpoint;
 pub mod children;
 pub mod context;
 pub mod error;
+#[cfg(test)]
+mod fixtures;
 pub mod metrics;
 mod owned;
 pub mod provider;
 pub mod reconcile;
+#[cfg(test)]
+mod reconcile_tests;
 pub mod runtime;
 pub mod staging;
 pub mod status;
