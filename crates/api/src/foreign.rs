@@ -1,7 +1,12 @@
-//! The kinds of other projects that Ferry creates and reads, untyped: CDI's DataVolume and KubeVirt's
-//! VirtualMachine and VirtualMachineInstance. The controller and the lab's stand-ins name them from here.
+//! The kinds of other projects that Ferry creates and reads: CDI's DataVolume and KubeVirt's VirtualMachine and
+//! VirtualMachineInstance. The controller and the lab's stand-ins name them from here, and read the fields they
+//! share through the small serde views below (the objects themselves stay dynamic: Ferry owns none of their
+//! schemas).
 
+use kube::api::DynamicObject;
 use kube::core::{ApiResource, GroupVersionKind};
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
 
 pub fn dv_resource() -> ApiResource {
     ApiResource::from_gvk(&GroupVersionKind::gvk(
@@ -25,4 +30,112 @@ pub fn vmi_resource() -> ApiResource {
         "v1",
         "VirtualMachineInstance",
     ))
+}
+
+/// A condition as KubeVirt and CDI write them.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ForeignCondition {
+    #[serde(rename = "type")]
+    pub type_: String,
+    pub status: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+}
+
+fn is_true(conditions: &[ForeignCondition], type_: &str) -> bool {
+    conditions
+        .iter()
+        .any(|c| c.type_ == type_ && c.status == "True")
+}
+
+/// The part of an object's `data` under `key`, as `T`; what does not parse reads as `T`'s default.
+fn part<T: DeserializeOwned + Default>(object: &DynamicObject, key: &str) -> T {
+    serde_json::from_value(object.data[key].clone()).unwrap_or_default()
+}
+
+/// What Ferry and the lab read of a VirtualMachine's spec.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct VmSpec {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run_strategy: Option<String>,
+}
+
+impl VmSpec {
+    pub fn of(vm: &DynamicObject) -> Self {
+        part(vm, "spec")
+    }
+}
+
+/// What Ferry and the lab read of a VirtualMachineInstance's status.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct VmiStatus {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<String>,
+    #[serde(default)]
+    pub conditions: Vec<ForeignCondition>,
+}
+
+impl VmiStatus {
+    pub fn of(vmi: &DynamicObject) -> Self {
+        part(vmi, "status")
+    }
+
+    pub fn is_true(&self, type_: &str) -> bool {
+        is_true(&self.conditions, type_)
+    }
+}
+
+/// What Ferry and the lab read of a DataVolume's status.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DataVolumeStatus {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<String>,
+    /// `12.5%`, or `N/A` before CDI knows.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub progress: Option<String>,
+    #[serde(default)]
+    pub conditions: Vec<ForeignCondition>,
+}
+
+impl DataVolumeStatus {
+    pub fn of(dv: &DynamicObject) -> Self {
+        part(dv, "status")
+    }
+
+    /// The message of the first condition of `types` that has one.
+    pub fn message_of(&self, types: &[&str]) -> Option<&str> {
+        self.conditions
+            .iter()
+            .find(|c| types.contains(&c.type_.as_str()))
+            .and_then(|c| c.message.as_deref())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn statuses_read_what_kubevirt_and_cdi_write() {
+        let vmi: DynamicObject = serde_json::from_value(serde_json::json!({
+            "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance", "metadata": {"name": "v"},
+            "status": {"phase": "Running", "conditions": [
+                {"type": "Ready", "status": "True", "lastProbeTime": null},
+                {"type": "AgentConnected", "status": "False"}]}}))
+        .unwrap();
+        let status = VmiStatus::of(&vmi);
+        assert_eq!(status.phase.as_deref(), Some("Running"));
+        assert!(status.is_true("Ready") && !status.is_true("AgentConnected"));
+        let empty: DynamicObject = serde_json::from_value(serde_json::json!({
+            "apiVersion": "cdi.kubevirt.io/v1beta1", "kind": "DataVolume", "metadata": {"name": "d"}}))
+        .unwrap();
+        assert_eq!(DataVolumeStatus::of(&empty), DataVolumeStatus::default());
+        assert_eq!(VmSpec::of(&empty).run_strategy, None);
+    }
 }

@@ -1,5 +1,6 @@
 //! One DataVolume per disk, importing the staged image through CDI's s3 source.
 
+use ferry_api::foreign::DataVolumeStatus;
 use ferry_api::{DiskStatus, VirtualMachineMigration, VolumeMode};
 use kube::ResourceExt;
 use kube::api::DynamicObject;
@@ -72,24 +73,14 @@ pub fn dv_state(dv: Option<&DynamicObject>) -> DvState {
     if dv.metadata.deletion_timestamp.is_some() {
         return DvState::Terminating;
     }
-    let status = &dv.data["status"];
-    let phase = status["phase"].as_str().unwrap_or("Pending").to_string();
-    let progress = status["progress"]
-        .as_str()
-        .filter(|p| *p != "N/A")
-        .map(String::from);
+    let status = DataVolumeStatus::of(dv);
+    let phase = status.phase.clone().unwrap_or_else(|| "Pending".into());
+    let progress = status.progress.clone().filter(|p| p != "N/A");
     match phase.as_str() {
         "Succeeded" => DvState::Succeeded,
         "Failed" => {
-            let message = status["conditions"]
-                .as_array()
-                .and_then(|cs| {
-                    cs.iter()
-                        .find(|c| c["type"] == "Ready" || c["type"] == "Running")
-                })
-                .and_then(|c| c["message"].as_str())
-                .unwrap_or("the import failed")
-                .to_string();
+            let message = status.message_of(&["Ready", "Running"]);
+            let message = message.unwrap_or("the import failed").to_string();
             DvState::Failed { message }
         }
         _ => DvState::InProgress { phase, progress },

@@ -4,10 +4,10 @@
 
 use std::time::Duration;
 
+use ferry_api::foreign::VmiStatus;
 use ferry_api::{Phase, RunStrategy};
 use kube::api::DynamicObject;
 use kube::{Api, ResourceExt};
-use serde_json::Value;
 
 use super::{Next, Step};
 use crate::build::vmi_resource;
@@ -23,12 +23,8 @@ pub async fn run(step: &mut Step<'_>) -> Result<Next> {
             Api::<DynamicObject>::namespaced_with(step.ctx.client.clone(), &ns, &vmi_resource())
                 .get_opt(&name)
                 .await?;
-        let (ready, agent) = vmi.as_ref().map_or((false, false), |v| {
-            (
-                condition(&v.data, "Ready"),
-                condition(&v.data, "AgentConnected"),
-            )
-        });
+        let status = vmi.as_ref().map(VmiStatus::of).unwrap_or_default();
+        let (ready, agent) = (status.is_true("Ready"), status.is_true("AgentConnected"));
         if !(ready && agent) {
             let entered = step
                 .status
@@ -60,13 +56,6 @@ pub async fn run(step: &mut Step<'_>) -> Result<Next> {
         "GuestReady",
         format!("the guest of {name} booted and answered; the VM and its disks are handed over"),
     ))
-}
-
-fn condition(vmi: &Value, kind: &str) -> bool {
-    vmi["status"]["conditions"].as_array().is_some_and(|cs| {
-        cs.iter()
-            .any(|c| c["type"] == kind && c["status"] == "True")
-    })
 }
 
 /// Idempotent: what is already handed over or removed is skipped.

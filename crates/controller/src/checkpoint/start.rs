@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use ferry_api::RunStrategy;
+use ferry_api::foreign::{VmSpec, VmiStatus};
 use kube::api::{DynamicObject, Patch, PatchParams};
 use kube::{Api, ResourceExt};
 
@@ -23,7 +24,7 @@ pub async fn run(step: &mut Step<'_>) -> Result<Next> {
             format!("VirtualMachine {name} is gone; it will be recreated"),
         )
     })?;
-    if vm.data["spec"]["runStrategy"].as_str() != Some(wanted) {
+    if VmSpec::of(&vm).run_strategy.as_deref() != Some(wanted) {
         let patch = serde_json::json!({"spec": {"runStrategy": wanted}});
         vms.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
             .await?;
@@ -43,7 +44,7 @@ pub async fn run(step: &mut Step<'_>) -> Result<Next> {
     let phase = vmis
         .get_opt(&name)
         .await?
-        .and_then(|vmi| vmi.data["status"]["phase"].as_str().map(String::from))
+        .and_then(|vmi| VmiStatus::of(&vmi).phase)
         .unwrap_or_else(|| "Absent".into());
     match phase.as_str() {
         "Running" => Ok(Next::advance(

@@ -5,6 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use ferry_api::foreign::{VmSpec, VmiStatus};
 pub use ferry_api::foreign::{vm_resource, vmi_resource};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
@@ -112,8 +113,10 @@ fn error_policy(_obj: Arc<DynamicObject>, error: &Error, _ctx: Arc<Context>) -> 
     Action::requeue(Duration::from_secs(2))
 }
 
-fn run_strategy(vm: &DynamicObject) -> &str {
-    vm.data["spec"]["runStrategy"].as_str().unwrap_or("Halted")
+fn run_strategy(vm: &DynamicObject) -> String {
+    VmSpec::of(vm)
+        .run_strategy
+        .unwrap_or_else(|| "Halted".into())
 }
 
 /// virt-controller's part: a VMI exists exactly when the run strategy says the VM runs.
@@ -123,7 +126,10 @@ async fn reconcile_vm(vm: Arc<DynamicObject>, ctx: Arc<Context>) -> Result<Actio
     let vmis = Api::<DynamicObject>::namespaced_with(ctx.client.clone(), &ns, &vmi_resource());
     let vms = Api::<DynamicObject>::namespaced_with(ctx.client.clone(), &ns, &vm_resource());
     let mut vmi = vmis.get_opt(&name).await?;
-    let wants_running = matches!(run_strategy(&vm), "Always" | "RerunOnFailure" | "Once");
+    let wants_running = matches!(
+        run_strategy(&vm).as_str(),
+        "Always" | "RerunOnFailure" | "Once"
+    );
     if vm.metadata.deletion_timestamp.is_some() {
         return Ok(Action::await_change());
     }
@@ -145,11 +151,9 @@ async fn reconcile_vm(vm: Arc<DynamicObject>, ctx: Arc<Context>) -> Result<Actio
         }
         _ => {}
     }
-    let vmi_ready = vmi.as_ref().is_some_and(|v| condition_true(v, "Ready"));
-    let vmi_phase = vmi
-        .as_ref()
-        .and_then(|v| v.data["status"]["phase"].as_str())
-        .unwrap_or("");
+    let vmi_status = vmi.as_ref().map(VmiStatus::of).unwrap_or_default();
+    let vmi_ready = vmi_status.is_true("Ready");
+    let vmi_phase = vmi_status.phase.as_deref().unwrap_or("");
     let printable = match (wants_running, &vmi) {
         (false, None) => "Stopped",
         (false, Some(_)) => "Stopping",
@@ -173,15 +177,6 @@ async fn reconcile_vm(vm: Arc<DynamicObject>, ctx: Arc<Context>) -> Result<Actio
         .await?;
     }
     Ok(Action::requeue(Duration::from_secs(30)))
-}
-
-fn condition_true(obj: &DynamicObject, type_: &str) -> bool {
-    obj.data["status"]["conditions"]
-        .as_array()
-        .is_some_and(|cs| {
-            cs.iter()
-                .any(|c| c["type"] == type_ && c["status"] == "True")
-        })
 }
 
 fn guest_key(vmi: &DynamicObject) -> String {
