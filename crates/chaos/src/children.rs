@@ -34,9 +34,9 @@ impl Children {
             jobs: Api::namespaced(client.clone(), ns),
             pods: Api::namespaced(client.clone(), ns),
             claims: Api::namespaced(client.clone(), ns),
-            data_volumes: dynamic(ferry_controller::build::dv_resource()),
-            vms: dynamic(ferry_controller::build::vm_resource()),
-            vmis: dynamic(ferry_controller::build::vmi_resource()),
+            data_volumes: dynamic(ferry_api::foreign::dv_resource()),
+            vms: dynamic(ferry_api::foreign::vm_resource()),
+            vmis: dynamic(ferry_api::foreign::vmi_resource()),
             events: Api::namespaced(client.clone(), ns),
             migrations: Api::namespaced(client.clone(), ns),
         }
