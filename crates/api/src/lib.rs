@@ -3,6 +3,7 @@
 //! - [`Provider`]: a vSphere endpoint, its credentials (by Secret name) and how to trust its certificate.
 //! - [`VirtualMachineMigration`] (`vmm`): one VM to move, and everything the controller observed doing it.
 //! - [`foreign`]: the CDI and KubeVirt kinds it creates and reads.
+//! - [`keys`]: every label, annotation, finalizer and field manager, built from [`GROUP`].
 //!
 //! The schema and its CEL rules reject bad input when it is applied, before the controller sees it.
 
@@ -11,6 +12,7 @@
 
 pub mod crds;
 pub mod foreign;
+pub mod keys;
 pub mod migration;
 pub mod names;
 pub mod provider;
@@ -20,11 +22,11 @@ pub use migration::*;
 pub use provider::*;
 pub use refs::{LocalObjectReference, SecretReference};
 
-pub const GROUP: &str = "migration.platform.example";
+pub const GROUP: &str = keys::group!();
 pub const VERSION: &str = "v1alpha1";
-pub const API_VERSION: &str = "migration.platform.example/v1alpha1";
-/// Holds a migration until the controller has cleaned up what it created.
-pub const FINALIZER: &str = "migration.platform.example/cleanup";
+pub const API_VERSION: &str = concat!(keys::group!(), "/v1alpha1");
+/// Holds a migration until the controller has cleaned up what it created (defined in [`keys`]).
+pub use keys::FINALIZER;
 
 /// DNS-1123 label: the names of VMs, DataVolumes and Jobs.
 pub(crate) const DNS_LABEL: &str = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$";

@@ -194,7 +194,7 @@ async fn summary(client: &kube::Client, vm: &str, m: &VirtualMachineMigration) -
     let vmis = Api::<DynamicObject>::namespaced_with(
         client.clone(),
         NAMESPACE,
-        &ferry_controller::build::vmi_resource(),
+        &ferry_api::foreign::vmi_resource(),
     );
     let marker = match vmis
         .get_opt(&status.target_vm.clone().unwrap_or_default())

@@ -31,7 +31,7 @@ enum LabCommand {
     Status(DirArg),
     /// Crash and fail the controller at every write of a workload, judged against a fault-free run (feature chaos).
     #[cfg(feature = "chaos")]
-    Chaos(crate::chaos::ChaosArgs),
+    Chaos(ferry_chaos::ChaosArgs),
     /// Run one stand-in (node, cdi or kubevirt) against the lab in DIR; `ferry lab up` starts them.
     #[command(hide = true)]
     Standin {
@@ -65,7 +65,7 @@ pub async fn run(args: LabArgs) -> Result<()> {
     match args.command {
         LabCommand::Demo { dir, vms } => crate::demo::run(dir.dir, vms).await,
         #[cfg(feature = "chaos")]
-        LabCommand::Chaos(args) => crate::chaos::run(args).await,
+        LabCommand::Chaos(args) => ferry_chaos::run(args).await,
         LabCommand::Up(DirArg { dir }) => {
             let started = Instant::now();
             let outcome = ferry_lab::up(&options(dir)?).await?;

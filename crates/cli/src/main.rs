@@ -1,8 +1,5 @@
 //! The `ferry` command line: one binary for the controller, the lab and the tools around them.
 
-mod bench;
-#[cfg(feature = "chaos")]
-mod chaos;
 mod controller;
 mod convert;
 mod demo;
@@ -29,7 +26,7 @@ enum Command {
     /// Print every CustomResourceDefinition as YAML (`ferry crds | kubectl apply -f -`).
     Crds,
     /// Benchmarks that print ratios against baselines measured in the same run.
-    Bench(bench::BenchArgs),
+    Bench(ferry_bench::BenchArgs),
     /// Stream, convert, checksum and stage disks (the conversion Job's entrypoint).
     Convert(convert::ConvertArgs),
     /// Prove an imported disk holds the source's bytes (the verification Job's entrypoint).
@@ -78,7 +75,7 @@ async fn run() -> anyhow::Result<()> {
         Command::Watch(args) => views::watch::run(args).await,
         Command::Convert(args) => convert::run(args).await,
         Command::Verify(args) => verify::run(args).await,
-        Command::Bench(args) => bench::run(args).await,
+        Command::Bench(args) => ferry_bench::run(args).await,
         Command::Crds => {
             print!("{}", ferry_api::crds::to_yaml()?);
             Ok(())

@@ -218,7 +218,7 @@ async fn other_provider(
         client,
         ns,
         serde_json::json!({
-            "apiVersion": "migration.platform.example/v1alpha1", "kind": "Provider",
+            "apiVersion": ferry_api::API_VERSION, "kind": "Provider",
             "metadata": {"name": name, "namespace": ns},
             "spec": {"type": "vsphere", "url": vcsim.url, "secretRef": {"name": name}, "tls": tls},
         }),

@@ -5,8 +5,9 @@ mod support;
 
 use std::time::Duration;
 
+use ferry_api::keys::{HOLD_ANNOTATION, step_selector};
 use ferry_api::{Phase, PowerState};
-use ferry_controller::checkpoint::CHECKPOINTS;
+use ferry_controller::surface::CHECKPOINTS;
 use ferry_testkit::migration;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::ResourceExt;
@@ -64,8 +65,7 @@ async fn nothing_left(client: &kube::Client, ns: &str, name: &str, uid: &str) {
 async fn caught_at(client: &kube::Client, ns: &str, name: &str, vm: &str, phase: Phase) -> String {
     let mut manifest = migration::migration(lab().await, ns, name, vm);
     if phase != Phase::ValidatingGuest {
-        manifest["metadata"]["annotations"] =
-            json!({"migration.platform.example/hold-before": phase_name(phase)});
+        manifest["metadata"]["annotations"] = json!({HOLD_ANNOTATION: phase_name(phase)});
     }
     migration::apply(client, ns, manifest).await.unwrap();
     let caught = wait_for_phase(client, ns, name, phase, Duration::from_secs(300)).await;
@@ -148,7 +148,7 @@ async fn dv_creates(ns: &str) -> usize {
 /// The lab's fault switches: fail this many conversion pods and imports.
 fn faults(convert_pods: u32, imports: u32) -> ConfigMap {
     fault_switches(json!({"fail-pods": convert_pods.to_string(),
-        "fail-pods-selector": "migration.platform.example/step=convert", "fail-imports": imports.to_string()}))
+        "fail-pods-selector": step_selector("convert"), "fail-imports": imports.to_string()}))
 }
 
 fn fault_switches(data: serde_json::Value) -> ConfigMap {
@@ -223,7 +223,7 @@ async fn failures_within_the_budget_are_retried_and_past_it_fail_with_cleanup() 
     // claim instead). A verifier that dies without a result only runs again, on the same DataVolume.
     let dv_creates_before = dv_creates(ns.name()).await;
     let verify_fails = fault_switches(json!({"corrupt-imports": "1", "fail-pods": "1",
-        "fail-pods-selector": "migration.platform.example/step=verify"}));
+        "fail-pods-selector": step_selector("verify")}));
     let done = migrate_with_faults(
         &client,
         ns.name(),

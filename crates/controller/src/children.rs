@@ -8,12 +8,8 @@ use ferry_api::names::child_name;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::{Resource, ResourceExt};
 
-pub const UID_LABEL: &str = "migration.platform.example/uid";
-pub const NAME_LABEL: &str = "migration.platform.example/migration";
-pub const STEP_LABEL: &str = "migration.platform.example/step";
-/// Left on a handed-over VM and its disks: where they came from.
-pub const MIGRATED_BY_ANNOTATION: &str = "migration.platform.example/migrated-by";
-pub const MANAGER: &str = "ferry-controller";
+use ferry_api::keys::{MANAGED_BY, MANAGED_BY_LABEL};
+pub use ferry_api::keys::{MANAGER, MIGRATED_BY_ANNOTATION, NAME_LABEL, STEP_LABEL, UID_LABEL};
 
 pub fn uid(vmm: &VirtualMachineMigration) -> String {
     vmm.uid().unwrap_or_default()
@@ -24,15 +20,12 @@ pub fn labels(vmm: &VirtualMachineMigration, step: &str) -> BTreeMap<String, Str
         (UID_LABEL.to_string(), uid(vmm)),
         (NAME_LABEL.to_string(), child_name(&vmm.name_any(), "")),
         (STEP_LABEL.to_string(), step.to_string()),
-        (
-            "app.kubernetes.io/managed-by".to_string(),
-            "ferry".to_string(),
-        ),
+        (MANAGED_BY_LABEL.to_string(), MANAGED_BY.to_string()),
     ])
 }
 
 pub fn uid_selector(vmm: &VirtualMachineMigration) -> String {
-    format!("{UID_LABEL}={}", uid(vmm))
+    ferry_api::keys::uid_selector(&uid(vmm))
 }
 
 /// The merge patch that hands a child over to its user: no owner (so deleting the migration keeps it), none of

@@ -1,31 +1,36 @@
 //! Ferry's controller: turns each `VirtualMachineMigration` into a running KubeVirt VM, one idempotent step per
 //! reconcile, resuming from what it observes after any crash.
 //!
-//! - [`checkpoint`]: the checkpoints, each as desired, observed, action and recorded.
-//! - [`build`]: pure builders of the Jobs, DataVolumes and VM a migration creates.
-//! - [`status`]: pure status edits (phases, conditions, retries, progress).
-//! - [`reconcile`]: one reconcile: finalizer, cancel, dispatch, status write, Events.
-//! - [`runtime`]: watches, leader election, metrics and health endpoints.
+//! Its public API is small on purpose: [`run`] with [`RunOptions`] and [`Config`], the [`client`] it runs with,
+//! [`surface`] (the builders, names and child states the benchmark, the views, the demo and the chaos harness
+//! share with it) and, with the `chaos` feature, `chaos` (the fault plan). Inside:
+//!
+//! - `checkpoint`: the checkpoints, each as desired, observed, action and recorded.
+//! - `build`: pure builders of the Jobs, DataVolumes and VM a migration creates.
+//! - `status`: pure status edits (phases, conditions, retries, progress).
+//! - `reconcile`: one reconcile: finalizer, cancel, dispatch, status write, Events.
+//! - `runtime`: watches, leader election, metrics and health endpoints.
 
 mod backoff;
-pub mod build;
+pub(crate) mod build;
 #[cfg(feature = "chaos")]
 pub mod chaos;
-pub mod checkpoint;
-pub mod children;
-pub mod context;
-pub mod error;
+pub(crate) mod checkpoint;
+pub(crate) mod children;
+pub(crate) mod context;
+pub(crate) mod error;
 #[cfg(test)]
 mod fixtures;
-pub mod metrics;
+pub(crate) mod metrics;
 mod owned;
-pub mod provider;
-pub mod reconcile;
+pub(crate) mod provider;
+pub(crate) mod reconcile;
 #[cfg(test)]
 mod reconcile_tests;
-pub mod runtime;
-pub mod staging;
-pub mod status;
+pub(crate) mod runtime;
+pub(crate) mod staging;
+pub(crate) mod status;
+pub mod surface;
 
 pub use context::Config;
 pub use runtime::{RunOptions, run};

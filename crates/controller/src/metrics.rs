@@ -68,10 +68,6 @@ impl Metrics {
         };
     }
 
-    pub fn reconciles(&self) -> u64 {
-        self.lock().reconciles
-    }
-
     pub fn render(&self) -> String {
         let m = self.lock();
         let mut out = String::new();

@@ -26,7 +26,7 @@ use crate::status::StatusEditor;
 /// `migration.platform.example/hold-before: Preparing` stops a migration before it runs that checkpoint, for
 /// example to validate everything but power the source off only in a maintenance window. Cancel and delete work
 /// while held.
-pub const HOLD_ANNOTATION: &str = "migration.platform.example/hold-before";
+pub use ferry_api::keys::HOLD_ANNOTATION;
 
 fn held_before(vmm: &VirtualMachineMigration, phase: Phase) -> Option<Phase> {
     let wanted = vmm.annotations().get(HOLD_ANNOTATION)?;

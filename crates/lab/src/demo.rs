@@ -92,7 +92,7 @@ pub async fn create_provider(client: &Client, state: &LabState, ns: &str) -> Res
     apply_secret(client, ns, STAGING_SECRET, json!(staging.secret_data()?)).await?;
     let ca = std::fs::read_to_string(&vcsim.ca_file)?;
     apply(client, ns, json!({
-        "apiVersion": "migration.platform.example/v1alpha1", "kind": "Provider",
+        "apiVersion": ferry_api::API_VERSION, "kind": "Provider",
         "metadata": {"name": PROVIDER, "namespace": ns},
         "spec": {"type": "vsphere", "url": vcsim.url, "secretRef": {"name": VSPHERE_SECRET}, "tls": {"caBundle": ca}},
     }))
@@ -147,7 +147,7 @@ pub fn migration(state: &LabState, ns: &str, name: &str, vm: &str) -> Value {
         .map(|n| json!({"source": n, "pod": {}}))
         .collect();
     json!({
-        "apiVersion": "migration.platform.example/v1alpha1", "kind": "VirtualMachineMigration",
+        "apiVersion": ferry_api::API_VERSION, "kind": "VirtualMachineMigration",
         "metadata": {"name": name, "namespace": ns},
         "spec": {
             "source": {"providerRef": {"name": PROVIDER}, "vm": {"name": vm}, "restorePowerState": true},

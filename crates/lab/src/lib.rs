@@ -1,7 +1,6 @@
 //! Ferry's lab: the real Kubernetes control plane (etcd, kube-apiserver, kube-controller-manager), vcsim, MinIO,
 //! the stand-ins for what a cluster provides, and Ferry's controller, as supervised local processes.
 
-pub mod bench;
 pub mod bootdisk;
 pub mod components;
 pub mod controller;

@@ -31,19 +31,6 @@ pub enum Phase {
 }
 
 impl Phase {
-    /// The order of the checkpoints that lead to `Succeeded`.
-    pub const CHECKPOINTS: [Phase; 9] = [
-        Phase::Discovering,
-        Phase::Validating,
-        Phase::Preparing,
-        Phase::Converting,
-        Phase::Importing,
-        Phase::CreatingVm,
-        Phase::Starting,
-        Phase::ValidatingGuest,
-        Phase::Succeeded,
-    ];
-
     pub fn is_terminal(self) -> bool {
         matches!(self, Phase::Succeeded | Phase::Failed | Phase::Cancelled)
     }

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use anyhow::Result;
 use clap::Args;
 use ferry_api::VirtualMachineMigration;
-use ferry_controller::status::{disk_fraction, progress_bytes};
+use ferry_controller::surface::{disk_fraction, progress_bytes};
 use futures::StreamExt;
 use kube::ResourceExt;
 use kube::runtime::{WatchStreamExt, watcher};

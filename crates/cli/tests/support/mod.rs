@@ -5,6 +5,7 @@
 use std::path::Path;
 use std::time::Duration;
 
+use ferry_api::keys::uid_selector;
 use ferry_api::{Phase, VirtualMachineMigration};
 use ferry_testkit::TestLab;
 use ferry_testkit::migration::ControllerProcess;
@@ -99,7 +100,7 @@ pub async fn labelled(
     uid: &str,
 ) -> Vec<String> {
     Api::<DynamicObject>::namespaced_with(client.clone(), ns, resource)
-        .list(&ListParams::default().labels(&format!("migration.platform.example/uid={uid}")))
+        .list(&ListParams::default().labels(&uid_selector(uid)))
         .await
         .unwrap()
         .items

@@ -5,10 +5,10 @@
 
 mod cleanup;
 mod convert;
-pub mod discover;
+pub(crate) mod discover;
 mod guest;
 mod import;
-pub mod jobs;
+pub(crate) mod jobs;
 mod prepare;
 mod source;
 mod start;

@@ -13,9 +13,9 @@ use ferry_vsphere::Session;
 use ferry_vsphere::datastore::{Download, flat_disk};
 use ferry_vsphere::inventory::{self, VmSelector};
 
-use crate::minio::StandaloneMinio;
-use crate::process::Lifetime;
-use crate::vcsim::StandaloneVcsim;
+use ferry_lab::minio::StandaloneMinio;
+use ferry_lab::process::Lifetime;
+use ferry_lab::vcsim::StandaloneVcsim;
 
 pub struct Measurement {
     pub name: &'static str,
@@ -106,13 +106,13 @@ async fn run(
     let session = Session::connect(endpoint.connect_config(Duration::from_secs(600))?).await?;
     let vm = inventory::find_vm(&session, &VmSelector::Name("DC0_H0_VM0".into())).await?;
     eprintln!("making a {} MiB source disk...", size >> 20);
-    let disk = crate::disks::make_flat_vmdk(work, "bench", size, 42)?;
+    let disk = ferry_lab::disks::make_flat_vmdk(work, "bench", size, 42)?;
     let attached =
         ferry_vsphere::seed::attach_flat_vmdk(&session, &vm, &disk.descriptor, &disk.extent)
             .await?;
     let info = inventory::describe_vm(&session, &vm).await?;
     let staging_spec = StagingSpec {
-        url: format!("s3://{}/bench", crate::minio::BUCKET),
+        url: format!("s3://{}/bench", ferry_lab::minio::BUCKET),
         credentials_dir: Some(minio.credentials_dir.clone()),
         endpoint: Some(minio.endpoint.clone()),
         region: None,
@@ -135,7 +135,7 @@ async fn run(
         "raw"
     };
     let convert = timed("qemu-img convert (local file only)", size, async {
-        crate::disks::qemu_img(
+        ferry_lab::disks::qemu_img(
             &["convert", "-f", "raw", "-O", out_format, "-W", "-m", "8"],
             &[&disk.extent, &target],
         )

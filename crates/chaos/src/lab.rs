@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
+use ferry_api::keys::HOLD_ANNOTATION;
 use ferry_controller::chaos::{Fault, PLAN_ENV, Plan};
 use ferry_lab::process::{self, Lifetime, ProcessRecord};
 use ferry_lab::{LabOptions, LabState};
@@ -159,8 +160,7 @@ impl ChaosLab {
         wait_ready(port, &log, &controller, &self.state.dir).await?;
         let mut manifest = ferry_lab::demo::migration(&self.state, &ns, "m", workload.vm);
         if let Some((_, hold)) = &workload.act {
-            manifest["metadata"]["annotations"] =
-                json!({"migration.platform.example/hold-before": hold});
+            manifest["metadata"]["annotations"] = json!({HOLD_ANNOTATION: hold});
         }
         if workload.bad_spec {
             manifest["spec"]["staging"]["secretRef"]["name"] = json!(MISSPELLED_SECRET);

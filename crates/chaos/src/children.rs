@@ -5,6 +5,7 @@ use std::fmt::Debug;
 
 use anyhow::Result;
 use ferry_api::VirtualMachineMigration;
+use ferry_api::keys::uid_selector;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Event, PersistentVolumeClaim, Pod};
 use kube::api::{DynamicObject, ListParams};
@@ -12,8 +13,6 @@ use kube::{Api, Client, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 
 use super::oracles::Record;
-
-const UID_LABEL: &str = "migration.platform.example/uid";
 
 /// The migration's children in the run's namespace.
 pub struct Children {
@@ -34,9 +33,9 @@ impl Children {
             jobs: Api::namespaced(client.clone(), ns),
             pods: Api::namespaced(client.clone(), ns),
             claims: Api::namespaced(client.clone(), ns),
-            data_volumes: dynamic(ferry_controller::build::dv_resource()),
-            vms: dynamic(ferry_controller::build::vm_resource()),
-            vmis: dynamic(ferry_controller::build::vmi_resource()),
+            data_volumes: dynamic(ferry_api::foreign::dv_resource()),
+            vms: dynamic(ferry_api::foreign::vm_resource()),
+            vmis: dynamic(ferry_api::foreign::vmi_resource()),
             events: Api::namespaced(client.clone(), ns),
             migrations: Api::namespaced(client.clone(), ns),
         }
@@ -52,7 +51,7 @@ impl Children {
         }
         let dvs = self
             .data_volumes
-            .list(&ListParams::default().labels(&format!("{UID_LABEL}={uid}")))
+            .list(&ListParams::default().labels(&uid_selector(uid)))
             .await?;
         if dvs.items.len() > disks.max(1) {
             let names: Vec<String> = dvs.items.iter().map(|d| d.name_any()).collect();
@@ -73,7 +72,7 @@ impl Children {
     pub async fn target_running(&self, uid: &str) -> Result<bool> {
         let vms = self
             .vms
-            .list(&ListParams::default().labels(&format!("{UID_LABEL}={uid}")))
+            .list(&ListParams::default().labels(&uid_selector(uid)))
             .await?;
         let names: Vec<String> = vms.items.iter().map(|v| v.name_any()).collect();
         Ok(self
@@ -109,7 +108,7 @@ impl Children {
         if uid.is_empty() {
             return Ok(0);
         }
-        let lp = ListParams::default().labels(&format!("{UID_LABEL}={uid}"));
+        let lp = ListParams::default().labels(&uid_selector(uid));
         Ok(len(&self.jobs, &lp).await?
             + len(&self.pods, &lp).await?
             + len(&self.claims, &lp).await?

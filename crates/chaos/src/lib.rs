@@ -3,6 +3,9 @@
 //! end state; then the workload runs again once per trial (a fault at each write or vSphere call, each pod or
 //! importer killed), and each run is judged by oracles against the reference. A violating trial is saved as a
 //! file that `--replay` runs again. `--workers N` runs N labs side by side.
+//!
+//! Built only with the `chaos` feature (`ferry`'s `chaos` feature turns it on); without it this crate is empty.
+#![cfg(feature = "chaos")]
 
 mod children;
 mod controller;

@@ -6,13 +6,11 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, bail};
+use ferry_api::foreign::{dv_resource, vm_resource, vmi_resource};
 use ferry_api::{Phase, Provider, VirtualMachineMigration, VirtualMachineMigrationStatus};
-use ferry_controller::build::datavolume::{DvState, dv_state};
-use ferry_controller::build::{self, dv_resource, vm_resource, vmi_resource};
-use ferry_controller::checkpoint::discover;
-use ferry_controller::checkpoint::jobs::{self, JobState};
-use ferry_controller::context::Context;
-use ferry_controller::{children, staging};
+use ferry_controller::surface::{
+    Actions, DvState, JobState, build, children, discover, dv_state, staged_objects,
+};
 use ferry_datapath::convert::DiskResult;
 use ferry_vsphere::Session;
 use ferry_vsphere::soap::MoRef;
@@ -27,7 +25,8 @@ use super::watch::Watched;
 const CHILD_TIMEOUT: Duration = Duration::from_secs(1800);
 
 pub struct Floor {
-    ctx: Context,
+    client: kube::Client,
+    actions: Actions,
     session: Session,
     ns: String,
     provider: Provider,
@@ -48,7 +47,8 @@ impl Floor {
             jobs: Watched::new(Api::namespaced(client.clone(), ns)),
             dvs: dynamic(dv_resource()),
             vmis: dynamic(vmi_resource()),
-            ctx: Context::new(client, Default::default(), Default::default()),
+            actions: Actions::new(client.clone()),
+            client,
             session,
             ns: ns.to_string(),
             provider,
@@ -58,7 +58,7 @@ impl Floor {
     /// Runs one migration of `vm` (`manifest` is the VirtualMachineMigration) from creation to Succeeded.
     pub async fn migrate(&self, manifest: serde_json::Value, vm: &MoRef) -> Result<Duration> {
         let started = Instant::now();
-        let api: Api<VirtualMachineMigration> = Api::namespaced(self.ctx.client.clone(), &self.ns);
+        let api: Api<VirtualMachineMigration> = Api::namespaced(self.client.clone(), &self.ns);
         let mut vmm = api
             .create(&PostParams::default(), &serde_json::from_value(manifest)?)
             .await?;
@@ -76,9 +76,8 @@ impl Floor {
         vmm.status = Some(status.clone());
         self.record(&name, Phase::Converting, &status).await?;
 
-        let convert =
-            build::job::convert_job(&vmm, &source, &self.provider, 1, &self.worker_image());
-        jobs::create(&self.ctx, &self.ns, &convert).await?;
+        let convert = build::convert_job(&vmm, &source, &self.provider, 1, &self.worker_image());
+        self.actions.create_job(&self.ns, &convert).await?;
         let result = self.job_result(&convert.name_any()).await?;
         let staged: Vec<DiskResult> = serde_json::from_value(result["disks"].clone())?;
         for (disk, found) in status.disks.iter_mut().zip(&staged) {
@@ -89,13 +88,10 @@ impl Floor {
         vmm.status = Some(status.clone());
         self.record(&name, Phase::Importing, &status).await?;
 
-        let dvs = Api::<DynamicObject>::namespaced_with(
-            self.ctx.client.clone(),
-            &self.ns,
-            &dv_resource(),
-        );
+        let dvs =
+            Api::<DynamicObject>::namespaced_with(self.client.clone(), &self.ns, &dv_resource());
         for disk in &mut status.disks {
-            let dv = build::datavolume::data_volume(&vmm, disk, None).context("a staged disk")?;
+            let dv = build::data_volume(&vmm, disk, None).context("a staged disk")?;
             dvs.create(&PostParams::default(), &dv).await?;
             self.dvs
                 .until(
@@ -110,7 +106,7 @@ impl Floor {
                 )
                 .await?
                 .map_err(|m| anyhow::anyhow!("DataVolume {}: {m}", dv.name_any()))?;
-            let verify = build::job::verify_job(
+            let verify = build::verify_job(
                 &vmm,
                 disk.index,
                 1,
@@ -118,20 +114,17 @@ impl Floor {
                 disk.capacity_bytes,
                 &self.worker_image(),
             );
-            jobs::create(&self.ctx, &self.ns, &verify).await?;
+            self.actions.create_job(&self.ns, &verify).await?;
             self.job_result(&verify.name_any()).await?;
             disk.data_volume = Some(dv.name_any());
             disk.verified = true;
         }
         self.record(&name, Phase::CreatingVm, &status).await?;
 
-        let mut target = build::vm::virtual_machine(&vmm, &source);
+        let mut target = build::virtual_machine(&vmm, &source);
         target.data["spec"]["runStrategy"] = json!("Always");
-        let vms = Api::<DynamicObject>::namespaced_with(
-            self.ctx.client.clone(),
-            &self.ns,
-            &vm_resource(),
-        );
+        let vms =
+            Api::<DynamicObject>::namespaced_with(self.client.clone(), &self.ns, &vm_resource());
         vms.create(&PostParams::default(), &target).await?;
         self.record(&name, Phase::ValidatingGuest, &status).await?;
         self.vmis
@@ -152,7 +145,7 @@ impl Floor {
     }
 
     fn worker_image(&self) -> String {
-        self.ctx.config.worker_image.clone()
+        self.actions.worker_image()
     }
 
     /// The Job's result, once it finished; a failed Job fails the floor (it has no retries).
@@ -166,7 +159,7 @@ impl Floor {
                     .then_some(())
             })
             .await?;
-        match jobs::observe(&self.ctx, &self.ns, name).await? {
+        match self.actions.observe_job(&self.ns, name).await? {
             JobState::Succeeded(result) => Ok(result),
             other => bail!("Job {name}: {other:?}"),
         }
@@ -180,7 +173,7 @@ impl Floor {
     ) -> Result<()> {
         let mut status = status.clone();
         status.phase = Some(phase);
-        Api::<VirtualMachineMigration>::namespaced(self.ctx.client.clone(), &self.ns)
+        Api::<VirtualMachineMigration>::namespaced(self.client.clone(), &self.ns)
             .patch_status(
                 name,
                 &PatchParams::default(),
@@ -209,16 +202,15 @@ impl Floor {
             let name = children::data_volume(vmm, disk.index);
             dvs.patch(&name, &PatchParams::default(), &Patch::Merge(&release))
                 .await?;
-            jobs::delete(
-                &self.ctx,
-                &self.ns,
-                &children::verify_job(vmm, disk.index, 1),
-            )
-            .await?;
+            self.actions
+                .delete_job(&self.ns, &children::verify_job(vmm, disk.index, 1))
+                .await?;
         }
-        jobs::delete(&self.ctx, &self.ns, &children::convert_job(vmm, 1)).await?;
-        let staging = staging::open(&self.ctx, vmm).await?;
-        for object in staging::object_names(status.disks.len()) {
+        self.actions
+            .delete_job(&self.ns, &children::convert_job(vmm, 1))
+            .await?;
+        let staging = self.actions.open_staging(vmm).await?;
+        for object in staged_objects(status.disks.len()) {
             staging.delete(&object).await?;
         }
         Ok(())

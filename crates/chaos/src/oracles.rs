@@ -3,6 +3,7 @@
 use std::collections::BTreeMap;
 
 use ferry_api::Phase;
+use ferry_controller::surface;
 
 use super::plans::Expect;
 
@@ -159,7 +160,7 @@ pub fn vague_events(reasons: &[String]) -> Vec<String> {
 
 /// The checkpoints only move forward; Failed, ManualInterventionRequired, Cancelling and Cancelled are exits.
 pub fn phases_move_forward(phases: &[Phase]) -> bool {
-    let rank = |p: &Phase| Phase::CHECKPOINTS.iter().position(|c| c == p);
+    let rank = |p: &Phase| surface::phases().position(|c| c == *p);
     let ranks: Vec<usize> = phases.iter().filter_map(rank).collect();
     ranks.windows(2).all(|w| w[0] <= w[1])
 }

@@ -1,6 +1,7 @@
 //! `ferry bench ...`: benchmarks that print ratios against baselines measured in the same run.
 
 mod controlplane;
+pub mod datapath;
 
 use anyhow::{Result, bail};
 use clap::{Args, Subcommand, ValueEnum};
@@ -101,7 +102,7 @@ pub async fn run(args: BenchArgs) -> Result<()> {
             let tools = ferry_lab::tools::bin_dir()?;
             let work = std::env::temp_dir().join(format!("ferry-bench-{}", std::process::id()));
             std::fs::create_dir_all(&work)?;
-            let report = ferry_lab::bench::datapath(&work, &tools, size, format).await;
+            let report = datapath::datapath(&work, &tools, size, format).await;
             let _ = std::fs::remove_dir_all(&work);
             report?.print();
             Ok(())

@@ -2,6 +2,7 @@
 
 use anyhow::{Context, Result};
 use ferry_api::Phase;
+use ferry_controller::surface::CHECKPOINTS;
 
 pub const WORKLOADS: [&str; 5] = ["happy-1", "happy-3", "cancel", "delete", "bad-spec"];
 
@@ -38,7 +39,7 @@ impl Workload {
             let parsed: Phase = serde_json::from_value(serde_json::json!(phase))
                 .with_context(|| format!("{phase} is not a checkpoint"))?;
             anyhow::ensure!(
-                Phase::CHECKPOINTS.contains(&parsed) && parsed != Phase::Succeeded,
+                CHECKPOINTS.iter().any(|c| c.phase == parsed),
                 "{phase}: a migration can hold before Discovering .. ValidatingGuest"
             );
             Ok(phase.to_string())
