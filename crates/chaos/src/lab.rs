@@ -15,10 +15,10 @@ use kube::api::{DeleteParams, PostParams};
 use serde_json::json;
 
 use super::children::Children;
-use super::controller::{Controller, Pause, wait_ready};
 use super::oracles::Record;
 use super::plans::Trial;
 use super::run::Run;
+use super::under_test::{ControllerUnderTest, Pause, wait_ready};
 use super::workload::{MISSPELLED_SECRET, Workload};
 
 /// A run must end within this.
@@ -45,7 +45,7 @@ impl ChaosLab {
             boot_guests: true,
         };
         let state = ferry_lab::up(&options).await?.into_state();
-        ferry_lab::controller::apply_rbac(&state.tools, &state.kubeconfig)?;
+        ferry_lab::controller_process::apply_rbac(&state.tools, &state.kubeconfig)?;
         Ok(Self { state, ferry })
     }
 
@@ -55,10 +55,12 @@ impl ChaosLab {
     }
 
     pub fn controller(&self, plan: Option<Plan>, log: &Path) -> Result<(ProcessRecord, u16)> {
-        let kubeconfig = ferry_lab::controller::kubeconfig(&self.state.dir, &self.state.api_url)?;
+        let kubeconfig =
+            ferry_lab::controller_process::kubeconfig(&self.state.dir, &self.state.api_url)?;
         let port = process::free_port()?;
         let mut spec =
-            ferry_lab::controller::component(&self.ferry, &kubeconfig, port, "ferry-chaos").spec;
+            ferry_lab::controller_process::component(&self.ferry, &kubeconfig, port, "ferry-chaos")
+                .spec;
         if let Some(plan) = plan {
             spec.env
                 .push((PLAN_ENV.into(), serde_json::to_string(&plan)?));
@@ -156,7 +158,7 @@ impl ChaosLab {
         });
         let log = self.state.dir.join(format!("chaos-{ns}.log"));
         let (started_controller, port) = self.controller(Some(plan), &log)?;
-        let controller = Controller(Some(started_controller));
+        let controller = ControllerUnderTest(Some(started_controller));
         wait_ready(port, &log, &controller, &self.state.dir).await?;
         let mut manifest = ferry_lab::demo::migration(&self.state, &ns, "m", workload.vm);
         if let Some((_, hold)) = &workload.act {
@@ -205,7 +207,7 @@ impl ChaosLab {
             .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
             .filter(|e| {
                 e["stage"] == "ResponseComplete"
-                    && e["user"]["username"] == ferry_lab::controller::SERVICE_ACCOUNT
+                    && e["user"]["username"] == ferry_lab::controller_process::SERVICE_ACCOUNT
                     && e["objectRef"]["namespace"] == ns
                     && matches!(
                         e["verb"].as_str(),

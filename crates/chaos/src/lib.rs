@@ -8,11 +8,11 @@
 #![cfg(feature = "chaos")]
 
 mod children;
-mod controller;
 mod lab;
 mod oracles;
 mod plans;
 mod run;
+mod under_test;
 mod workload;
 
 use std::collections::{BTreeMap, VecDeque};

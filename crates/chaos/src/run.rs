@@ -12,10 +12,10 @@ use kube::{Api, ResourceExt};
 use serde_json::json;
 
 use super::children::Children;
-use super::controller::{Controller, Pause, stopped, wait_ready};
 use super::lab::{BOUND, ChaosLab};
 use super::oracles::{self, Record};
 use super::plans::Trial;
+use super::under_test::{ControllerUnderTest, Pause, stopped, wait_ready};
 use super::workload::{Act, Workload};
 
 /// One run in progress: what it set up, and what it has seen so far.
@@ -30,7 +30,7 @@ pub struct Run {
     pub session: ferry_vsphere::Session,
     pub source: ferry_vsphere::MoRef,
     pub log: PathBuf,
-    pub controller: Controller,
+    pub controller: ControllerUnderTest,
     pub pause: Pause,
     pub record: Record,
     pub phases: Vec<Phase>,
@@ -152,7 +152,7 @@ impl Run {
         self.restarted = true;
         let restarted_log = self.log.with_extension("restarted.log");
         let (again, port) = lab.controller(None, &restarted_log)?;
-        self.controller = Controller(Some(again));
+        self.controller = ControllerUnderTest(Some(again));
         wait_ready(port, &restarted_log, &self.controller, &lab.state.dir).await?;
         Ok(true)
     }

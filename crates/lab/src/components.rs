@@ -42,7 +42,7 @@ pub struct Component {
 }
 
 /// Paths and credentials shared by the components of one lab.
-pub struct Context {
+pub struct LabFiles {
     dir: PathBuf,
     tools: PathBuf,
     ca: PathBuf,
@@ -53,7 +53,7 @@ pub struct Context {
     audit_policy: PathBuf,
 }
 
-impl Context {
+impl LabFiles {
     pub fn prepare(dir: &Path, tools: &Path, pki: &Pki) -> Result<Self> {
         let audit_policy = dir.join("audit-policy.yaml");
         // Metadata level: who did what to which object, never request bodies (which may hold Secret data).

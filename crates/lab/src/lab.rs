@@ -190,7 +190,7 @@ async fn start_all(state: &mut LabState, options: &LabOptions) -> Result<()> {
     let lifetime = options.lifetime;
     let dir = state.dir.clone();
     let pki = Pki::open_or_create(&dir.join("pki"))?;
-    let ctx = components::Context::prepare(&dir, &state.tools, &pki)?;
+    let ctx = components::LabFiles::prepare(&dir, &state.tools, &pki)?;
 
     let etcd = start_component(state, lifetime, |ports| ctx.etcd(ports)).await?;
     let api = start_component(state, lifetime, |ports| ctx.kube_apiserver(ports, &etcd)).await?;
@@ -229,10 +229,10 @@ async fn start_all(state: &mut LabState, options: &LabOptions) -> Result<()> {
             .await?;
         }
         if options.controller {
-            crate::controller::apply_rbac(&state.tools, &state.kubeconfig)?;
-            let kubeconfig = crate::controller::kubeconfig(&dir, &state.api_url)?;
+            crate::controller_process::apply_rbac(&state.tools, &state.kubeconfig)?;
+            let kubeconfig = crate::controller_process::kubeconfig(&dir, &state.api_url)?;
             let ready = start_component(state, lifetime, |ports| {
-                Ok(crate::controller::component(
+                Ok(crate::controller_process::component(
                     ferry,
                     &kubeconfig,
                     ports.first(),

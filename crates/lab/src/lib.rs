@@ -3,7 +3,7 @@
 
 pub mod bootdisk;
 pub mod components;
-pub mod controller;
+pub mod controller_process;
 pub mod crds;
 pub mod demo;
 pub mod disks;

@@ -12,7 +12,7 @@ use serde_json::Value;
 
 use crate::TestLab;
 
-pub use ferry_lab::controller::SERVICE_ACCOUNT;
+pub use ferry_lab::controller_process::SERVICE_ACCOUNT;
 pub use ferry_lab::demo::{PROVIDER, STAGING_SECRET, VSPHERE_SECRET};
 
 /// `ferry controller` as the deploy/ ServiceAccount, stopped on drop (and by the parent-death signal).
@@ -27,11 +27,16 @@ pub struct ControllerProcess {
 impl ControllerProcess {
     pub async fn start(lab: &TestLab, ferry: &Path) -> Result<Self> {
         let state = lab.state();
-        ferry_lab::controller::apply_rbac(&state.tools, &state.kubeconfig)?;
-        let kubeconfig = ferry_lab::controller::kubeconfig(lab.dir(), &state.api_url)?;
+        ferry_lab::controller_process::apply_rbac(&state.tools, &state.kubeconfig)?;
+        let kubeconfig = ferry_lab::controller_process::kubeconfig(lab.dir(), &state.api_url)?;
         let metrics_port = process::free_port()?;
-        let spec =
-            ferry_lab::controller::component(ferry, &kubeconfig, metrics_port, "ferry-test").spec;
+        let spec = ferry_lab::controller_process::component(
+            ferry,
+            &kubeconfig,
+            metrics_port,
+            "ferry-test",
+        )
+        .spec;
         let mut controller = Self {
             record: None,
             spec,

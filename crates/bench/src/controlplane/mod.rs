@@ -7,7 +7,7 @@
 mod floor;
 mod measure;
 mod report;
-mod seed;
+mod sources;
 mod watch;
 
 use std::collections::BTreeMap;
@@ -66,9 +66,9 @@ pub async fn run(options: &Options) -> Result<Report> {
         boot_guests: false,
     };
     let state = ferry_lab::up(&lab).await?.into_state();
-    ferry_lab::controller::apply_rbac(&state.tools, &state.kubeconfig)?;
+    ferry_lab::controller_process::apply_rbac(&state.tools, &state.kubeconfig)?;
     let endpoint = state.vcsim.clone().context("no vcsim")?;
-    let vms = seed::source_vms(&endpoint, &state.dir, n).await?;
+    let vms = sources::source_vms(&endpoint, &state.dir, n).await?;
     eprintln!(
         "lab up and {n} VMs seeded in {:.0}s",
         started.elapsed().as_secs_f64()
@@ -109,7 +109,7 @@ pub async fn run(options: &Options) -> Result<Report> {
 
     let session =
         ferry_vsphere::Session::connect(endpoint.connect_config(Duration::from_secs(120))?).await?;
-    seed::power_on(&session, &vms).await?;
+    sources::power_on(&session, &vms).await?;
     session.logout().await;
     let ferry_ns = namespace(&client, &state, "bench-ferry").await?;
     let ferry = ferry_run(&client, &state, &ferry_ns, &vms, options.timeout).await?;
@@ -119,7 +119,7 @@ pub async fn run(options: &Options) -> Result<Report> {
         migrations: n,
         floor_wall,
         floor_requests: audit(FLOOR_USER, &floor_ns)?,
-        ferry_requests: audit(ferry_lab::controller::SERVICE_ACCOUNT, &ferry_ns)?,
+        ferry_requests: audit(ferry_lab::controller_process::SERVICE_ACCOUNT, &ferry_ns)?,
         ferry,
     })
 }
@@ -226,9 +226,9 @@ async fn ferry_run(
 
 /// The controller as the deploy/ ServiceAccount, leading.
 async fn start_controller(state: &LabState) -> Result<(ProcessRecord, u16)> {
-    let kubeconfig = ferry_lab::controller::kubeconfig(&state.dir, &state.api_url)?;
+    let kubeconfig = ferry_lab::controller_process::kubeconfig(&state.dir, &state.api_url)?;
     let port = process::free_port()?;
-    let component = ferry_lab::controller::component(
+    let component = ferry_lab::controller_process::component(
         &std::env::current_exe()?,
         &kubeconfig,
         port,

@@ -30,7 +30,8 @@ pub enum Error {
     Volume(String),
 }
 
-struct Context {
+/// What the CDI stand-in's reconciles share.
+struct Cdi {
     client: Client,
     volumes: PathBuf,
     /// Imports in flight, by DataVolume uid.
@@ -48,7 +49,7 @@ pub async fn run(
     let _ = rustls::crypto::ring::default_provider().install_default();
     let volumes = state_dir.join("volumes");
     std::fs::create_dir_all(&volumes)?;
-    let ctx = Arc::new(Context {
+    let ctx = Arc::new(Cdi {
         client: client.clone(),
         volumes: volumes.canonicalize()?,
         imports: Mutex::default(),
@@ -79,12 +80,12 @@ pub async fn run(
     Ok(())
 }
 
-fn error_policy(_dv: Arc<DynamicObject>, error: &Error, _ctx: Arc<Context>) -> Action {
+fn error_policy(_dv: Arc<DynamicObject>, error: &Error, _ctx: Arc<Cdi>) -> Action {
     tracing::warn!("cdi stand-in: {error}");
     Action::requeue(Duration::from_secs(2))
 }
 
-async fn reconcile(dv: Arc<DynamicObject>, ctx: Arc<Context>) -> Result<Action, Error> {
+async fn reconcile(dv: Arc<DynamicObject>, ctx: Arc<Cdi>) -> Result<Action, Error> {
     if dv.metadata.deletion_timestamp.is_some() {
         return Ok(Action::await_change());
     }

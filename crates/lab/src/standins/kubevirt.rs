@@ -49,7 +49,8 @@ pub enum Boot {
 /// The condition reason a VMI gets in `Boot::ReportReadyWithoutBooting`.
 pub const NO_BOOT_REASON: &str = "NoBootBenchmark";
 
-struct Context {
+/// What the KubeVirt stand-in's reconciles share.
+struct KubeVirt {
     client: Client,
     guests: Guests,
     boot: Boot,
@@ -63,7 +64,7 @@ pub async fn run(
     boot: Boot,
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) -> anyhow::Result<()> {
-    let ctx = Arc::new(Context {
+    let ctx = Arc::new(KubeVirt {
         client: client.clone(),
         guests: Guests::new(state_dir)?,
         boot,
@@ -108,7 +109,7 @@ pub async fn run(
     Ok(())
 }
 
-fn error_policy(_obj: Arc<DynamicObject>, error: &Error, _ctx: Arc<Context>) -> Action {
+fn error_policy(_obj: Arc<DynamicObject>, error: &Error, _ctx: Arc<KubeVirt>) -> Action {
     tracing::warn!("kubevirt stand-in: {error}");
     Action::requeue(Duration::from_secs(2))
 }
@@ -120,7 +121,7 @@ fn run_strategy(vm: &DynamicObject) -> String {
 }
 
 /// virt-controller's part: a VMI exists exactly when the run strategy says the VM runs.
-async fn reconcile_vm(vm: Arc<DynamicObject>, ctx: Arc<Context>) -> Result<Action, Error> {
+async fn reconcile_vm(vm: Arc<DynamicObject>, ctx: Arc<KubeVirt>) -> Result<Action, Error> {
     let ns = vm.namespace().unwrap_or_default();
     let name = vm.name_any();
     let vmis = Api::<DynamicObject>::namespaced_with(ctx.client.clone(), &ns, &vmi_resource());
@@ -189,7 +190,7 @@ fn guest_key(vmi: &DynamicObject) -> String {
 }
 
 /// virt-handler's part: boot the guest, follow its serial port, report phases and conditions.
-async fn reconcile_vmi(vmi: Arc<DynamicObject>, ctx: Arc<Context>) -> Result<Action, Error> {
+async fn reconcile_vmi(vmi: Arc<DynamicObject>, ctx: Arc<KubeVirt>) -> Result<Action, Error> {
     let ns = vmi.namespace().unwrap_or_default();
     let vmis = Api::<DynamicObject>::namespaced_with(ctx.client.clone(), &ns, &vmi_resource());
     finalizer(&vmis, FINALIZER, vmi, |event| async {
@@ -213,7 +214,7 @@ async fn reconcile_vmi(vmi: Arc<DynamicObject>, ctx: Arc<Context>) -> Result<Act
 
 async fn run_guest(
     vmi: &DynamicObject,
-    ctx: &Context,
+    ctx: &KubeVirt,
     vmis: &Api<DynamicObject>,
 ) -> Result<Action, Error> {
     let key = guest_key(vmi);
@@ -289,7 +290,7 @@ async fn run_guest(
 /// The first disk's image: its volume's PVC, bound to a hostPath PV holding `disk.img` (CDI's layout).
 async fn boot_disk(
     vmi: &DynamicObject,
-    ctx: &Context,
+    ctx: &KubeVirt,
 ) -> Result<Result<std::path::PathBuf, String>, Error> {
     let spec = &vmi.data["spec"];
     let first_disk = spec["domain"]["devices"]["disks"][0]["name"]

@@ -40,7 +40,8 @@ pub enum Error {
     Local(String),
 }
 
-struct Context {
+/// What the node agent's reconciles share.
+struct NodeAgent {
     client: Client,
     config: NodeAgentConfig,
     running: Mutex<HashMap<String, tokio::task::JoinHandle<()>>>,
@@ -63,7 +64,7 @@ pub async fn run(
         Some(ns) => Api::<Pod>::namespaced(client.clone(), ns),
         None => Api::<Pod>::all(client.clone()),
     };
-    let ctx = Arc::new(Context {
+    let ctx = Arc::new(NodeAgent {
         client,
         config,
         running: Mutex::default(),
@@ -122,16 +123,16 @@ async fn register_node(client: &Client) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn error_policy(_pod: Arc<Pod>, error: &Error, _ctx: Arc<Context>) -> Action {
+fn error_policy(_pod: Arc<Pod>, error: &Error, _ctx: Arc<NodeAgent>) -> Action {
     tracing::warn!("node agent: {error}");
     Action::requeue(Duration::from_secs(2))
 }
 
-fn pod_dir(ctx: &Context, pod: &Pod) -> PathBuf {
+fn pod_dir(ctx: &NodeAgent, pod: &Pod) -> PathBuf {
     ctx.config.state_dir.join(pod.uid().unwrap_or_default())
 }
 
-async fn reconcile(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action, Error> {
+async fn reconcile(pod: Arc<Pod>, ctx: Arc<NodeAgent>) -> Result<Action, Error> {
     let ns = pod.namespace().unwrap_or_default();
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
     let spec = pod.spec.clone().unwrap_or_default();
@@ -206,7 +207,7 @@ async fn reconcile(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action, Error> {
 }
 
 /// Runs the pod's container to its end and records each state, as a kubelet with `restartPolicy: Never` does.
-async fn run_pod(pod: Pod, ctx: Arc<Context>) {
+async fn run_pod(pod: Pod, ctx: Arc<NodeAgent>) {
     let Ok(_slot) = ctx.slots.acquire().await else {
         return;
     };
@@ -256,7 +257,7 @@ const KILLED_AFTER: Duration = Duration::from_millis(300);
 /// discards its result if it ended sooner.
 async fn run_container(
     pod: &Pod,
-    ctx: &Context,
+    ctx: &NodeAgent,
     pods: &Api<Pod>,
     started: &str,
     killed: bool,
@@ -388,7 +389,7 @@ async fn write_status(
 }
 
 /// The sandboxed command for the pod's one container, with its volumes materialized.
-async fn prepare(pod: &Pod, ctx: &Context) -> Result<tokio::process::Command, String> {
+async fn prepare(pod: &Pod, ctx: &NodeAgent) -> Result<tokio::process::Command, String> {
     let spec = pod.spec.clone().unwrap_or_default();
     if spec.containers.len() != 1 || spec.init_containers.as_ref().is_some_and(|i| !i.is_empty()) {
         return Err(
@@ -493,7 +494,7 @@ async fn prepare(pod: &Pod, ctx: &Context) -> Result<tokio::process::Command, St
 async fn environment(
     pod: &Pod,
     container: &Container,
-    ctx: &Context,
+    ctx: &NodeAgent,
 ) -> Result<Vec<(String, String)>, String> {
     let ns = pod.namespace().unwrap_or_default();
     let mut out = Vec::new();
@@ -540,7 +541,7 @@ async fn environment(
 /// Each volume as a host path, and whether it must stay read-only.
 async fn materialize_volumes(
     pod: &Pod,
-    ctx: &Context,
+    ctx: &NodeAgent,
     dir: &Path,
 ) -> Result<HashMap<String, (PathBuf, bool)>, String> {
     let ns = pod.namespace().unwrap_or_default();

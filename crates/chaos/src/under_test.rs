@@ -13,9 +13,9 @@ use super::children::Children;
 const LONGEST_PAUSE: Duration = Duration::from_secs(4);
 
 /// The run's controller, stopped when the run ends, however it ends (a stopped one is continued first).
-pub struct Controller(pub Option<ProcessRecord>);
+pub struct ControllerUnderTest(pub Option<ProcessRecord>);
 
-impl Controller {
+impl ControllerUnderTest {
     pub fn pid(&self) -> i32 {
         self.0.as_ref().map_or(0, |r| r.pid)
     }
@@ -32,7 +32,7 @@ impl Controller {
     }
 }
 
-impl Drop for Controller {
+impl Drop for ControllerUnderTest {
     fn drop(&mut self) {
         if let Some(record) = self.0.take() {
             halt(&record);
@@ -108,7 +108,12 @@ fn cont(pid: i32) {
 }
 
 /// Waits until the controller leads, or is gone or stopped (a plan may crash or pause it that early).
-pub async fn wait_ready(port: u16, log: &Path, controller: &Controller, dir: &Path) -> Result<()> {
+pub async fn wait_ready(
+    port: u16,
+    log: &Path,
+    controller: &ControllerUnderTest,
+    dir: &Path,
+) -> Result<()> {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         // Gone, or stopped by the plan before it could answer: the run restarts or continues it.
