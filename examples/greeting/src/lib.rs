@@ -1,4 +1,4 @@
-//! The seed document's `Greeting` example as a real controller. Read `README.md` beside this crate first.
+//! `Greeting`, the smallest complete controller, built as Ferry's migration controller is. Read `README.md` beside this crate first.
 
 pub mod build;
 pub mod controller;

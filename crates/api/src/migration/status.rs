@@ -36,7 +36,7 @@ impl Phase {
     }
 }
 
-/// The condition types of the seed's table, in the order they become true; `Ready` comes last.
+/// The condition types, in the order the checkpoints make them true; `Ready` comes last.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum ConditionType {
     SourceDiscovered,
