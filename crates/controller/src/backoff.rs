@@ -9,10 +9,10 @@ pub fn doubling(attempt: u32, cap: Duration) -> Duration {
 }
 
 /// [`doubling`] with ±25% jitter, so that many migrations failing together do not retry together. The jitter is
-/// derived from `seed` and the attempt, so it is stable across restarts.
-pub fn jittered(attempt: u32, seed: &str, cap: Duration) -> Duration {
+/// derived from the migration's `key` and the attempt, so it is stable across restarts.
+pub fn jittered(attempt: u32, key: &str, cap: Duration) -> Duration {
     let capped = doubling(attempt, cap).as_millis() as u64;
-    let hash = ferry_api::names::fnv1a(format!("{seed}/{attempt}").as_bytes());
+    let hash = ferry_api::names::fnv1a(format!("{key}/{attempt}").as_bytes());
     let spread = capped / 2;
     let jitter = if spread == 0 { 0 } else { hash % spread };
     Duration::from_millis(capped - capped / 4 + jitter)

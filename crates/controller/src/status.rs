@@ -101,10 +101,10 @@ impl StatusEditor {
     }
 
     /// One more transient attempt; returns how long to wait before the next.
-    pub fn transient_attempt(&mut self, seed: &str, cap: Duration) -> Duration {
+    pub fn transient_attempt(&mut self, key: &str, cap: Duration) -> Duration {
         let retry = self.status.retry.get_or_insert_with(RetryStatus::default);
         retry.attempts += 1;
-        let wait = backoff::jittered(retry.attempts.max(0) as u32, seed, cap);
+        let wait = backoff::jittered(retry.attempts.max(0) as u32, key, cap);
         retry.next_attempt_time = Some(Time(self.now.0 + signed(wait)));
         wait
     }
