@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use bytes::Bytes;
-use ferry_api::DiskFormat;
+use ferry_types::DiskFormat;
 use ferry_vsphere::datastore::{Download, FlatDisk, flat_disk};
 use ferry_vsphere::{ConnectConfig, Session, TlsMode};
 use futures::{StreamExt, TryStreamExt};

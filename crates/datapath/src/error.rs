@@ -1,6 +1,6 @@
 //! Data path errors, classed like every Ferry error: a short or corrupt copy is bounded-retryable, never success.
 
-use ferry_api::ErrorClass;
+use ferry_types::ErrorClass;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {

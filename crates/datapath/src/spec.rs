@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-use ferry_api::DiskFormat;
+use ferry_types::DiskFormat;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
@@ -121,7 +121,7 @@ mod tests {
         std::fs::write(&path, empty.to_string()).unwrap();
         let e = ConvertSpec::load(&path).unwrap_err();
         assert!(e.to_string().contains("no disk"), "{e}");
-        assert_eq!(e.class(), ferry_api::ErrorClass::Permanent);
+        assert_eq!(e.class(), ferry_types::ErrorClass::Permanent);
     }
 
     #[test]

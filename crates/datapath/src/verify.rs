@@ -74,7 +74,10 @@ mod tests {
             .unwrap_err();
         assert_eq!(
             (wrong.reason(), wrong.class()),
-            ("ChecksumMismatch", ferry_api::ErrorClass::BoundedRetryable)
+            (
+                "ChecksumMismatch",
+                ferry_types::ErrorClass::BoundedRetryable
+            )
         );
         let short = verify(&image, &sha(&data), 1 << 20).await.unwrap_err();
         assert_eq!(short.reason(), "ShortRead");

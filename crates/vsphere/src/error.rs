@@ -1,6 +1,6 @@
 //! Every error is classed, so the controller knows whether to requeue, spend a retry, or stop.
 
-use ferry_api::ErrorClass;
+use ferry_types::ErrorClass;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {

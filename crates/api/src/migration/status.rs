@@ -4,6 +4,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, MicroTime, Time}
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+use crate::{ErrorClass, Firmware, PowerState};
+
 /// The checkpoint the controller is converging to, or how the migration ended.
 #[derive(
     Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, JsonSchema,
@@ -137,19 +139,6 @@ pub struct CheckpointTime {
     pub entered: MicroTime,
 }
 
-#[derive(Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
-pub enum PowerState {
-    PoweredOn,
-    PoweredOff,
-    Suspended,
-}
-
-#[derive(Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
-pub enum Firmware {
-    Bios,
-    Efi,
-}
-
 #[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct SourceVmStatus {
@@ -281,13 +270,6 @@ pub struct RetryStatus {
 pub struct BudgetUse {
     pub phase: Phase,
     pub used: i32,
-}
-
-#[derive(Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
-pub enum ErrorClass {
-    Transient,
-    BoundedRetryable,
-    Permanent,
 }
 
 #[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]

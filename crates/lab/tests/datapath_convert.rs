@@ -1,4 +1,5 @@
-//! `convert_all` against vcsim holding a real 512 MiB disk, staging to a directory (`file://`).
+//! `ferry_datapath::convert_all` against vcsim holding a real 512 MiB disk, staging to a directory (`file://`).
+//! (Here, not in `ferry-datapath`, so that crate needs no kube even for tests.)
 
 use std::path::{Path, PathBuf};
 
