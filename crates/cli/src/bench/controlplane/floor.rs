@@ -13,7 +13,7 @@ use ferry_controller::checkpoint::discover;
 use ferry_controller::checkpoint::jobs::{self, JobState};
 use ferry_controller::context::Context;
 use ferry_controller::{children, staging};
-use ferry_datapath::convert::DiskResult;
+use ferry_datapath::report::JobReport;
 use ferry_vsphere::Session;
 use ferry_vsphere::soap::MoRef;
 use k8s_openapi::api::batch::v1::Job;
@@ -79,8 +79,9 @@ impl Floor {
         let convert =
             build::job::convert_job(&vmm, &source, &self.provider, 1, &self.worker_image());
         jobs::create(&self.ctx, &self.ns, &convert).await?;
-        let result = self.job_result(&convert.name_any()).await?;
-        let staged: Vec<DiskResult> = serde_json::from_value(result["disks"].clone())?;
+        let JobReport::Disks(staged) = self.job_result(&convert.name_any()).await? else {
+            bail!("Job {}: its result lists no disks", convert.name_any());
+        };
         for (disk, found) in status.disks.iter_mut().zip(&staged) {
             disk.staged_url = Some(found.staged.url.clone());
             disk.sha256 = Some(found.staged.source_sha256.clone());
@@ -156,7 +157,7 @@ impl Floor {
     }
 
     /// The Job's result, once it finished; a failed Job fails the floor (it has no retries).
-    async fn job_result(&self, name: &str) -> Result<serde_json::Value> {
+    async fn job_result(&self, name: &str) -> Result<JobReport> {
         self.jobs
             .until(&self.ns, name, CHILD_TIMEOUT, |job| {
                 let conditions = job.status.as_ref()?.conditions.as_ref()?;
