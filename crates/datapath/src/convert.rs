@@ -7,7 +7,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use ferry_types::DiskFormat;
 use ferry_vsphere::datastore::{Download, FlatDisk, flat_disk};
-use ferry_vsphere::{ConnectConfig, Session, TlsMode};
+use ferry_vsphere::{ConnectConfig, Session};
 use futures::{StreamExt, TryStreamExt};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
@@ -35,30 +35,11 @@ pub struct DiskResult {
 
 pub async fn connect(spec: &ConvertSpec) -> Result<Session> {
     let source = &spec.source;
-    let tls = match (
-        &source.thumbprint,
-        &source.ca_file,
-        &source.ca_bundle,
-        source.insecure,
-    ) {
-        (Some(t), None, None, false) => TlsMode::Thumbprint(t.clone()),
-        (None, Some(ca), None, false) => TlsMode::CaBundle(
-            std::fs::read_to_string(ca)
-                .map_err(|e| Error::Spec(format!("reading {}: {e}", ca.display())))?,
-        ),
-        (None, None, Some(pem), false) => TlsMode::CaBundle(pem.clone()),
-        (None, None, None, true) => TlsMode::InsecureSkipVerify,
-        _ => {
-            return Err(Error::Spec(
-                "the source needs exactly one of caFile, caBundle, thumbprint or insecure".into(),
-            ));
-        }
-    };
     let config = ConnectConfig {
         url: source.url.clone(),
         username: read_secret(&source.credentials_dir, "user")?,
         password: read_secret(&source.credentials_dir, "password")?,
-        tls,
+        tls: source.trust.tls_mode()?,
         timeout: Duration::from_secs(120),
     };
     Ok(Session::connect(config).await?)

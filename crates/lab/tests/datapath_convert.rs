@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 
 use ferry_api::{DiskFormat, ErrorClass};
 use ferry_datapath::progress::Progress;
-use ferry_datapath::spec::{DiskSpec, SourceSpec, StagingSpec};
+use ferry_datapath::spec::{DiskSpec, SourceSpec, SourceTrust, StagingSpec};
 use ferry_datapath::{ConvertSpec, convert_all};
 use ferry_testkit::disks::{FlatVmdk, make_flat_vmdk, qemu_img, sha256_file, write_pattern};
 use ferry_testkit::proxy::CuttingProxy;
@@ -64,10 +64,7 @@ impl Fixture {
             source: SourceSpec {
                 url: url.unwrap_or_else(|| self.vcsim.endpoint().url.clone()),
                 credentials_dir: self.work.path().to_path_buf(),
-                ca_file: Some(self.vcsim.endpoint().ca_file.clone()),
-                ca_bundle: None,
-                thumbprint: None,
-                insecure: false,
+                trust: SourceTrust::CaFile(self.vcsim.endpoint().ca_file.clone()),
                 datacenter: "DC0".into(),
                 vm_uuid: self.vm_uuid.clone(),
             },
