@@ -16,7 +16,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use crate::error::{Error, Result};
 use crate::progress::Progress;
 use crate::spec::{ConvertSpec, DiskSpec, read_secret};
-use crate::staging::{SourceIdentity, StagedObject, Staging};
+use crate::staging::{SourceIdentity, StagedObject, Staging, object_name};
 
 /// Upload parts in flight per disk.
 const UPLOAD_CONCURRENCY: usize = 4;
@@ -61,14 +61,6 @@ pub async fn convert_all(spec: &ConvertSpec, progress: &Progress) -> Result<Vec<
     Ok(results)
 }
 
-pub fn object_name(disk: &DiskSpec, format: DiskFormat) -> String {
-    let ext = match format {
-        DiskFormat::Raw => "raw",
-        DiskFormat::Qcow2 => "qcow2",
-    };
-    format!("disk-{}.{ext}", disk.index)
-}
-
 async fn convert_disk(
     session: &Session,
     staging: &Staging,
@@ -76,7 +68,7 @@ async fn convert_disk(
     disk: &DiskSpec,
     progress: &Progress,
 ) -> Result<DiskResult> {
-    let name = object_name(disk, spec.format);
+    let name = object_name(disk.index, spec.format);
     let identity = SourceIdentity {
         vm_uuid: spec.source.vm_uuid.clone(),
         disk_file: disk.file.clone(),

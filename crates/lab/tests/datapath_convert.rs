@@ -246,7 +246,7 @@ async fn staging_to_a_real_s3_server_in_both_formats() {
 
         // Read back through S3: the object and its manifest agree.
         let store = ferry_datapath::staging::Staging::open(&spec.staging).unwrap();
-        let name = ferry_datapath::convert::object_name(&spec.disks[0], format);
+        let name = ferry_datapath::staging::object_name(spec.disks[0].index, format);
         let (sha, bytes) = store.read_sha256(&name).await.unwrap();
         assert_eq!(
             (sha.as_str(), bytes),
