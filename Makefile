@@ -2,7 +2,7 @@
 SHELL := /bin/bash
 LAB_DIR ?= $(CURDIR)/.lab
 
-.PHONY: demo test lab-down lint
+.PHONY: demo test test-unit lab-down lint
 
 ## demo: start the local lab (real control plane, vSphere simulator, stand-ins, the controller) and migrate two
 ## demo VMs with live progress; ends with a summary, non-zero if a migration failed.
@@ -13,6 +13,11 @@ demo:
 ## test: formatting, lints, then every unit and integration test against real components.
 test: lint
 	@tools=$$(hack/setup.sh) && FERRY_TOOLS_BIN=$$tools cargo test --workspace --features ferry/chaos
+
+## test-unit: the fast tiers only: every crate's unit tests and the reconcile tier (one reconcile against a mock
+## API server, crates/controller/src/reconcile_tests.rs). No lab, no Go tools, no network.
+test-unit:
+	cargo test --workspace --lib --bins --features ferry/chaos
 
 lint:
 	cargo fmt --all -- --check

@@ -30,7 +30,7 @@ pub fn child_name(base: &str, suffix: &str) -> String {
 }
 
 /// FNV-1a, 64 bits: stable across Rust versions and platforms, unlike the standard hasher.
-fn fnv1a(bytes: &[u8]) -> u64 {
+pub fn fnv1a(bytes: &[u8]) -> u64 {
     bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| {
         (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3)
     })

@@ -6,16 +6,13 @@ mod support;
 use std::time::Duration;
 
 use ferry_api::{Phase, PowerState};
+use ferry_controller::checkpoint::CHECKPOINTS;
 use ferry_testkit::migration;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::ResourceExt;
 use kube::api::{DeleteParams, Patch, PatchParams};
 use serde_json::json;
 use support::*;
-
-/// Where a checkpoint is caught: held before it (its action not yet taken, everything before it done), or, for
-/// the guest check, while the booted VM runs. Every checkpoint but the last, `Succeeded`.
-const CHECKPOINTS: &[Phase] = Phase::CHECKPOINTS.split_last().unwrap().1;
 
 fn phase_name(phase: Phase) -> String {
     serde_json::to_value(phase)
@@ -79,7 +76,9 @@ async fn interrupt_at_every_checkpoint(vm: &str, prefix: &str, cancel: bool) {
     let _source = source_lock(vm).await;
     let (client, ns) = setup(prefix).await;
     let api = migrations(&client, ns.name());
-    for (i, &phase) in CHECKPOINTS.iter().enumerate() {
+    // Each checkpoint of the itinerary is caught: held before it (its action not yet taken, everything before it
+    // done), or, for the guest check, while the booted VM runs.
+    for (i, phase) in CHECKPOINTS.iter().map(|c| c.phase).enumerate() {
         set_source_power(vm, true).await;
         let name = format!("{prefix}-{i}");
         let uid = caught_at(&client, ns.name(), &name, vm, phase).await;

@@ -81,7 +81,7 @@ impl Context {
         let mut failures = self.failures.lock().unwrap_or_else(|p| p.into_inner());
         let n = failures.entry(key.to_string()).or_default();
         *n = n.saturating_add(1);
-        error_backoff(*n)
+        crate::backoff::doubling(*n, MAX_ERROR_BACKOFF)
     }
 
     /// A reconcile of `key` went through: the next failure starts the backoff again.
@@ -251,21 +251,12 @@ pub fn older(seen: &str, written: &str) -> bool {
     }
 }
 
-/// The wait after the n-th consecutive failed reconcile: 1 s, doubling, at most 60 s. A failed write near the
-/// end (the finalizer's release) is tried again soon, and a long outage is not hammered.
-pub fn error_backoff(failures: u32) -> std::time::Duration {
-    let seconds = 1u64 << failures.saturating_sub(1).min(6);
-    std::time::Duration::from_secs(seconds.min(60))
-}
+/// The longest wait after failed reconciles: a failed write near the end (the finalizer's release) is tried again
+/// soon, and a long outage is not hammered.
+const MAX_ERROR_BACKOFF: Duration = Duration::from_secs(60);
 
 #[cfg(test)]
-mod backoff_tests {
-    #[test]
-    fn failed_reconciles_back_off_from_one_second_to_a_minute() {
-        let waits: Vec<u64> = (1..=9).map(|n| super::error_backoff(n).as_secs()).collect();
-        assert_eq!(waits, [1, 2, 4, 8, 16, 32, 60, 60, 60]);
-    }
-
+mod tests {
     #[test]
     fn only_a_numerically_older_resource_version_is_stale() {
         assert!(super::older("99", "100"));

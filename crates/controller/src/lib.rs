@@ -7,6 +7,7 @@
 //! - [`reconcile`]: one reconcile: finalizer, cancel, dispatch, status write, Events.
 //! - [`runtime`]: watches, leader election, metrics and health endpoints.
 
+mod backoff;
 pub mod build;
 #[cfg(feature = "chaos")]
 pub mod chaos;
@@ -14,9 +15,14 @@ pub mod checkpoint;
 pub mod children;
 pub mod context;
 pub mod error;
+#[cfg(test)]
+mod fixtures;
 pub mod metrics;
+mod owned;
 pub mod provider;
 pub mod reconcile;
+#[cfg(test)]
+mod reconcile_tests;
 pub mod runtime;
 pub mod staging;
 pub mod status;

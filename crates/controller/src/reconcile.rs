@@ -17,11 +17,11 @@ use kube::{Api, Resource, ResourceExt};
 use serde_json::json;
 use tracing::Instrument;
 
-use crate::checkpoint::{self, Next, Step};
+use crate::checkpoint::{self, CHECKPOINTS, Next, Step};
 use crate::children::MANAGER;
 use crate::context::Context;
 use crate::error::{Failure, Result};
-use crate::status;
+use crate::status::StatusEditor;
 
 /// `migration.platform.example/hold-before: Preparing` stops a migration before it runs that checkpoint, for
 /// example to validate everything but power the source off only in a maintenance window. Cancel and delete work
@@ -39,6 +39,10 @@ const STALE_RECHECK: Duration = Duration::from_secs(2);
 
 /// Checked again this often when nothing else wakes a migration that waits for a person.
 const MANUAL_RECHECK: Duration = Duration::from_secs(10);
+
+/// A cleanup that left something behind (being deleted, or the target's instance still running) looks again
+/// after this.
+const CLEANUP_RECHECK: Duration = Duration::from_secs(2);
 
 pub async fn reconcile(vmm: Arc<VirtualMachineMigration>, ctx: Arc<Context>) -> Result<Action> {
     let key = key(&vmm);
@@ -69,340 +73,387 @@ pub fn error_policy(
 }
 
 async fn reconcile_one(vmm: &VirtualMachineMigration, ctx: &Context) -> Result<Action> {
-    let key = key(vmm);
-    let now = Time(k8s_openapi::jiff::Timestamp::now());
-    let before = vmm.status.clone().unwrap_or_default();
-    let mut status = before.clone();
-    let generation = vmm.metadata.generation;
-    let has_finalizer = vmm.finalizers().iter().any(|f| f == FINALIZER);
-
+    let mut run = Reconcile::new(ctx, vmm);
     if vmm.metadata.deletion_timestamp.is_some() {
-        ctx.metrics.phase(&key, None);
-        if !has_finalizer {
-            return Ok(Action::await_change());
-        }
-        if status.phase != Some(Phase::Succeeded) && !status.cleaned_up {
-            let mut step = Step {
-                ctx,
-                vmm,
-                status: &mut status,
-                now: now.clone(),
-            };
-            let done = checkpoint::cleanup(&mut step).await?;
-            if !done {
-                write_status(ctx, vmm, &before, &mut status).await?;
-                return Ok(Action::requeue(Duration::from_secs(2)));
-            }
-            status.cleaned_up = true;
-            write_status(ctx, vmm, &before, &mut status).await?;
-            cleaned_up_event(ctx, vmm).await;
-        }
-        set_finalizer(ctx, vmm, false).await?;
-        return Ok(Action::await_change());
+        return run.deleted().await;
     }
-
-    let phase = status.phase;
-    ctx.metrics
-        .phase(&key, phase.map(|p| format!("{p:?}")).as_deref());
-    let finished = matches!(phase, Some(Phase::Succeeded) | Some(Phase::Cancelled))
-        || (phase == Some(Phase::Failed) && status.cleaned_up);
-    if finished {
-        // Nothing is left to clean up: a delete need not wait for the controller.
-        if has_finalizer {
-            set_finalizer(ctx, vmm, false).await?;
-        }
-        return Ok(Action::await_change());
+    if let Some(action) = run.guard().await? {
+        return Ok(action);
     }
-    if !has_finalizer {
-        set_finalizer(ctx, vmm, true).await?;
-        return Ok(Action::requeue(Duration::ZERO));
+    let phase = run.start();
+    if matches!(phase, Phase::Failed | Phase::Cancelling) || vmm.spec.cancel {
+        return run.cancel_or_fail().await;
     }
-    // Each checkpoint passed in this reconcile, for its one Event.
-    let mut passed: Vec<(&'static str, String)> = Vec::new();
-    let phase = match phase {
-        Some(phase) => phase,
-        None => {
-            status.start_time = Some(now.clone());
-            status.target_vm = Some(crate::children::vm_name(vmm));
-            status::enter(&mut status, Phase::Discovering, generation, &now);
-            status.reason = Some("Started".into());
-            status.message = Some("discovering the source VM".into());
-            passed.push(("Discovering", "migration started".into()));
-            Phase::Discovering
-        }
-    };
-
-    if matches!(phase, Phase::Failed | Phase::Cancelling)
-        || (vmm.spec.cancel && phase != Phase::Cancelling)
-    {
-        return finish_with_cleanup(ctx, vmm, before, status, now).await;
-    }
-    if let Some(next) = status
-        .retry
-        .as_ref()
-        .and_then(|r| r.next_attempt_time.clone())
-        && next.0 > now.0
-    {
-        let wait = now.0.duration_until(next.0).unsigned_abs();
+    if let Some(wait) = run.backing_off() {
         return Ok(Action::requeue(wait));
     }
-
     if let Some(held) = held_before(vmm, phase) {
-        publish_passed(ctx, vmm, &passed).await;
-        status.reason = Some("Held".into());
-        status.message = Some(format!(
-            "held before {held:?} by the annotation {HOLD_ANNOTATION}; remove it to go on"
-        ));
-        write_status(ctx, vmm, &before, &mut status).await?;
-        return Ok(Action::await_change());
+        return run.hold(held).await;
     }
+    let stop = run
+        .run_checkpoints(resume_point(phase, &run.edit.status))
+        .await;
+    let action = run.conclude(stop).await;
+    run.write().await?;
+    Ok(action)
+}
 
-    // A migration waiting for a person re-runs the checkpoint that stopped it.
-    let mut checkpoint = match phase {
+/// A migration waiting for a person re-runs the checkpoint that stopped it.
+fn resume_point(phase: Phase, status: &Status) -> Phase {
+    match phase {
         Phase::ManualInterventionRequired => status
             .retry
             .as_ref()
             .and_then(|r| r.last_error.as_ref())
             .map_or(Phase::Discovering, |e| e.phase),
         other => other,
-    };
-    // A checkpoint that advanced acted on nothing in that pass (it only observed its desired state), so the
-    // next one runs at once, and one status write records them all. A step that must be on record before it
-    // acts (the source's power state) ends its pass with a wait, and that write, of its own.
-    let outcome = loop {
-        let outcome = {
-            let mut step = Step {
-                ctx,
-                vmm,
-                status: &mut status,
-                now: now.clone(),
+    }
+}
+
+/// Where a reconcile's run of checkpoints stopped.
+enum Stop {
+    /// Not there yet in `checkpoint`: record why, and look again after `after`.
+    Waiting {
+        checkpoint: Phase,
+        reason: &'static str,
+        message: String,
+        after: Duration,
+    },
+    Failed {
+        checkpoint: Phase,
+        failure: Failure,
+    },
+    /// Entered a phase this reconcile does not run: `Succeeded`, or one held by the annotation.
+    Entered(Phase),
+}
+
+/// One reconcile of one migration: the copy it read, the status it edits, and the checkpoints it passed.
+struct Reconcile<'a> {
+    ctx: &'a Context,
+    vmm: &'a VirtualMachineMigration,
+    key: String,
+    before: Status,
+    edit: StatusEditor,
+    /// Each checkpoint passed in this reconcile, for its one Event.
+    passed: Vec<(&'static str, String)>,
+}
+
+impl<'a> Reconcile<'a> {
+    fn new(ctx: &'a Context, vmm: &'a VirtualMachineMigration) -> Self {
+        let before = vmm.status.clone().unwrap_or_default();
+        let now = Time(k8s_openapi::jiff::Timestamp::now());
+        Self {
+            ctx,
+            vmm,
+            key: key(vmm),
+            edit: StatusEditor::new(before.clone(), vmm.metadata.generation, now),
+            before,
+            passed: Vec::new(),
+        }
+    }
+
+    fn has_finalizer(&self) -> bool {
+        self.vmm.finalizers().iter().any(|f| f == FINALIZER)
+    }
+
+    /// Deleted: clean up unless the migration succeeded or already did, then release the finalizer.
+    async fn deleted(&mut self) -> Result<Action> {
+        self.ctx.metrics.phase(&self.key, None);
+        if !self.has_finalizer() {
+            return Ok(Action::await_change());
+        }
+        let status = &self.edit.status;
+        let must_clean = status.phase != Some(Phase::Succeeded) && !status.cleaned_up;
+        if must_clean && !self.clean_up(|_| {}).await? {
+            return Ok(Action::requeue(CLEANUP_RECHECK));
+        }
+        set_finalizer(self.ctx, self.vmm, false).await?;
+        Ok(Action::await_change())
+    }
+
+    /// A finished migration releases its finalizer; a new one gets it before anything else happens.
+    async fn guard(&mut self) -> Result<Option<Action>> {
+        let status = &self.edit.status;
+        let phase = status.phase;
+        let phase_name = phase.map(|p| format!("{p:?}"));
+        self.ctx.metrics.phase(&self.key, phase_name.as_deref());
+        let finished = matches!(phase, Some(Phase::Succeeded) | Some(Phase::Cancelled))
+            || (phase == Some(Phase::Failed) && status.cleaned_up);
+        if finished {
+            // Nothing is left to clean up: a delete need not wait for the controller.
+            if self.has_finalizer() {
+                set_finalizer(self.ctx, self.vmm, false).await?;
+            }
+            return Ok(Some(Action::await_change()));
+        }
+        if !self.has_finalizer() {
+            set_finalizer(self.ctx, self.vmm, true).await?;
+            return Ok(Some(Action::requeue(Duration::ZERO)));
+        }
+        Ok(None)
+    }
+
+    /// The migration's phase; a new migration starts at the first checkpoint.
+    fn start(&mut self) -> Phase {
+        if let Some(phase) = self.edit.status.phase {
+            return phase;
+        }
+        let first = CHECKPOINTS[0].phase;
+        self.edit.status.start_time = Some(self.edit.now().clone());
+        self.edit.status.target_vm = Some(crate::children::vm_name(self.vmm));
+        self.edit.enter(first);
+        self.edit.status.reason = Some("Started".into());
+        self.edit.status.message = Some("discovering the source VM".into());
+        self.passed
+            .push(("Discovering", "migration started".into()));
+        first
+    }
+
+    /// The wait left before the next attempt after a transient error, if any.
+    fn backing_off(&self) -> Option<Duration> {
+        let next = self
+            .edit
+            .status
+            .retry
+            .as_ref()?
+            .next_attempt_time
+            .as_ref()?;
+        let now = self.edit.now();
+        (next.0 > now.0).then(|| now.0.duration_until(next.0).unsigned_abs())
+    }
+
+    async fn hold(&mut self, held: Phase) -> Result<Action> {
+        self.publish_passed().await;
+        self.edit.status.reason = Some("Held".into());
+        self.edit.status.message = Some(format!(
+            "held before {held:?} by the annotation {HOLD_ANNOTATION}; remove it to go on"
+        ));
+        self.write().await?;
+        Ok(Action::await_change())
+    }
+
+    /// Runs checkpoints from `checkpoint` on. One that advanced acted on nothing in that pass (it only observed
+    /// its desired state), so the next one runs at once, and one status write records them all. A step that must
+    /// be on record before it acts ends its pass with [`Next::Persist`], and that write, of its own.
+    async fn run_checkpoints(&mut self, mut checkpoint: Phase) -> Stop {
+        loop {
+            let mut step = Step::new(self.ctx, self.vmm, &mut self.edit);
+            let (reason, message) = match checkpoint::run(checkpoint, &mut step).await {
+                Ok(Next::Advance { reason, message }) => (reason, message),
+                Ok(Next::Wait {
+                    reason,
+                    message,
+                    after,
+                }) => {
+                    return Stop::Waiting {
+                        checkpoint,
+                        reason,
+                        message,
+                        after,
+                    };
+                }
+                Ok(Next::Persist { reason, message }) => {
+                    return Stop::Waiting {
+                        checkpoint,
+                        reason,
+                        message,
+                        after: Duration::ZERO,
+                    };
+                }
+                Err(failure) => {
+                    return Stop::Failed {
+                        checkpoint,
+                        failure,
+                    };
+                }
             };
-            checkpoint::run(checkpoint, &mut step).await
-        };
-        let Ok(Next::Advance {
-            to,
-            reason,
-            message,
-        }) = outcome
-        else {
-            break outcome;
-        };
-        status::advance(
-            &mut status,
-            checkpoint,
-            to,
-            reason,
-            message.clone(),
-            generation,
-            &now,
-        );
-        if let Some(retry) = &mut status.retry {
-            retry.last_error = None;
+            let to = checkpoint::after(checkpoint);
+            self.edit.advance(checkpoint, to, reason, message.clone());
+            if let Some(retry) = &mut self.edit.status.retry {
+                retry.last_error = None;
+            }
+            self.ctx.metrics.transition(&format!("{to:?}"));
+            tracing::info!(from = ?checkpoint, to = ?to, reason, "{message}");
+            self.passed.push((reason, message));
+            if to.is_terminal() || held_before(self.vmm, to).is_some() {
+                return Stop::Entered(to);
+            }
+            checkpoint = to;
         }
-        ctx.metrics.transition(&format!("{to:?}"));
-        tracing::info!(from = ?checkpoint, to = ?to, reason, "{message}");
-        passed.push((reason, message));
-        if to.is_terminal() || held_before(vmm, to).is_some() {
-            break Ok(Next::Advance {
-                to,
-                reason,
-                message: String::new(),
-            });
-        }
-        checkpoint = to;
-    };
-    publish_passed(ctx, vmm, &passed).await;
-    let action = match outcome {
-        Ok(Next::Advance { to, .. }) => {
-            if to == Phase::Succeeded {
-                status.completion_time = Some(now.clone());
-                status::condition(
-                    &mut status,
-                    ConditionType::Ready,
-                    true,
-                    "MigrationSucceeded",
-                    "the VM runs in KubeVirt and is handed over".into(),
-                    generation,
-                    &now,
-                );
+    }
+
+    /// Turns where the checkpoints stopped into the status and what to do next.
+    async fn conclude(&mut self, stop: Stop) -> Action {
+        self.publish_passed().await;
+        match stop {
+            Stop::Entered(Phase::Succeeded) => {
+                self.edit.status.completion_time = Some(self.edit.now().clone());
+                let message = "the VM runs in KubeVirt and is handed over";
+                let ready = ConditionType::Ready;
+                self.edit
+                    .condition(ready, true, "MigrationSucceeded", message);
                 Action::await_change()
-            } else {
-                // Held before `to`: the hold is recorded on the next pass.
+            }
+            // Held before it: the hold is recorded on the next pass.
+            Stop::Entered(_) => Action::requeue(Duration::ZERO),
+            Stop::Waiting {
+                checkpoint,
+                reason,
+                message,
+                after,
+            } => {
+                self.warn_new_error(checkpoint).await;
+                let status = &mut self.edit.status;
+                status.phase = Some(checkpoint);
+                status.reason = Some(reason.into());
+                status.message = Some(message);
+                Action::requeue(after)
+            }
+            Stop::Failed {
+                checkpoint,
+                failure,
+            } => self.on_failure(checkpoint, failure).await,
+        }
+    }
+
+    /// A checkpoint that charged a failed child to its budget recorded the error: say so, once.
+    async fn warn_new_error(&self, checkpoint: Phase) {
+        let last_error = |s: &Status| s.retry.as_ref().and_then(|r| r.last_error.clone());
+        let before = last_error(&self.before);
+        let Some(error) = last_error(&self.edit.status).filter(|e| Some(e) != before.as_ref())
+        else {
+            return;
+        };
+        tracing::warn!(checkpoint = ?checkpoint, class = ?error.class, reason = %error.reason, "{}", error.message);
+        event(
+            self.ctx,
+            self.vmm,
+            EventType::Warning,
+            &error.reason,
+            &error.message,
+        )
+        .await;
+    }
+
+    async fn on_failure(&mut self, checkpoint: Phase, failure: Failure) -> Action {
+        let ctx = self.ctx;
+        ctx.metrics
+            .error(&format!("{:?}", failure.class), &failure.reason);
+        let last = self
+            .edit
+            .status
+            .retry
+            .as_ref()
+            .and_then(|r| r.last_error.as_ref());
+        let repeated = last.is_some_and(|e| {
+            e.reason == failure.reason && e.message == failure.message && e.phase == checkpoint
+        });
+        // The same error seen again (a person has not fixed it yet) is neither a new Event nor a new write.
+        if !repeated {
+            tracing::warn!(checkpoint = ?checkpoint, class = ?failure.class, reason = %failure.reason, "{}", failure.message);
+            self.edit.record_error(&failure, checkpoint);
+            let (reason, message) = (&failure.reason, &failure.message);
+            event(ctx, self.vmm, EventType::Warning, reason, message).await;
+        }
+        let ready = ConditionType::Ready;
+        match failure.class {
+            ErrorClass::Transient => Action::requeue(
+                self.edit
+                    .transient_attempt(&self.key, ctx.config.max_backoff),
+            ),
+            ErrorClass::Permanent if failure.fixable => {
+                self.edit.status.phase = Some(Phase::ManualInterventionRequired);
+                let message = format!("{} (at {checkpoint:?})", failure.message);
+                self.edit.condition(ready, false, &failure.reason, message);
+                Action::requeue(MANUAL_RECHECK)
+            }
+            ErrorClass::Permanent | ErrorClass::BoundedRetryable => {
+                self.edit.status.phase = Some(Phase::Failed);
+                self.edit.status.completion_time = Some(self.edit.now().clone());
+                if let Some(kind) = checkpoint::condition_of(checkpoint) {
+                    let message = failure.message.clone();
+                    self.edit.condition(kind, false, &failure.reason, message);
+                }
+                let message = format!("failed at {checkpoint:?}: {}", failure.message);
+                self.edit.condition(ready, false, &failure.reason, message);
+                ctx.metrics.transition("Failed");
                 Action::requeue(Duration::ZERO)
             }
         }
-        Ok(Next::Wait {
-            reason,
-            message,
-            after,
-        }) => {
-            // A checkpoint that charged a failed child to its budget recorded the error: say so, once.
-            let last_error = |s: &Status| s.retry.as_ref().and_then(|r| r.last_error.clone());
-            if let Some(error) =
-                last_error(&status).filter(|e| Some(e) != last_error(&before).as_ref())
-            {
-                tracing::warn!(checkpoint = ?checkpoint, class = ?error.class, reason = %error.reason, "{}", error.message);
-                event(ctx, vmm, EventType::Warning, &error.reason, &error.message).await;
-            }
-            status.phase = Some(checkpoint);
-            status.reason = Some(reason.into());
-            status.message = Some(message);
-            Action::requeue(after)
-        }
-        Err(failure) => on_failure(ctx, vmm, &mut status, checkpoint, failure, &now).await,
-    };
-    write_status(ctx, vmm, &before, &mut status).await?;
-    Ok(action)
-}
+    }
 
-async fn on_failure(
-    ctx: &Context,
-    vmm: &VirtualMachineMigration,
-    status: &mut Status,
-    checkpoint: Phase,
-    failure: Failure,
-    now: &Time,
-) -> Action {
-    ctx.metrics
-        .error(&format!("{:?}", failure.class), &failure.reason);
-    let last = status.retry.as_ref().and_then(|r| r.last_error.clone());
-    let repeated = last.as_ref().is_some_and(|e| {
-        e.reason == failure.reason && e.message == failure.message && e.phase == checkpoint
-    });
-    // The same error seen again (a person has not fixed it yet) is neither a new Event nor a new write.
-    if !repeated {
-        tracing::warn!(checkpoint = ?checkpoint, class = ?failure.class, reason = %failure.reason, "{}", failure.message);
-        status::record_error(status, &failure, checkpoint, now);
-        event(
-            ctx,
-            vmm,
-            EventType::Warning,
-            &failure.reason,
-            &failure.message,
-        )
-        .await;
-    }
-    let generation = vmm.metadata.generation;
-    match failure.class {
-        ErrorClass::Transient => {
-            let seed = key(vmm);
-            let wait = status::transient_attempt(status, &seed, ctx.config.max_backoff, now);
-            Action::requeue(wait)
+    /// Cancelled, or Failed: remove what was created, restore power if asked, then stop for good.
+    async fn cancel_or_fail(&mut self) -> Result<Action> {
+        let phase = self.edit.status.phase;
+        let cancelling = phase != Some(Phase::Failed);
+        let ready = ConditionType::Ready;
+        if cancelling && phase != Some(Phase::Cancelling) {
+            self.edit.status.phase = Some(Phase::Cancelling);
+            self.edit.status.reason = Some("CancelRequested".into());
+            self.edit.status.message = Some("removing what the migration created".into());
+            self.edit
+                .condition(ready, false, "Cancelling", "spec.cancel is true");
+            self.write().await?;
+            let message = "spec.cancel is true: cleaning up";
+            event(self.ctx, self.vmm, EventType::Normal, "Cancelling", message).await;
+            return Ok(Action::requeue(Duration::ZERO));
         }
-        ErrorClass::Permanent if failure.fixable => {
-            status.phase = Some(Phase::ManualInterventionRequired);
-            status::condition(
-                status,
-                ConditionType::Ready,
-                false,
-                &failure.reason,
-                format!("{} (at {checkpoint:?})", failure.message),
-                generation,
-                now,
-            );
-            Action::requeue(MANUAL_RECHECK)
-        }
-        ErrorClass::Permanent | ErrorClass::BoundedRetryable => {
-            status.phase = Some(Phase::Failed);
-            status.completion_time = Some(now.clone());
-            if let Some(kind) = status::condition_of(checkpoint) {
-                status::condition(
-                    status,
-                    kind,
-                    false,
-                    &failure.reason,
-                    failure.message.clone(),
-                    generation,
-                    now,
-                );
+        let metrics = &self.ctx.metrics;
+        let cancelled = |edit: &mut StatusEditor| {
+            if !cancelling {
+                return;
             }
-            status::condition(
-                status,
-                ConditionType::Ready,
-                false,
-                &failure.reason,
-                format!("failed at {checkpoint:?}: {}", failure.message),
-                generation,
-                now,
-            );
-            ctx.metrics.transition("Failed");
-            Action::requeue(Duration::ZERO)
-        }
-    }
-}
-
-/// Cancelled, or Failed: remove what was created, restore power if asked, then stop for good.
-async fn finish_with_cleanup(
-    ctx: &Context,
-    vmm: &VirtualMachineMigration,
-    before: Status,
-    mut status: Status,
-    now: Time,
-) -> Result<Action> {
-    let generation = vmm.metadata.generation;
-    let cancelling = status.phase != Some(Phase::Failed);
-    if cancelling && status.phase != Some(Phase::Cancelling) {
-        status.phase = Some(Phase::Cancelling);
-        status.reason = Some("CancelRequested".into());
-        status.message = Some("removing what the migration created".into());
-        status::condition(
-            &mut status,
-            ConditionType::Ready,
-            false,
-            "Cancelling",
-            "spec.cancel is true".into(),
-            generation,
-            &now,
-        );
-        write_status(ctx, vmm, &before, &mut status).await?;
-        event(
-            ctx,
-            vmm,
-            EventType::Normal,
-            "Cancelling",
-            "spec.cancel is true: cleaning up",
-        )
-        .await;
-        return Ok(Action::requeue(Duration::ZERO));
-    }
-    let done = {
-        let mut step = Step {
-            ctx,
-            vmm,
-            status: &mut status,
-            now: now.clone(),
+            edit.status.phase = Some(Phase::Cancelled);
+            edit.status.completion_time = Some(edit.now().clone());
+            edit.status.reason = Some("Cancelled".into());
+            let message = "cancelled; everything the migration created was removed";
+            edit.status.message = Some(message.into());
+            edit.condition(ready, false, "Cancelled", "the migration was cancelled");
+            metrics.transition("Cancelled");
         };
-        checkpoint::cleanup(&mut step).await?
-    };
-    if !done {
-        write_status(ctx, vmm, &before, &mut status).await?;
-        return Ok(Action::requeue(Duration::from_secs(2)));
+        if !self.clean_up(cancelled).await? {
+            return Ok(Action::requeue(CLEANUP_RECHECK));
+        }
+        Ok(Action::await_change())
     }
-    status.cleaned_up = true;
-    if cancelling {
-        status.phase = Some(Phase::Cancelled);
-        status.completion_time = Some(now.clone());
-        status.reason = Some("Cancelled".into());
-        status.message = Some("cancelled; everything the migration created was removed".into());
-        status::condition(
-            &mut status,
-            ConditionType::Ready,
-            false,
-            "Cancelled",
-            "the migration was cancelled".into(),
-            generation,
-            &now,
-        );
-        ctx.metrics.transition("Cancelled");
-    }
-    write_status(ctx, vmm, &before, &mut status).await?;
-    cleaned_up_event(ctx, vmm).await;
-    Ok(Action::await_change())
-}
 
-async fn cleaned_up_event(ctx: &Context, vmm: &VirtualMachineMigration) {
-    let message = "everything the migration created was removed";
-    event(ctx, vmm, EventType::Normal, "CleanedUp", message).await;
+    /// One cleanup pass, written. While something remains, false; once nothing does, `cleaned_up` is recorded
+    /// with `finish`'s edits in the same write, and an Event says so.
+    async fn clean_up(&mut self, finish: impl FnOnce(&mut StatusEditor)) -> Result<bool> {
+        let done = {
+            let mut step = Step::new(self.ctx, self.vmm, &mut self.edit);
+            checkpoint::cleanup(&mut step).await?
+        };
+        if done {
+            self.edit.status.cleaned_up = true;
+            finish(&mut self.edit);
+        }
+        self.write().await?;
+        if done {
+            let message = "everything the migration created was removed";
+            event(self.ctx, self.vmm, EventType::Normal, "CleanedUp", message).await;
+        }
+        Ok(done)
+    }
+
+    /// One Normal Event for the checkpoints this reconcile passed, named after the last one.
+    async fn publish_passed(&self) {
+        if let Some((reason, _)) = self.passed.last() {
+            let messages: Vec<&str> = self.passed.iter().map(|(_, m)| m.as_str()).collect();
+            event(
+                self.ctx,
+                self.vmm,
+                EventType::Normal,
+                reason,
+                &messages.join("; "),
+            )
+            .await;
+        }
+    }
+
+    async fn write(&mut self) -> Result<()> {
+        write_status(self.ctx, self.vmm, &self.before, &mut self.edit.status).await
+    }
 }
 
 /// Writes status when it differs from what was read, with that read's resourceVersion as a precondition.
@@ -412,7 +463,7 @@ async fn write_status(
     before: &Status,
     status: &mut Status,
 ) -> Result<()> {
-    status.progress = status::progress(status).or(status.progress.take());
+    status.progress = crate::status::progress(status).or(status.progress.take());
     status.observed_generation = vmm.metadata.generation;
     if status == before {
         return Ok(());
@@ -477,18 +528,6 @@ async fn set_finalizer(ctx: &Context, vmm: &VirtualMachineMigration, present: bo
             Ok(())
         }
         Err(e) => Err(e.into()),
-    }
-}
-
-/// One Normal Event for the checkpoints a reconcile passed, named after the last one.
-async fn publish_passed(
-    ctx: &Context,
-    vmm: &VirtualMachineMigration,
-    passed: &[(&'static str, String)],
-) {
-    if let Some((reason, _)) = passed.last() {
-        let messages: Vec<&str> = passed.iter().map(|(_, m)| m.as_str()).collect();
-        event(ctx, vmm, EventType::Normal, reason, &messages.join("; ")).await;
     }
 }
 

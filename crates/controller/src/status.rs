@@ -7,108 +7,107 @@ use ferry_api::{
     VirtualMachineMigrationStatus as Status,
 };
 use ferry_kube::conditions::{ConditionUpdate, set_condition};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, Time};
 
+use crate::backoff;
+use crate::checkpoint::condition_of;
 use crate::error::Failure;
 
-/// The condition a checkpoint makes true when it is left.
-pub fn condition_of(phase: Phase) -> Option<ConditionType> {
-    Some(match phase {
-        Phase::Discovering => ConditionType::SourceDiscovered,
-        Phase::Validating => ConditionType::Validated,
-        Phase::Converting => ConditionType::DiskConverted,
-        Phase::Importing => ConditionType::DiskImported,
-        Phase::CreatingVm => ConditionType::VmCreated,
-        Phase::Starting => ConditionType::VmStarted,
-        Phase::ValidatingGuest => ConditionType::GuestReady,
-        Phase::Succeeded => ConditionType::Ready,
-        _ => return None,
-    })
-}
-
-pub fn condition(
-    status: &mut Status,
-    type_: ConditionType,
-    value: bool,
-    reason: &str,
-    message: String,
+/// The status working copy of one reconcile, with the generation and time that every edit stamps on it.
+pub struct StatusEditor {
+    pub status: Status,
     generation: Option<i64>,
-    now: &Time,
-) {
-    set_condition(
-        &mut status.conditions,
-        ConditionUpdate {
-            type_: type_.as_str(),
-            status: value,
-            reason,
-            message,
-            observed_generation: generation,
-        },
-        now,
-    );
-    // The seed's order, `Ready` last, whatever order they were set in.
-    let rank = |t: &str| {
-        ConditionType::ALL
-            .iter()
-            .position(|c| c.as_str() == t)
-            .unwrap_or(usize::MAX)
-    };
-    status.conditions.sort_by_key(|c| rank(&c.type_));
+    now: Time,
 }
 
-/// Enters `phase`: records when, resets the per-checkpoint attempts, and marks its condition as in progress.
-pub fn enter(status: &mut Status, phase: Phase, generation: Option<i64>, now: &Time) {
-    status.phase = Some(phase);
-    if !status.checkpoints.iter().any(|c| c.phase == phase) {
-        status.checkpoints.push(CheckpointTime {
-            phase,
-            entered: k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(now.0),
-        });
-    }
-    if let Some(retry) = &mut status.retry {
-        retry.attempts = 0;
-        retry.next_attempt_time = None;
-    }
-    if let Some(kind) = condition_of(phase).filter(|_| phase != Phase::Succeeded) {
-        condition(
+impl StatusEditor {
+    pub fn new(status: Status, generation: Option<i64>, now: Time) -> Self {
+        Self {
             status,
-            kind,
-            false,
-            "InProgress",
-            format!("{phase:?} in progress"),
             generation,
             now,
-        );
+        }
     }
-    if !phase.is_terminal() && phase != Phase::ManualInterventionRequired {
-        condition(
-            status,
-            ConditionType::Ready,
-            false,
-            "MigrationInProgress",
-            format!("checkpoint {phase:?}"),
-            generation,
-            now,
-        );
-    }
-}
 
-/// Leaves `from` with its evidence recorded: its condition turns True, then the next checkpoint is entered.
-pub fn advance(
-    status: &mut Status,
-    from: Phase,
-    to: Phase,
-    reason: &str,
-    message: String,
-    generation: Option<i64>,
-    now: &Time,
-) {
-    if let Some(kind) = condition_of(from) {
-        condition(status, kind, true, reason, message.clone(), generation, now);
+    pub fn now(&self) -> &Time {
+        &self.now
     }
-    status.reason = Some(reason.into());
-    status.message = Some(message);
-    enter(status, to, generation, now);
+
+    /// Sets a condition, keeping the conditions in [`ConditionType::ALL`]'s order, `Ready` last.
+    pub fn condition(
+        &mut self,
+        type_: ConditionType,
+        value: bool,
+        reason: &str,
+        message: impl Into<String>,
+    ) {
+        let conditions = &mut self.status.conditions;
+        set_condition(
+            conditions,
+            ConditionUpdate {
+                type_: type_.as_str(),
+                status: value,
+                reason,
+                message: message.into(),
+                observed_generation: self.generation,
+            },
+            &self.now,
+        );
+        let rank = |t: &str| {
+            ConditionType::ALL
+                .iter()
+                .position(|c| c.as_str() == t)
+                .unwrap_or(usize::MAX)
+        };
+        conditions.sort_by_key(|c| rank(&c.type_));
+    }
+
+    /// Enters `phase`: records when, resets the per-checkpoint attempts, and marks its condition as in progress.
+    pub fn enter(&mut self, phase: Phase) {
+        let status = &mut self.status;
+        status.phase = Some(phase);
+        if !status.checkpoints.iter().any(|c| c.phase == phase) {
+            status.checkpoints.push(CheckpointTime {
+                phase,
+                entered: MicroTime(self.now.0),
+            });
+        }
+        if let Some(retry) = &mut status.retry {
+            retry.attempts = 0;
+            retry.next_attempt_time = None;
+        }
+        if let Some(kind) = condition_of(phase) {
+            self.condition(kind, false, "InProgress", format!("{phase:?} in progress"));
+        }
+        if !phase.is_terminal() && phase != Phase::ManualInterventionRequired {
+            let message = format!("checkpoint {phase:?}");
+            self.condition(ConditionType::Ready, false, "MigrationInProgress", message);
+        }
+    }
+
+    /// Leaves `from` with its evidence recorded: its condition turns True, then `to` is entered.
+    pub fn advance(&mut self, from: Phase, to: Phase, reason: &str, message: String) {
+        if let Some(kind) = condition_of(from) {
+            self.condition(kind, true, reason, message.clone());
+        }
+        self.status.reason = Some(reason.into());
+        self.status.message = Some(message);
+        self.enter(to);
+    }
+
+    /// Records an error of checkpoint `phase`.
+    pub fn record_error(&mut self, failure: &Failure, phase: Phase) {
+        record_error(&mut self.status, failure, phase, &self.now);
+    }
+
+    /// One more transient attempt; returns how long to wait before the next.
+    pub fn transient_attempt(&mut self, seed: &str, cap: Duration) -> Duration {
+        let retry = self.status.retry.get_or_insert_with(RetryStatus::default);
+        retry.attempts += 1;
+        let wait = backoff::jittered(retry.attempts.max(0) as u32, seed, cap);
+        retry.next_attempt_time = Some(Time(self.now.0 + signed(wait)));
+        wait
+    }
 }
 
 /// Records an error of the current checkpoint.
@@ -125,32 +124,8 @@ pub fn record_error(status: &mut Status, failure: &Failure, phase: Phase, now: &
     status.message = Some(failure.message.clone());
 }
 
-/// One more transient attempt; returns how long to wait before the next.
-pub fn transient_attempt(status: &mut Status, seed: &str, cap: Duration, now: &Time) -> Duration {
-    let retry = status.retry.get_or_insert_with(RetryStatus::default);
-    retry.attempts += 1;
-    let wait = backoff(retry.attempts, seed, cap);
-    retry.next_attempt_time = Some(Time(now.0 + signed(wait)));
-    wait
-}
-
 fn signed(d: Duration) -> k8s_openapi::jiff::SignedDuration {
     k8s_openapi::jiff::SignedDuration::from_millis(d.as_millis() as i64)
-}
-
-/// Exponential from 1 s, doubled per attempt, capped, with ±25% jitter so that many migrations failing together
-/// do not retry together. The jitter is derived from `seed` and the attempt, so it is stable across restarts.
-pub fn backoff(attempt: i32, seed: &str, cap: Duration) -> Duration {
-    let exp = 1000u64.saturating_mul(1 << attempt.clamp(1, 20).saturating_sub(1) as u64);
-    let capped = exp.min(cap.as_millis() as u64);
-    let hash = format!("{seed}/{attempt}")
-        .bytes()
-        .fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
-            (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
-        });
-    let spread = capped / 2;
-    let jitter = if spread == 0 { 0 } else { hash % spread };
-    Duration::from_millis(capped - capped / 4 + jitter)
 }
 
 pub fn budget_used(status: &Status, phase: Phase) -> i32 {
@@ -267,17 +242,6 @@ mod tests {
     }
 
     #[test]
-    fn backoff_grows_is_capped_and_jittered_stably() {
-        let cap = Duration::from_secs(300);
-        let waits: Vec<_> = (1..=12).map(|a| backoff(a, "ns/m", cap)).collect();
-        assert!(waits[0] >= Duration::from_millis(750) && waits[0] <= Duration::from_millis(1250));
-        assert!(waits[3] > waits[1]);
-        assert!(waits.iter().all(|w| *w <= cap + cap / 4));
-        assert_eq!(backoff(5, "ns/m", cap), backoff(5, "ns/m", cap));
-        assert_ne!(backoff(5, "ns/m", cap), backoff(5, "ns/other", cap));
-    }
-
-    #[test]
     fn budgets_are_per_phase_and_run_out() {
         let mut status = Status::default();
         assert!(spend_budget(&mut status, Phase::Converting, 2));
@@ -307,17 +271,15 @@ mod tests {
 
     #[test]
     fn advancing_marks_the_left_condition_true_and_ready_false() {
-        let mut status = Status::default();
-        enter(&mut status, Phase::Discovering, Some(1), &now());
-        advance(
-            &mut status,
+        let mut edit = StatusEditor::new(Status::default(), Some(1), now());
+        edit.enter(Phase::Discovering);
+        edit.advance(
             Phase::Discovering,
             Phase::Validating,
             "Found",
             "vm-1".into(),
-            Some(1),
-            &now(),
         );
+        let status = edit.status;
         let get = |t: &str| {
             status
                 .conditions

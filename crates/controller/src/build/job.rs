@@ -4,9 +4,17 @@
 
 use ferry_api::{Provider, ProviderTls, SourceVmStatus, VirtualMachineMigration, VolumeMode};
 use ferry_datapath::spec::{ConvertSpec, DiskSpec, SourceSpec, SourceTrust, StagingSpec};
-use k8s_openapi::api::batch::v1::Job;
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::batch::v1::{Job, JobSpec};
+use k8s_openapi::api::core::v1::{
+    Capabilities, Container, EmptyDirVolumeSource, KeyToPath, PersistentVolumeClaimVolumeSource,
+    PodSecurityContext, PodSpec, PodTemplateSpec, ResourceRequirements, SeccompProfile,
+    SecretVolumeSource, SecurityContext, Volume, VolumeDevice, VolumeMount,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::ResourceExt;
-use serde_json::json;
 
 use crate::children;
 
@@ -81,34 +89,39 @@ pub fn convert_job(
 ) -> Job {
     let spec =
         serde_json::to_string(&convert_spec(vmm, source, provider)).expect("a spec serializes");
-    let mut volumes = vec![
-        json!({"name": "source-credentials", "secret": {"secretName": provider.spec.secret_ref.name,
-            "items": [{"key": "user", "path": "user"}, {"key": "password", "path": "password"}]}}),
-        json!({"name": "scratch", "emptyDir": {}}),
-    ];
-    let mut mounts = vec![
-        json!({"name": "source-credentials", "mountPath": SOURCE_CREDENTIALS, "readOnly": true}),
-        json!({"name": "scratch", "mountPath": SCRATCH}),
-    ];
-    if let Some(secret) = &vmm.spec.staging.secret_ref {
-        volumes.push(json!({"name": "staging-credentials", "secret": {"secretName": secret.name,
-            "items": [{"key": "accessKeyId", "path": "accessKeyId"}, {"key": "secretKey", "path": "secretKey"}]}}));
-        mounts.push(json!({"name": "staging-credentials", "mountPath": STAGING_CREDENTIALS, "readOnly": true}));
-    }
-    job(
-        vmm,
-        &children::convert_job(vmm, attempt),
-        "convert",
-        image,
-        vec![
+    let mut work = Work {
+        step: "convert",
+        args: vec![
             "convert".into(),
             "--quiet".into(),
             format!("--spec-json={spec}"),
         ],
-        volumes,
-        mounts,
-        vec![],
-    )
+        volumes: vec![
+            secret_volume(
+                "source-credentials",
+                &provider.spec.secret_ref.name,
+                &["user", "password"],
+            ),
+            Volume {
+                name: "scratch".into(),
+                empty_dir: Some(EmptyDirVolumeSource::default()),
+                ..Volume::default()
+            },
+        ],
+        mounts: vec![
+            mount("source-credentials", SOURCE_CREDENTIALS, true),
+            mount("scratch", SCRATCH, false),
+        ],
+        devices: vec![],
+    };
+    if let Some(secret) = &vmm.spec.staging.secret_ref {
+        let keys = ["accessKeyId", "secretKey"];
+        work.volumes
+            .push(secret_volume("staging-credentials", &secret.name, &keys));
+        work.mounts
+            .push(mount("staging-credentials", STAGING_CREDENTIALS, true));
+    }
+    job(vmm, &children::convert_job(vmm, attempt), image, work)
 }
 
 /// Reads the imported disk from the DataVolume's PVC and compares it with the source's sha256.
@@ -122,101 +135,226 @@ pub fn verify_job(
 ) -> Job {
     let claim = children::data_volume(vmm, disk);
     let block = vmm.spec.target.volume_mode == VolumeMode::Block;
-    let volumes = vec![
-        json!({"name": "disk", "persistentVolumeClaim": {"claimName": claim, "readOnly": true}}),
-    ];
-    let (mounts, devices, file) = if block {
-        (
-            vec![],
-            vec![json!({"name": "disk", "devicePath": DISK_DEVICE})],
-            DISK_DEVICE.to_string(),
-        )
+    let file = if block {
+        DISK_DEVICE.to_string()
     } else {
-        (
-            vec![json!({"name": "disk", "mountPath": DISK_MOUNT, "readOnly": true})],
-            vec![],
-            format!("{DISK_MOUNT}/disk.img"),
-        )
+        format!("{DISK_MOUNT}/disk.img")
     };
-    job(
-        vmm,
-        &children::verify_job(vmm, disk, attempt),
-        "verify",
-        image,
-        vec![
+    let work = Work {
+        step: "verify",
+        args: vec![
             "verify".into(),
             format!("--file={file}"),
             format!("--sha256={sha256}"),
             format!("--size={size}"),
         ],
-        volumes,
-        mounts,
-        devices,
-    )
+        volumes: vec![Volume {
+            name: "disk".into(),
+            persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
+                claim_name: claim,
+                read_only: Some(true),
+            }),
+            ..Volume::default()
+        }],
+        mounts: if block {
+            vec![]
+        } else {
+            vec![mount("disk", DISK_MOUNT, true)]
+        },
+        devices: if block {
+            vec![VolumeDevice {
+                name: "disk".into(),
+                device_path: DISK_DEVICE.into(),
+            }]
+        } else {
+            vec![]
+        },
+    };
+    job(vmm, &children::verify_job(vmm, disk, attempt), image, work)
 }
 
-#[allow(clippy::too_many_arguments)]
-fn job(
-    vmm: &VirtualMachineMigration,
-    name: &str,
-    step: &str,
-    image: &str,
+/// What one Job does: its step (the container's name and the step label), its arguments to `ferry`, and what it
+/// mounts.
+struct Work {
+    step: &'static str,
     args: Vec<String>,
-    volumes: Vec<serde_json::Value>,
-    mounts: Vec<serde_json::Value>,
-    devices: Vec<serde_json::Value>,
-) -> Job {
-    let labels = children::labels(vmm, step);
-    let mut container = json!({
-        "name": step,
-        "image": image,
-        "command": ["ferry"],
-        "args": args,
-        "terminationMessagePath": "/dev/termination-log",
-        "terminationMessagePolicy": "FallbackToLogsOnError",
-        "volumeMounts": mounts,
-        "resources": {"requests": {"cpu": "250m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}},
-        "securityContext": {
-            "allowPrivilegeEscalation": false,
-            "readOnlyRootFilesystem": true,
-            "runAsNonRoot": true,
-            "capabilities": {"drop": ["ALL"]},
-            "seccompProfile": {"type": "RuntimeDefault"},
-        },
+    volumes: Vec<Volume>,
+    mounts: Vec<VolumeMount>,
+    devices: Vec<VolumeDevice>,
+}
+
+fn secret_volume(name: &str, secret: &str, keys: &[&str]) -> Volume {
+    let items = keys.iter().map(|key| KeyToPath {
+        key: key.to_string(),
+        path: key.to_string(),
+        ..KeyToPath::default()
     });
-    if !devices.is_empty() {
-        container["volumeDevices"] = json!(devices);
+    Volume {
+        name: name.into(),
+        secret: Some(SecretVolumeSource {
+            secret_name: Some(secret.into()),
+            items: Some(items.collect()),
+            ..SecretVolumeSource::default()
+        }),
+        ..Volume::default()
     }
-    serde_json::from_value(json!({
-        "apiVersion": "batch/v1",
-        "kind": "Job",
-        "metadata": {
-            "name": name,
-            "namespace": vmm.namespace(),
-            "labels": labels,
-            "ownerReferences": [children::owner(vmm)],
+}
+
+fn mount(name: &str, path: &str, read_only: bool) -> VolumeMount {
+    VolumeMount {
+        name: name.into(),
+        mount_path: path.into(),
+        read_only: read_only.then_some(true),
+        ..VolumeMount::default()
+    }
+}
+
+fn runtime_default_seccomp() -> Option<SeccompProfile> {
+    Some(SeccompProfile {
+        type_: "RuntimeDefault".into(),
+        localhost_profile: None,
+    })
+}
+
+fn job(vmm: &VirtualMachineMigration, name: &str, image: &str, work: Work) -> Job {
+    let labels = children::labels(vmm, work.step);
+    let container = Container {
+        name: work.step.into(),
+        image: Some(image.into()),
+        command: Some(vec!["ferry".into()]),
+        args: Some(work.args),
+        termination_message_path: Some("/dev/termination-log".into()),
+        termination_message_policy: Some("FallbackToLogsOnError".into()),
+        volume_mounts: Some(work.mounts),
+        volume_devices: (!work.devices.is_empty()).then_some(work.devices),
+        resources: Some(ResourceRequirements {
+            requests: Some(BTreeMap::from([
+                ("cpu".into(), Quantity("250m".into())),
+                ("memory".into(), Quantity("256Mi".into())),
+            ])),
+            limits: Some(BTreeMap::from([("memory".into(), Quantity("1Gi".into()))])),
+            ..ResourceRequirements::default()
+        }),
+        security_context: Some(SecurityContext {
+            allow_privilege_escalation: Some(false),
+            read_only_root_filesystem: Some(true),
+            run_as_non_root: Some(true),
+            capabilities: Some(Capabilities {
+                drop: Some(vec!["ALL".into()]),
+                add: None,
+            }),
+            seccomp_profile: runtime_default_seccomp(),
+            ..SecurityContext::default()
+        }),
+        ..Container::default()
+    };
+    Job {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            namespace: vmm.namespace(),
+            labels: Some(labels.clone()),
+            owner_references: Some(vec![children::owner(vmm)]),
+            ..ObjectMeta::default()
         },
-        "spec": {
+        spec: Some(JobSpec {
             // Retries are the controller's, counted in the migration's status: a Job runs once.
-            "backoffLimit": 0,
-            "template": {
-                "metadata": {"labels": labels},
-                "spec": {
-                    "restartPolicy": "Never",
-                    "automountServiceAccountToken": false,
-                    "enableServiceLinks": false,
-                    "securityContext": {
-                        "runAsNonRoot": true,
-                        "runAsUser": 65532,
-                        "runAsGroup": 65532,
-                        "fsGroup": 65532,
-                        "seccompProfile": {"type": "RuntimeDefault"},
-                    },
-                    "containers": [container],
-                    "volumes": volumes,
-                },
+            backoff_limit: Some(0),
+            template: PodTemplateSpec {
+                metadata: Some(ObjectMeta {
+                    labels: Some(labels),
+                    ..ObjectMeta::default()
+                }),
+                spec: Some(PodSpec {
+                    restart_policy: Some("Never".into()),
+                    automount_service_account_token: Some(false),
+                    enable_service_links: Some(false),
+                    security_context: Some(PodSecurityContext {
+                        run_as_non_root: Some(true),
+                        run_as_user: Some(65532),
+                        run_as_group: Some(65532),
+                        fs_group: Some(65532),
+                        seccomp_profile: runtime_default_seccomp(),
+                        ..PodSecurityContext::default()
+                    }),
+                    containers: vec![container],
+                    volumes: Some(work.volumes),
+                    ..PodSpec::default()
+                }),
             },
-        },
-    }))
-    .expect("a Job built from known fields")
+            ..JobSpec::default()
+        }),
+        status: None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn migration(block: bool) -> VirtualMachineMigration {
+        let mode = if block { "Block" } else { "Filesystem" };
+        let spec = json!({
+            "source": {"providerRef": {"name": "p"}, "vm": {"name": "x"}},
+            "staging": {"url": "s3://b/p", "secretRef": {"name": "staging"}},
+            "target": {"volumeMode": mode}});
+        let mut vmm = VirtualMachineMigration::new("m", serde_json::from_value(spec).unwrap());
+        vmm.metadata.uid = Some("u".into());
+        vmm.metadata.namespace = Some("ns".into());
+        vmm
+    }
+
+    fn pod(job: &Job) -> &PodSpec {
+        job.spec.as_ref().unwrap().template.spec.as_ref().unwrap()
+    }
+
+    #[test]
+    fn jobs_run_once_restricted_with_credentials_as_files_only() {
+        let provider: Provider = serde_json::from_value(json!({
+            "apiVersion": "migration.platform.example/v1alpha1", "kind": "Provider",
+            "metadata": {"name": "p", "namespace": "ns"},
+            "spec": {"type": "vsphere", "url": "https://vc/sdk", "secretRef": {"name": "vc"},
+                     "tls": {"thumbprint": "AA"}}}))
+        .unwrap();
+        let source: SourceVmStatus = serde_json::from_value(json!({
+            "name": "x", "moref": "vm-1", "cpus": 1, "coresPerSocket": 1, "memoryMib": 64, "snapshots": 0,
+            "disks": [{"key": 1, "file": "[ds] x/x.vmdk", "capacityBytes": 1024}], "nics": []}))
+        .unwrap();
+        let vmm = migration(false);
+        let convert = convert_job(&vmm, &source, &provider, 2, "img");
+        assert_eq!(convert.metadata.name.as_deref(), Some("m-convert-2"));
+        assert_eq!(convert.spec.as_ref().unwrap().backoff_limit, Some(0));
+        let spec = pod(&convert);
+        let container = &spec.containers[0];
+        assert!(container.env.is_none(), "no credentials in the environment");
+        let args = container.args.as_ref().unwrap().join(" ");
+        assert!(args.contains(SOURCE_CREDENTIALS) && !args.contains("\"password\":"));
+        let secrets: Vec<_> = spec
+            .volumes
+            .iter()
+            .flatten()
+            .filter_map(|v| v.secret.as_ref()?.secret_name.clone())
+            .collect();
+        assert_eq!(secrets, ["vc", "staging"]);
+        let security = container.security_context.as_ref().unwrap();
+        assert_eq!(security.allow_privilege_escalation, Some(false));
+        assert_eq!(security.run_as_non_root, Some(true));
+        assert_eq!(
+            security.capabilities.as_ref().unwrap().drop.as_deref(),
+            Some(&["ALL".to_string()][..])
+        );
+        assert_eq!(spec.automount_service_account_token, Some(false));
+
+        let verify = verify_job(&migration(true), 0, 1, "abc", 1024, "img");
+        let container = &pod(&verify).containers[0];
+        let device = &container.volume_devices.as_ref().unwrap()[0];
+        assert_eq!(device.device_path, DISK_DEVICE);
+        assert!(
+            container
+                .args
+                .as_ref()
+                .unwrap()
+                .contains(&format!("--file={DISK_DEVICE}"))
+        );
+    }
 }

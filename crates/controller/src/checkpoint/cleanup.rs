@@ -7,45 +7,27 @@
 use std::time::Duration;
 
 use ferry_api::{ErrorClass, PowerState};
-use k8s_openapi::api::batch::v1::Job;
-use kube::api::{DynamicObject, ListParams};
+use kube::api::DynamicObject;
 use kube::{Api, ResourceExt};
 
-use super::{Step, jobs, power};
-use crate::build::{dv_resource, vm_resource, vmi_resource};
+use super::{Step, source};
+use crate::build::vmi_resource;
 use crate::children;
 use crate::error::Result;
+use crate::owned::Owned;
 
 /// One pass; true when everything is gone and power is as it should be.
 pub async fn cleanup(step: &mut Step<'_>) -> Result<bool> {
     let ns = step.vmm.namespace().unwrap_or_default();
-    let client = &step.ctx.client;
-    let selector = ListParams::default().labels(&children::uid_selector(step.vmm));
-    let mut remaining = 0;
-    for resource in [vm_resource(), dv_resource()] {
-        let api = Api::<DynamicObject>::namespaced_with(client.clone(), &ns, &resource);
-        for object in api.list(&selector).await? {
-            remaining += 1;
-            if object.metadata.deletion_timestamp.is_none() {
-                ferry_kube::delete::delete_if_present(&api, &object.name_any()).await?;
-            }
-        }
-    }
+    let owned = Owned::of(step.ctx, step.vmm);
+    let mut remaining = owned.delete_kept_kinds().await?;
     // The VM's instance goes after the VM (garbage collection); until it has, the target may still run, and the
     // source must not be powered on.
-    let vmis = Api::<DynamicObject>::namespaced_with(client.clone(), &ns, &vmi_resource());
+    let vmis = Api::<DynamicObject>::namespaced_with(step.ctx.client.clone(), &ns, &vmi_resource());
     if vmis.get_opt(&children::vm_name(step.vmm)).await?.is_some() {
         remaining += 1;
     }
-    for job in Api::<Job>::namespaced(client.clone(), &ns)
-        .list(&selector)
-        .await?
-    {
-        remaining += 1;
-        if job.metadata.deletion_timestamp.is_none() {
-            jobs::delete(step.ctx, &ns, &job.name_any()).await?;
-        }
-    }
+    remaining += owned.delete_jobs().await?;
     remove_staged(step).await?;
     if remaining > 0 {
         return Ok(false);
@@ -87,8 +69,8 @@ async fn restore_power(step: &mut Step<'_>) -> Result<bool> {
     if !asked || recorded.original != Some(PowerState::PoweredOn) || recorded.restored {
         return Ok(true);
     }
-    let session = power::session(step.ctx, step.vmm).await?;
-    let vm = power::source_vm(step.status)?;
+    let session = source::session(step.ctx, step.vmm).await?;
+    let vm = source::source_vm(step.status)?;
     let observed = ferry_vsphere::power::current_power_state(&session, &vm).await?;
     if observed != PowerState::PoweredOn {
         ferry_vsphere::power::power_on(&session, &vm, Duration::from_secs(300)).await?;

@@ -24,7 +24,7 @@ pub async fn run(step: &mut Step<'_>) -> Result<Next> {
                 // The failed attempt's Job was charged already; it makes room for this one.
                 jobs::delete(step.ctx, &ns, &children::convert_job(step.vmm, attempt - 1)).await?;
             }
-            let provider = super::power::provider(step.ctx, step.vmm).await?;
+            let provider = super::source::provider(step.ctx, step.vmm).await?;
             let source = step.status.source.clone().ok_or_else(|| {
                 Failure::transient("SourceNotDiscovered", "discovery recorded no source")
             })?;
@@ -83,7 +83,6 @@ fn record(step: &mut Step<'_>, job: &str, report: JobReport) -> Result<Next> {
     }
     step.ctx.metrics.bytes_moved(moved);
     Ok(Next::advance(
-        Phase::Importing,
         "DisksStaged",
         format!(
             "{} disk(s) staged with their sha256 ({moved} bytes read)",
@@ -109,14 +108,13 @@ async fn retry(
         status::Charge::Exhausted => Err(status::exhausted(&failure, budget)),
         status::Charge::Charged => {
             status::record_error(step.status, &failure, Phase::Converting, &step.now);
-            Ok(Next::wait(
+            Ok(Next::persist(
                 "ConversionRetrying",
                 format!(
                     "{} (retry {} of {budget})",
                     failure.message,
                     status::budget_used(step.status, Phase::Converting)
                 ),
-                Duration::ZERO,
             ))
         }
         status::Charge::AlreadyCharged => {

@@ -2,17 +2,17 @@
 //! hardware, disks, NICs and power. Action: log in and read (nothing changes in vSphere). Recorded:
 //! `status.source`, the disk list, the target VM name; SourceDiscovered.
 
-use ferry_api::{DiskStatus, Phase, SourceDisk, SourceNic, SourceVmStatus};
+use ferry_api::{DiskStatus, SourceDisk, SourceNic, SourceVmStatus};
 use ferry_vsphere::{VmInfo, VmSelector};
 
-use super::{Next, Step, power};
+use super::{Next, Step, source};
 use crate::children;
 use crate::error::{Failure, Result};
 
 pub async fn run(step: &mut Step<'_>) -> Result<Next> {
-    let provider = power::provider(step.ctx, step.vmm).await?;
-    let session = power::session_for(step.ctx, &provider).await?;
-    let selector = power::selector(step.vmm);
+    let provider = source::provider(step.ctx, step.vmm).await?;
+    let session = source::session_for(step.ctx, &provider).await?;
+    let selector = source::selector(step.vmm);
     let (moref, from_earlier_listing) = match &selector {
         VmSelector::Name(name) => step.ctx.find_vm_by_name(&provider, &session, name).await?,
         other => (
@@ -46,7 +46,7 @@ pub async fn run(step: &mut Step<'_>) -> Result<Next> {
     step.status.disks = disks(&source);
     step.status.source = Some(source);
     step.status.target_vm = Some(children::vm_name(step.vmm));
-    Ok(Next::advance(Phase::Validating, "SourceFound", message))
+    Ok(Next::advance("SourceFound", message))
 }
 
 /// What discovery records, from the vSphere description.

@@ -5,14 +5,15 @@
 use std::time::Duration;
 
 use ferry_api::{Phase, RunStrategy};
-use kube::api::{DynamicObject, ListParams, Patch, PatchParams};
+use kube::api::DynamicObject;
 use kube::{Api, ResourceExt};
 use serde_json::Value;
 
-use super::{Next, Step, jobs};
-use crate::build::{dv_resource, vm_resource, vmi_resource};
+use super::{Next, Step};
+use crate::build::vmi_resource;
 use crate::children;
 use crate::error::{Failure, Result};
+use crate::owned::Owned;
 
 pub async fn run(step: &mut Step<'_>) -> Result<Next> {
     let ns = step.vmm.namespace().unwrap_or_default();
@@ -54,9 +55,8 @@ pub async fn run(step: &mut Step<'_>) -> Result<Next> {
             ));
         }
     }
-    hand_over(step, &ns).await?;
+    hand_over(step).await?;
     Ok(Next::advance(
-        Phase::Succeeded,
         "GuestReady",
         format!("the guest of {name} booted and answered; the VM and its disks are handed over"),
     ))
@@ -70,25 +70,10 @@ fn condition(vmi: &Value, kind: &str) -> bool {
 }
 
 /// Idempotent: what is already handed over or removed is skipped.
-async fn hand_over(step: &Step<'_>, ns: &str) -> Result<()> {
-    let client = &step.ctx.client;
-    let selector = ListParams::default().labels(&children::uid_selector(step.vmm));
-    let release = children::release_patch(step.vmm);
-    for resource in [vm_resource(), dv_resource()] {
-        let api = Api::<DynamicObject>::namespaced_with(client.clone(), ns, &resource);
-        for object in api.list(&selector).await? {
-            api.patch(
-                &object.name_any(),
-                &PatchParams::default(),
-                &Patch::Merge(&release),
-            )
-            .await?;
-        }
-    }
-    let job_api = Api::<k8s_openapi::api::batch::v1::Job>::namespaced(client.clone(), ns);
-    for job in job_api.list(&selector).await? {
-        jobs::delete(step.ctx, ns, &job.name_any()).await?;
-    }
+async fn hand_over(step: &Step<'_>) -> Result<()> {
+    let owned = Owned::of(step.ctx, step.vmm);
+    owned.release_kept_kinds().await?;
+    owned.delete_jobs().await?;
     let staging = crate::staging::open(step.ctx, step.vmm).await?;
     for object in crate::staging::object_names(step.status.disks.len()) {
         staging.delete(&object).await?;

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use ferry_api::{ErrorClass, Phase};
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
-use kube::api::{DynamicObject, PostParams};
+use kube::api::DynamicObject;
 use kube::{Api, ResourceExt};
 
 use super::jobs::{self, JobState};
@@ -80,11 +80,7 @@ pub async fn run(step: &mut Step<'_>) -> Result<Next> {
                         format!("disk {} has no staged image", disk.index),
                     )
                 })?;
-                match dvs.create(&PostParams::default(), &dv).await {
-                    Ok(_) => {}
-                    Err(kube::Error::Api(s)) if s.code == 409 => {}
-                    Err(e) => return Err(e.into()),
-                }
+                ferry_kube::create::create_if_absent(&dvs, &dv).await?;
                 step.status.disks[i].data_volume = Some(name.clone());
                 waiting.push(format!("{name} created"));
             }
@@ -134,7 +130,6 @@ pub async fn run(step: &mut Step<'_>) -> Result<Next> {
     }
     if waiting.is_empty() {
         return Ok(Next::advance(
-            Phase::CreatingVm,
             "DisksImportedAndVerified",
             format!(
                 "{} disk(s) imported; each hashes to its source's sha256",
@@ -159,14 +154,13 @@ fn retry(step: &mut Step<'_>, i: usize, failed: &str, failure: Failure) -> Resul
         status::Charge::AlreadyCharged => {}
     }
     status::record_error(step.status, &failure, Phase::Importing, &step.now);
-    Ok(Next::wait(
+    Ok(Next::persist(
         "ImportRetrying",
         format!(
             "{} (retry {} of {budget})",
             failure.message,
             status::budget_used(step.status, Phase::Importing)
         ),
-        Duration::ZERO,
     ))
 }
 

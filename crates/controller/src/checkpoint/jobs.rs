@@ -3,7 +3,7 @@
 use ferry_datapath::report::JobReport;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{ListParams, PostParams};
+use kube::api::ListParams;
 use kube::{Api, ResourceExt};
 
 use crate::context::Context;
@@ -99,16 +99,11 @@ async fn termination_message(ctx: &Context, ns: &str, job: &str) -> Result<Optio
     }))
 }
 
+/// Creates `job`; one already there is ours (an earlier reconcile's, by its deterministic name).
 pub async fn create(ctx: &Context, ns: &str, job: &Job) -> Result<()> {
-    match Api::<Job>::namespaced(ctx.client.clone(), ns)
-        .create(&PostParams::default(), job)
-        .await
-    {
-        Ok(_) => Ok(()),
-        // Created by an earlier reconcile whose answer was lost: the same deterministic name, so it is ours.
-        Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
-        Err(e) => Err(e.into()),
-    }
+    let jobs = Api::<Job>::namespaced(ctx.client.clone(), ns);
+    ferry_kube::create::create_if_absent(&jobs, job).await?;
+    Ok(())
 }
 
 pub async fn delete(ctx: &Context, ns: &str, name: &str) -> Result<()> {

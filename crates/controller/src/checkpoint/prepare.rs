@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use ferry_api::{Phase, PowerOffMode, PowerState, PowerStatus};
+use ferry_api::{PowerOffMode, PowerState, PowerStatus};
 use ferry_vsphere::MoRef;
 use ferry_vsphere::power::{self, TaskState};
 
@@ -56,8 +56,8 @@ pub fn plan(
 }
 
 pub async fn run(step: &mut Step<'_>) -> Result<Next> {
-    let session = super::power::session(step.ctx, step.vmm).await?;
-    let vm = super::power::source_vm(step.status)?;
+    let session = super::source::session(step.ctx, step.vmm).await?;
+    let vm = super::source::source_vm(step.status)?;
     let observed = power::current_power_state(&session, &vm).await?;
     let spec = &step.vmm.spec.source.power_off;
     let mut recorded = step.status.power.clone().unwrap_or_default();
@@ -73,19 +73,11 @@ pub async fn run(step: &mut Step<'_>) -> Result<Next> {
     let next = match plan(spec.mode, &recorded, observed, tools, overdue) {
         Plan::RecordOriginal(state) => {
             recorded.original = Some(state);
-            Next::wait(
-                "PowerStateRecorded",
-                format!("the source was {state:?}"),
-                Duration::ZERO,
-            )
+            Next::persist("PowerStateRecorded", format!("the source was {state:?}"))
         }
         Plan::Done => {
             recorded.task = None;
-            Next::advance(
-                Phase::Converting,
-                "SourcePoweredOff",
-                "the source is powered off",
-            )
+            Next::advance("SourcePoweredOff", "the source is powered off")
         }
         Plan::FollowTask(task) => {
             match power::task_state(&session, &MoRef::new("Task", task.clone())).await? {
@@ -99,14 +91,13 @@ pub async fn run(step: &mut Step<'_>) -> Result<Next> {
                     recorded.task = None;
                     recorded.current = Some(PowerState::PoweredOff);
                     Next::advance(
-                        Phase::Converting,
                         "SourcePoweredOff",
                         format!("power-off task {task} finished: the source is powered off"),
                     )
                 }
                 TaskState::Failed { fault, message } if fault == "InvalidPowerState" => {
                     recorded.task = None;
-                    Next::wait("PoweringOff", message, Duration::ZERO)
+                    Next::persist("PoweringOff", message)
                 }
                 TaskState::Failed { fault, message } => {
                     recorded.task = None;

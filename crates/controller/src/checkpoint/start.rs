@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use ferry_api::{Phase, RunStrategy};
+use ferry_api::RunStrategy;
 use kube::api::{DynamicObject, Patch, PatchParams};
 use kube::{Api, ResourceExt};
 
@@ -35,7 +35,6 @@ pub async fn run(step: &mut Step<'_>) -> Result<Next> {
     }
     if step.vmm.spec.target.run_strategy == RunStrategy::Halted {
         return Ok(Next::advance(
-            Phase::ValidatingGuest,
             "VMHaltedAsAsked",
             "runStrategy Halted: the VM is not started",
         ));
@@ -48,7 +47,6 @@ pub async fn run(step: &mut Step<'_>) -> Result<Next> {
         .unwrap_or_else(|| "Absent".into());
     match phase.as_str() {
         "Running" => Ok(Next::advance(
-            Phase::ValidatingGuest,
             "VMIRunning",
             format!("VirtualMachineInstance {} is Running", vm.name_any()),
         )),

@@ -4,7 +4,7 @@
 
 use std::collections::BTreeSet;
 
-use ferry_api::{GuestAdaptation, Phase, SourceVmStatus, VirtualMachineMigration};
+use ferry_api::{GuestAdaptation, SourceVmStatus, VirtualMachineMigration};
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::api::{DynamicObject, ListParams};
 use kube::{Api, ResourceExt};
@@ -31,7 +31,6 @@ pub async fn run(step: &mut Step<'_>) -> Result<Next> {
     let staging = crate::staging::open(step.ctx, step.vmm).await?;
     staging.head("preflight").await?;
     Ok(Next::advance(
-        Phase::Preparing,
         "PreflightPassed",
         format!(
             "{} disk(s) supported, every NIC mapped, StorageClass {storage_class}, staging reachable",

@@ -1,10 +1,7 @@
 //! CreatingVM. Desired: the VirtualMachine exists with the source's shape, owned by the migration. Observed: the
 //! VM object. Action: create it if absent (Halted), update its template if it differs. Recorded: VMCreated.
 
-use std::time::Duration;
-
-use ferry_api::Phase;
-use kube::api::{DynamicObject, Patch, PatchParams, PostParams};
+use kube::api::{DynamicObject, Patch, PatchParams};
 use kube::{Api, ResourceExt};
 
 use super::{Next, Step};
@@ -22,15 +19,10 @@ pub async fn run(step: &mut Step<'_>) -> Result<Next> {
     let name = desired.name_any();
     let vms = Api::<DynamicObject>::namespaced_with(step.ctx.client.clone(), &ns, &vm_resource());
     let Some(observed) = vms.get_opt(&name).await? else {
-        match vms.create(&PostParams::default(), &desired).await {
-            Ok(_) => {}
-            Err(kube::Error::Api(s)) if s.code == 409 => {}
-            Err(e) => return Err(e.into()),
-        }
-        return Ok(Next::wait(
+        ferry_kube::create::create_if_absent(&vms, &desired).await?;
+        return Ok(Next::persist(
             "VMCreated",
             format!("VirtualMachine {name} created"),
-            Duration::ZERO,
         ));
     };
     if observed.labels().get(children::UID_LABEL) != Some(&children::uid(step.vmm)) {
@@ -45,14 +37,12 @@ pub async fn run(step: &mut Step<'_>) -> Result<Next> {
         let patch = serde_json::json!({"spec": {"template": build::vm::shape(&desired)}});
         vms.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
             .await?;
-        return Ok(Next::wait(
+        return Ok(Next::persist(
             "VMUpdated",
             format!("VirtualMachine {name} brought back to the source's shape"),
-            Duration::ZERO,
         ));
     }
     Ok(Next::advance(
-        Phase::Starting,
         "VMCreated",
         format!(
             "VirtualMachine {name}: {} vCPU, {} MiB, {} disk(s), {} NIC(s)",

@@ -1,0 +1,77 @@
+//! Everything a migration created in its namespace, found by its UID label: deleted on cleanup, handed over on
+//! success.
+
+use k8s_openapi::api::batch::v1::Job;
+use kube::api::{DynamicObject, ListParams, Patch, PatchParams};
+use kube::{Api, ResourceExt};
+
+use crate::build::{dv_resource, vm_resource};
+use crate::checkpoint::jobs;
+use crate::children;
+use crate::context::Context;
+use crate::error::Result;
+use ferry_api::VirtualMachineMigration;
+
+pub struct Owned<'a> {
+    ctx: &'a Context,
+    vmm: &'a VirtualMachineMigration,
+    ns: String,
+    selector: ListParams,
+}
+
+impl<'a> Owned<'a> {
+    pub fn of(ctx: &'a Context, vmm: &'a VirtualMachineMigration) -> Self {
+        Self {
+            ctx,
+            vmm,
+            ns: vmm.namespace().unwrap_or_default(),
+            selector: ListParams::default().labels(&children::uid_selector(vmm)),
+        }
+    }
+
+    /// The kinds a user keeps after the hand-over: the VirtualMachine and its DataVolumes.
+    fn kept_kinds(&self) -> [Api<DynamicObject>; 2] {
+        [vm_resource(), dv_resource()]
+            .map(|resource| Api::namespaced_with(self.ctx.client.clone(), &self.ns, &resource))
+    }
+
+    /// Deletes the VM and DataVolumes not already being deleted; how many there were.
+    pub async fn delete_kept_kinds(&self) -> Result<usize> {
+        let mut found = 0;
+        for api in self.kept_kinds() {
+            for object in api.list(&self.selector).await? {
+                found += 1;
+                if object.metadata.deletion_timestamp.is_none() {
+                    ferry_kube::delete::delete_if_present(&api, &object.name_any()).await?;
+                }
+            }
+        }
+        Ok(found)
+    }
+
+    /// Hands the VM and DataVolumes over: no owner, none of our labels (so cleanup never finds them again).
+    pub async fn release_kept_kinds(&self) -> Result<()> {
+        let release = children::release_patch(self.vmm);
+        for api in self.kept_kinds() {
+            for object in api.list(&self.selector).await? {
+                let patch = Patch::Merge(&release);
+                api.patch(&object.name_any(), &PatchParams::default(), &patch)
+                    .await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Deletes the Jobs (conversion, verification) not already being deleted; how many there were.
+    pub async fn delete_jobs(&self) -> Result<usize> {
+        let listed = Api::<Job>::namespaced(self.ctx.client.clone(), &self.ns)
+            .list(&self.selector)
+            .await?;
+        for job in &listed {
+            if job.metadata.deletion_timestamp.is_none() {
+                jobs::delete(self.ctx, &self.ns, &job.name_any()).await?;
+            }
+        }
+        Ok(listed.items.len())
+    }
+}

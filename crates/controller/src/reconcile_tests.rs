@@ -1,0 +1,520 @@
+//! The reconcile tier: one `reconcile()` each, against the exact requests it must make (see [`crate::fixtures`]).
+//! No lab, no network: each test runs in milliseconds.
+
+use std::time::Duration;
+
+use ferry_api::{FINALIZER, VirtualMachineMigration};
+use kube::runtime::controller::Action;
+use serde_json::{Value, json};
+
+use crate::fixtures::{ApiServer, Exchange};
+use crate::reconcile::HOLD_ANNOTATION;
+
+const KEY: &str = "apps/web";
+const EARLIER: &str = "2026-01-01T00:00:00Z";
+
+/// The migration `apps/web` as read at resourceVersion 100, with our finalizer, `status` and the spec changes
+/// of `spec` merged in.
+fn migration(status: Value, spec: Value) -> Value {
+    let mut object = json!({
+        "apiVersion": "migration.platform.example/v1alpha1",
+        "kind": "VirtualMachineMigration",
+        "metadata": {
+            "name": "web", "namespace": "apps", "uid": "6f1c2a9e-0000-4000-8000-000000000001",
+            "resourceVersion": "100", "generation": 1, "finalizers": [FINALIZER],
+        },
+        "spec": {
+            "source": {"providerRef": {"name": "vc"}, "vm": {"name": "web-vm"}},
+            "target": {"networks": [{"source": "VM Network", "pod": {}}]},
+            "staging": {"url": "http://staging.example/ferry"},
+            "retry": {"budget": 1},
+        },
+        "status": status,
+    });
+    if let Some(changes) = spec.as_object() {
+        for (k, v) in changes {
+            object["spec"][k] = v.clone();
+        }
+    }
+    object
+}
+
+fn vmm(object: Value) -> VirtualMachineMigration {
+    serde_json::from_value(object).expect("a VirtualMachineMigration")
+}
+
+/// What discovery recorded: one 1 GiB disk, one NIC (every field the controller writes back).
+fn discovered() -> Value {
+    json!({
+        "name": "web-vm", "moref": "vm-42", "cpus": 2, "coresPerSocket": 1, "memoryMib": 2048, "snapshots": 0,
+        "disks": [{"key": 2000, "file": "[ds1] web-vm/web-vm.vmdk", "capacityBytes": 1073741824,
+            "backing": "VirtualDiskFlatVer2BackingInfo", "thin": false, "snapshotChain": 0}],
+        "nics": [{"mac": "00:50:56:00:00:01", "network": "VM Network"}],
+    })
+}
+
+fn condition<'a>(status: &'a Value, type_: &str) -> &'a Value {
+    status["conditions"]
+        .as_array()
+        .and_then(|cs| cs.iter().find(|c| c["type"] == type_))
+        .unwrap_or_else(|| panic!("no condition {type_} in {status:#}"))
+}
+
+#[tokio::test]
+async fn a_hold_is_one_status_write_and_no_event() {
+    let mut object = migration(
+        json!({
+            "phase": "Validating", "observedGeneration": 1, "reason": "SourceFound",
+            "message": "found web-vm", "targetVM": "web", "source": discovered(),
+        }),
+        json!({}),
+    );
+    object["metadata"]["annotations"] = json!({HOLD_ANNOTATION: "Validating"});
+    let vmm = vmm(object);
+    let server = ApiServer::new();
+    let ctx = server.ctx.clone();
+    let script = vec![Exchange::status_write(&vmm, "101", |status| {
+        assert_eq!(status["phase"], "Validating", "{status:#}");
+        assert_eq!(status["reason"], "Held", "{status:#}");
+        assert_eq!(
+            status["message"],
+            "held before Validating by the annotation migration.platform.example/hold-before; \
+             remove it to go on"
+        );
+        // Everything else is what was read.
+        assert_eq!(status["source"], discovered());
+        assert_eq!(status["targetVM"], "web");
+    })];
+    let action = server.reconcile(vmm, script).await.expect("reconciled");
+    assert_eq!(action, Action::await_change());
+    // The write's resourceVersion is remembered: the copy read before it is now stale.
+    assert!(ctx.is_stale(KEY, Some("100")));
+    assert!(!ctx.is_stale(KEY, Some("101")));
+}
+
+#[tokio::test]
+async fn a_hold_already_recorded_makes_no_request() {
+    let mut object = migration(
+        json!({
+            "phase": "Validating", "observedGeneration": 1, "reason": "Held",
+            "message": "held before Validating by the annotation migration.platform.example/hold-before; \
+                        remove it to go on",
+            "source": discovered(),
+        }),
+        json!({}),
+    );
+    object["metadata"]["annotations"] = json!({HOLD_ANNOTATION: "Validating"});
+    let action = ApiServer::new()
+        .reconcile(vmm(object), vec![])
+        .await
+        .expect("reconciled");
+    assert_eq!(action, Action::await_change());
+}
+
+#[tokio::test]
+async fn a_new_migration_held_before_discovering_publishes_its_start_then_writes_held() {
+    let mut object = migration(Value::Null, json!({}));
+    object["metadata"]["annotations"] = json!({HOLD_ANNOTATION: "Discovering"});
+    let vmm = vmm(object);
+    let script = vec![
+        Exchange::event(&vmm, "Normal", "Discovering", |note| {
+            assert_eq!(note, "migration started")
+        }),
+        Exchange::status_write(&vmm, "101", |status| {
+            assert_eq!(status["phase"], "Discovering", "{status:#}");
+            assert_eq!(status["reason"], "Held", "{status:#}");
+            assert_eq!(status["targetVM"], "web");
+            assert_eq!(status["observedGeneration"], 1);
+            assert!(status["startTime"].is_string(), "{status:#}");
+            assert_eq!(status["checkpoints"][0]["phase"], "Discovering");
+            let discovered = condition(status, "SourceDiscovered");
+            assert_eq!(
+                (&discovered["status"], &discovered["reason"]),
+                (&json!("False"), &json!("InProgress"))
+            );
+            let ready = condition(status, "Ready");
+            assert_eq!(
+                (&ready["status"], &ready["reason"]),
+                (&json!("False"), &json!("MigrationInProgress"))
+            );
+        }),
+    ];
+    let action = ApiServer::new()
+        .reconcile(vmm, script)
+        .await
+        .expect("reconciled");
+    assert_eq!(action, Action::await_change());
+}
+
+#[tokio::test]
+async fn a_copy_older_than_our_last_write_makes_no_request() {
+    let mut object = migration(json!({"phase": "Converting"}), json!({}));
+    object["metadata"]["resourceVersion"] = json!("99");
+    let server = ApiServer::new();
+    server.ctx.wrote(KEY, Some("100".into()));
+    let action = server
+        .reconcile(vmm(object), vec![])
+        .await
+        .expect("skipped");
+    assert_eq!(action, Action::requeue(Duration::from_secs(2)));
+}
+
+#[tokio::test]
+async fn a_finished_migration_releases_only_its_finalizer() {
+    let mut object = migration(
+        json!({"phase": "Succeeded", "observedGeneration": 1, "reason": "HandedOver"}),
+        json!({}),
+    );
+    object["metadata"]["finalizers"] = json!(["example.com/keep", FINALIZER]);
+    let vmm = vmm(object);
+    let server = ApiServer::new();
+    let ctx = server.ctx.clone();
+    ctx.wrote(KEY, Some("90".into()));
+    let script = vec![Exchange::merge_patch(&vmm, "101", |patch| {
+        assert_eq!(
+            *patch,
+            json!({"metadata": {"finalizers": ["example.com/keep"], "resourceVersion": "100"}})
+        );
+    })];
+    let action = server.reconcile(vmm, script).await.expect("released");
+    assert_eq!(action, Action::await_change());
+    // The migration is over: its last write is forgotten, so no copy of it is ever skipped again.
+    assert!(!ctx.is_stale(KEY, Some("1")));
+}
+
+#[tokio::test]
+async fn a_new_migration_first_gets_the_finalizer() {
+    let mut object = migration(Value::Null, json!({}));
+    object["metadata"]["finalizers"] = json!([]);
+    let vmm = vmm(object);
+    let server = ApiServer::new();
+    let ctx = server.ctx.clone();
+    let script = vec![Exchange::merge_patch(&vmm, "101", |patch| {
+        assert_eq!(
+            *patch,
+            json!({"metadata": {"finalizers": [FINALIZER], "resourceVersion": "100"}})
+        );
+    })];
+    let action = server.reconcile(vmm, script).await.expect("added");
+    assert_eq!(action, Action::requeue(Duration::ZERO));
+    assert!(ctx.is_stale(KEY, Some("100")));
+}
+
+#[tokio::test]
+async fn cancel_writes_cancelling_then_publishes_it() {
+    let vmm = vmm(migration(
+        json!({
+            "phase": "Converting", "observedGeneration": 1, "reason": "Converting",
+            "message": "Job web-convert-1 (attempt 1) converts the disks", "source": discovered(),
+        }),
+        json!({"cancel": true}),
+    ));
+    let script = vec![
+        Exchange::status_write(&vmm, "101", |status| {
+            assert_eq!(status["phase"], "Cancelling", "{status:#}");
+            assert_eq!(status["reason"], "CancelRequested");
+            assert_eq!(status["message"], "removing what the migration created");
+            let ready = condition(status, "Ready");
+            assert_eq!(
+                (&ready["status"], &ready["reason"], &ready["message"]),
+                (
+                    &json!("False"),
+                    &json!("Cancelling"),
+                    &json!("spec.cancel is true")
+                )
+            );
+            assert_eq!(status.get("cleanedUp"), None);
+        }),
+        Exchange::event(&vmm, "Normal", "Cancelling", |note| {
+            assert_eq!(note, "spec.cancel is true: cleaning up")
+        }),
+    ];
+    let action = ApiServer::new()
+        .reconcile(vmm, script)
+        .await
+        .expect("cancelling");
+    assert_eq!(action, Action::requeue(Duration::ZERO));
+}
+
+#[tokio::test]
+async fn a_failed_conversion_with_its_budget_spent_fails_the_migration() {
+    let earlier_error = "Job web-convert-1: reading [ds1] web-vm/web-vm.vmdk: connection reset";
+    let vmm = vmm(migration(
+        json!({
+            "phase": "Converting", "observedGeneration": 1, "reason": "Converting",
+            "message": "Job web-convert-2 (attempt 2) converts the disks", "source": discovered(),
+            "disks": [{"index": 0, "sourceFile": "[ds1] web-vm/web-vm.vmdk", "capacityBytes": 1073741824}],
+            "progress": "0% (0 MiB of 1024 MiB)",
+            "retry": {
+                "attempts": 0, "budgetUsed": [{"phase": "Converting", "used": 1}], "charged": ["job-uid-1"],
+                "lastError": {"class": "BoundedRetryable", "reason": "SourceReadFailed",
+                    "message": earlier_error, "phase": "Converting", "time": EARLIER},
+            },
+        }),
+        json!({"retry": {"budget": 1}}),
+    ));
+    let error = r#"{"error": {"class": "BoundedRetryable", "reason": "SourceReadFailed", "message": "reading [ds1] web-vm/web-vm.vmdk: connection reset"}}"#;
+    let message = "Job web-convert-2: reading [ds1] web-vm/web-vm.vmdk: connection reset \
+                   (retry budget of 1 spent)";
+    let script = vec![
+        Exchange::get("/apis/batch/v1/namespaces/apps/jobs/web-convert-2").reply(json!({
+            "apiVersion": "batch/v1", "kind": "Job",
+            "metadata": {"name": "web-convert-2", "namespace": "apps", "uid": "job-uid-2"},
+            "spec": {"template": {"spec": {"containers": []}}},
+            "status": {"failed": 1, "conditions": [{"type": "Failed", "status": "True"}]},
+        })),
+        Exchange::get(
+            "/api/v1/namespaces/apps/pods?&labelSelector=batch.kubernetes.io%2Fjob-name%3Dweb-convert-2",
+        )
+        .reply(json!({
+            "apiVersion": "v1", "kind": "PodList", "metadata": {},
+            "items": [{
+                "metadata": {"name": "web-convert-2-x7k2p", "namespace": "apps"},
+                "status": {"containerStatuses": [{
+                    "name": "convert", "image": "ferry", "imageID": "", "ready": false, "restartCount": 0,
+                    "state": {"terminated": {"exitCode": 1, "message": error}},
+                }]},
+            }],
+        })),
+        Exchange::event(&vmm, "Warning", "SourceReadFailed", move |note| {
+            assert_eq!(note, message)
+        }),
+        Exchange::status_write(&vmm, "101", move |status| {
+            assert_eq!(status["phase"], "Failed", "{status:#}");
+            assert_eq!(status["reason"], "SourceReadFailed");
+            assert_eq!(status["message"], message);
+            assert!(status["completionTime"].is_string(), "{status:#}");
+            let retry = &status["retry"];
+            assert_eq!(retry["lastError"]["reason"], "SourceReadFailed");
+            assert_eq!(retry["lastError"]["message"], message);
+            assert_eq!(retry["lastError"]["phase"], "Converting");
+            // An exhausted budget charges nothing more.
+            assert_eq!(
+                retry["budgetUsed"],
+                json!([{"phase": "Converting", "used": 1}])
+            );
+            assert_eq!(retry["charged"], json!(["job-uid-1"]));
+            let converted = condition(status, "DiskConverted");
+            assert_eq!(
+                (
+                    &converted["status"],
+                    &converted["reason"],
+                    &converted["message"]
+                ),
+                (&json!("False"), &json!("SourceReadFailed"), &json!(message))
+            );
+            let ready = condition(status, "Ready");
+            assert_eq!(ready["status"], "False");
+            assert_eq!(
+                ready["message"],
+                format!("failed at Converting: {message}")
+            );
+            // Ready comes last, whatever order the conditions were set in.
+            assert_eq!(
+                status["conditions"].as_array().and_then(|c| c.last()),
+                Some(ready)
+            );
+        }),
+    ];
+    let action = ApiServer::new()
+        .reconcile(vmm, script)
+        .await
+        .expect("failed, as a status");
+    assert_eq!(action, Action::requeue(Duration::ZERO));
+}
+
+/// Waiting for a person who has not acted yet: the checkpoint that stopped it runs again, fails the same way,
+/// and that is neither a new Event nor a write.
+#[tokio::test]
+async fn manual_intervention_still_unresolved_reads_and_writes_nothing() {
+    let message = "Secret apps/vc-creds named by Provider vc does not exist; \
+                   create it with keys user and password";
+    let vmm = vmm(migration(
+        json!({
+            "phase": "ManualInterventionRequired", "observedGeneration": 1,
+            "reason": "ProviderSecretNotFound", "message": message, "targetVM": "web",
+            "startTime": EARLIER,
+            "checkpoints": [{"phase": "Discovering", "entered": "2026-01-01T00:00:00.000000Z"}],
+            "conditions": [
+                {"type": "SourceDiscovered", "status": "False", "reason": "InProgress",
+                    "message": "Discovering in progress", "observedGeneration": 1, "lastTransitionTime": EARLIER},
+                {"type": "Ready", "status": "False", "reason": "ProviderSecretNotFound",
+                    "message": format!("{message} (at Discovering)"), "observedGeneration": 1,
+                    "lastTransitionTime": EARLIER},
+            ],
+            "retry": {"attempts": 0, "lastError": {"class": "Permanent", "reason": "ProviderSecretNotFound",
+                "message": message, "phase": "Discovering", "time": EARLIER}},
+        }),
+        json!({}),
+    ));
+    let script = vec![
+        Exchange::get("/apis/migration.platform.example/v1alpha1/namespaces/apps/providers/vc").reply(
+            json!({
+                "apiVersion": "migration.platform.example/v1alpha1", "kind": "Provider",
+                "metadata": {"name": "vc", "namespace": "apps", "generation": 1},
+                "spec": {"type": "vsphere", "url": "https://vc.example/sdk", "secretRef": {"name": "vc-creds"},
+                    "tls": {"insecureSkipVerify": true}},
+            }),
+        ),
+        Exchange::get("/api/v1/namespaces/apps/secrets/vc-creds").not_found("secrets", "vc-creds"),
+    ];
+    let action = ApiServer::new()
+        .reconcile(vmm, script)
+        .await
+        .expect("still waiting");
+    assert_eq!(action, Action::requeue(Duration::from_secs(10)));
+}
+
+/// The same checkpoint failing the first time: the error is recorded, published once, and the migration waits.
+#[tokio::test]
+async fn a_missing_provider_secret_stops_for_a_person_with_one_event_and_one_write() {
+    let message = "Secret apps/vc-creds named by Provider vc does not exist; \
+                   create it with keys user and password";
+    let vmm = vmm(migration(
+        json!({
+            "phase": "Discovering", "observedGeneration": 1, "reason": "Started",
+            "message": "discovering the source VM", "targetVM": "web", "startTime": EARLIER,
+        }),
+        json!({}),
+    ));
+    let script = vec![
+        Exchange::get("/apis/migration.platform.example/v1alpha1/namespaces/apps/providers/vc").reply(
+            json!({
+                "apiVersion": "migration.platform.example/v1alpha1", "kind": "Provider",
+                "metadata": {"name": "vc", "namespace": "apps", "generation": 1},
+                "spec": {"type": "vsphere", "url": "https://vc.example/sdk", "secretRef": {"name": "vc-creds"},
+                    "tls": {"insecureSkipVerify": true}},
+            }),
+        ),
+        Exchange::get("/api/v1/namespaces/apps/secrets/vc-creds").not_found("secrets", "vc-creds"),
+        Exchange::event(&vmm, "Warning", "ProviderSecretNotFound", move |note| {
+            assert_eq!(note, message)
+        }),
+        Exchange::status_write(&vmm, "101", move |status| {
+            assert_eq!(status["phase"], "ManualInterventionRequired", "{status:#}");
+            assert_eq!(status["reason"], "ProviderSecretNotFound");
+            assert_eq!(status["message"], message);
+            let error = &status["retry"]["lastError"];
+            assert_eq!(
+                (&error["class"], &error["reason"], &error["phase"]),
+                (
+                    &json!("Permanent"),
+                    &json!("ProviderSecretNotFound"),
+                    &json!("Discovering")
+                )
+            );
+            // A person's fix is awaited, not retried on a clock.
+            assert_eq!(status["retry"]["attempts"], 0);
+            assert_eq!(status["retry"].get("nextAttemptTime"), None);
+            let ready = condition(status, "Ready");
+            assert_eq!(
+                (&ready["status"], &ready["reason"], &ready["message"]),
+                (
+                    &json!("False"),
+                    &json!("ProviderSecretNotFound"),
+                    &json!(format!("{message} (at Discovering)"))
+                )
+            );
+        }),
+    ];
+    let action = ApiServer::new()
+        .reconcile(vmm, script)
+        .await
+        .expect("waiting for a person");
+    assert_eq!(action, Action::requeue(Duration::from_secs(10)));
+}
+
+#[tokio::test]
+async fn a_retry_not_due_yet_makes_no_request() {
+    let due =
+        k8s_openapi::jiff::Timestamp::now() + k8s_openapi::jiff::SignedDuration::from_secs(3600);
+    let vmm = vmm(migration(
+        json!({
+            "phase": "Converting", "observedGeneration": 1, "reason": "APIServerBusy",
+            "retry": {"attempts": 3, "nextAttemptTime": due.to_string()},
+        }),
+        json!({}),
+    ));
+    let action = ApiServer::new()
+        .reconcile(vmm, vec![])
+        .await
+        .expect("waiting");
+    // `Action { requeue_after: Some(3599.99…s) }`: the time left until the attempt is due.
+    let debug = format!("{action:?}");
+    let seconds: f64 = debug
+        .split_once("Some(")
+        .and_then(|(_, rest)| rest.split_once("s)"))
+        .and_then(|(s, _)| s.parse().ok())
+        .unwrap_or_else(|| panic!("a requeue: {debug}"));
+    assert!((3590.0..=3600.0).contains(&seconds), "{debug}");
+}
+
+#[tokio::test]
+async fn deleting_a_finished_migration_only_releases_the_finalizer() {
+    let mut object = migration(
+        json!({"phase": "Cancelled", "observedGeneration": 1, "cleanedUp": true}),
+        json!({}),
+    );
+    object["metadata"]["deletionTimestamp"] = json!(EARLIER);
+    let vmm = vmm(object);
+    let script = vec![Exchange::merge_patch(&vmm, "101", |patch| {
+        assert_eq!(
+            *patch,
+            json!({"metadata": {"finalizers": [], "resourceVersion": "100"}})
+        );
+    })];
+    let action = ApiServer::new()
+        .reconcile(vmm, script)
+        .await
+        .expect("released");
+    assert_eq!(action, Action::await_change());
+}
+
+#[tokio::test]
+async fn deleting_a_migration_without_our_finalizer_makes_no_request() {
+    let mut object = migration(json!({"phase": "Converting"}), json!({}));
+    object["metadata"]["deletionTimestamp"] = json!(EARLIER);
+    object["metadata"]["finalizers"] = json!(["example.com/keep"]);
+    let action = ApiServer::new()
+        .reconcile(vmm(object), vec![])
+        .await
+        .expect("nothing to do");
+    assert_eq!(action, Action::await_change());
+}
+
+/// The fixture itself: a request beyond the script, or one the script has and the reconcile never made, fails.
+mod the_script {
+    use super::*;
+
+    #[tokio::test]
+    #[should_panic(
+        expected = "unexpected request after the 0 of the script: PATCH /apis/migration.platform.example/v1alpha1/namespaces/apps/virtualmachinemigrations/web?"
+    )]
+    async fn refuses_a_request_beyond_it() {
+        let mut object = migration(Value::Null, json!({}));
+        object["metadata"]["finalizers"] = json!([]);
+        let _ = ApiServer::new().reconcile(vmm(object), vec![]).await;
+    }
+
+    #[tokio::test]
+    #[should_panic(expected = "request 1 of 1 never came: the reconcile returned without PATCH")]
+    async fn fails_when_a_request_never_comes() {
+        let mut object = migration(json!({"phase": "Converting"}), json!({}));
+        object["metadata"]["resourceVersion"] = json!("99");
+        let vmm = vmm(object);
+        let server = ApiServer::new();
+        server.ctx.wrote(KEY, Some("100".into()));
+        let script = vec![Exchange::status_write(&vmm, "101", |_| {})];
+        let _ = server.reconcile(vmm, script).await;
+    }
+
+    #[tokio::test]
+    #[should_panic(expected = "request 1 of 1")]
+    async fn fails_on_another_request_than_the_next_one() {
+        let mut object = migration(Value::Null, json!({}));
+        object["metadata"]["finalizers"] = json!([]);
+        let vmm = vmm(object);
+        let script = vec![Exchange::status_write(&vmm, "101", |_| {})];
+        let _ = ApiServer::new().reconcile(vmm, script).await;
+    }
+}
