@@ -73,7 +73,7 @@ mod tests {
             .await
             .unwrap_err();
         assert_eq!(
-            (wrong.reason(), wrong.class()),
+            (wrong.reason().as_str(), wrong.class()),
             (
                 "ChecksumMismatch",
                 ferry_types::ErrorClass::BoundedRetryable

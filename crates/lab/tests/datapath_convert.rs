@@ -212,7 +212,10 @@ async fn a_short_source_is_an_error_and_nothing_is_staged() {
     }];
     let e = convert_all(&spec, &Progress::new(true)).await.unwrap_err();
     assert_eq!(e.class(), ErrorClass::BoundedRetryable, "{e}");
-    assert!(matches!(e.reason(), "ShortRead" | "EmptyDisk"), "{e}");
+    assert!(
+        matches!(e.reason().as_str(), "ShortRead" | "EmptyDisk"),
+        "{e}"
+    );
     assert!(
         !staged(&f.staging_dir(), "disk-3.raw").exists(),
         "a short copy must never appear under its name"
