@@ -18,6 +18,8 @@ pub mod names;
 pub mod provider;
 mod refs;
 
+/// Plain domain types shared with the vSphere client and the data path, which do not depend on this crate.
+pub use ferry_types::{DiskFormat, ErrorClass, Firmware, PowerState};
 pub use migration::*;
 pub use provider::*;
 pub use refs::{LocalObjectReference, SecretReference};

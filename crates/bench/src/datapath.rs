@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use ferry_api::DiskFormat;
 use ferry_datapath::progress::Progress;
-use ferry_datapath::spec::{ConvertSpec, DiskSpec, SourceSpec, StagingSpec};
+use ferry_datapath::spec::{ConvertSpec, DiskSpec, SourceSpec, SourceTrust, StagingSpec};
 use ferry_datapath::staging::Staging;
 use ferry_vsphere::Session;
 use ferry_vsphere::datastore::{Download, flat_disk};
@@ -160,10 +160,7 @@ async fn run(
         source: SourceSpec {
             url: endpoint.url.clone(),
             credentials_dir: credentials,
-            ca_file: Some(endpoint.ca_file.clone()),
-            ca_bundle: None,
-            thumbprint: None,
-            insecure: false,
+            trust: SourceTrust::CaFile(endpoint.ca_file.clone()),
             datacenter: info.datacenter.clone(),
             vm_uuid: info.instance_uuid.clone().unwrap_or_default(),
         },

@@ -4,6 +4,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 use clap::Args;
+use ferry_datapath::report::JobReport;
 use ferry_datapath::{ConvertSpec, progress::Progress};
 
 #[derive(Args)]
@@ -33,26 +34,20 @@ pub async fn run(args: ConvertArgs) -> Result<()> {
         (None, None) => anyhow::bail!("give --spec or --spec-json"),
     };
     let outcome = ferry_datapath::convert_all(&spec, &Progress::new(args.quiet)).await;
-    report(
-        &args.result_file,
-        outcome.map(|disks| serde_json::json!({"disks": disks})),
-    )
+    report(&args.result_file, outcome, |disks| {
+        JobReport::Disks(disks.clone())
+    })
 }
 
-/// Writes a Job's result, or its error's class and reason, where the controller reads it (the termination
-/// message), and echoes it; the exit code follows the outcome.
-pub fn report(
+/// Writes a Job's report (`ok` of its result, or its error's class and reason) where the controller reads it
+/// (the termination message), and echoes it; the exit code follows the outcome.
+pub fn report<T>(
     result_file: &Path,
-    outcome: ferry_datapath::Result<serde_json::Value>,
+    outcome: ferry_datapath::Result<T>,
+    ok: impl FnOnce(&T) -> JobReport,
 ) -> Result<()> {
-    let report = match &outcome {
-        Ok(value) => value.clone(),
-        Err(e) => {
-            serde_json::json!({"error": {"class": e.class(), "reason": e.reason(), "message": e.to_string()}})
-        }
-    };
-    let text = serde_json::to_string(&report)?;
-    std::fs::write(result_file, &text)
+    let text = JobReport::of(&outcome, ok)
+        .write(result_file)
         .with_context(|| format!("writing {}", result_file.display()))?;
     println!("{text}");
     outcome.map(|_| ()).map_err(Into::into)

@@ -4,6 +4,7 @@ use std::path::PathBuf;
 
 use anyhow::Result;
 use clap::Args;
+use ferry_datapath::report::JobReport;
 
 #[derive(Args)]
 pub struct VerifyArgs {
@@ -23,8 +24,7 @@ pub struct VerifyArgs {
 
 pub async fn run(args: VerifyArgs) -> Result<()> {
     let outcome = ferry_datapath::verify::verify(&args.file, &args.sha256, args.size).await;
-    crate::convert::report(
-        &args.result_file,
-        outcome.map(|v| serde_json::json!({"verified": v})),
-    )
+    crate::convert::report(&args.result_file, outcome, |verified| {
+        JobReport::Verified(verified.clone())
+    })
 }

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use ferry_api::Provider;
 use ferry_vsphere::inventory::VmNameIndex;
-use ferry_vsphere::{ConnectConfig, MoRef, Session, TlsMode};
+use ferry_vsphere::{ConnectConfig, MoRef, Session};
 use k8s_openapi::api::core::v1::Secret;
 use kube::runtime::events::{Recorder, Reporter};
 use kube::{Api, Client, ResourceExt};
@@ -187,16 +187,12 @@ impl Context {
         {
             return Ok(session.clone());
         }
-        let tls = &provider.spec.tls;
         let config = ConnectConfig {
             url: provider.spec.url.clone(),
             username: secret_key(&secret, "user")?,
             password: secret_key(&secret, "password")?,
-            tls: match (&tls.ca_bundle, &tls.thumbprint) {
-                (Some(pem), _) => TlsMode::CaBundle(pem.clone()),
-                (None, Some(thumbprint)) => TlsMode::Thumbprint(thumbprint.clone()),
-                (None, None) => TlsMode::InsecureSkipVerify,
-            },
+            // No CA file among a Provider's choices, so nothing is read here and this cannot fail.
+            tls: crate::build::job::source_trust(&provider.spec.tls).tls_mode()?,
             timeout: Duration::from_secs(60),
         };
         let session = Session::connect(config).await?;

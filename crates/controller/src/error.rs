@@ -63,13 +63,13 @@ impl From<kube::Error> for Failure {
 
 impl From<ferry_vsphere::Error> for Failure {
     fn from(e: ferry_vsphere::Error) -> Self {
-        Self::new(e.class(), e.reason(), e.to_string(), false)
+        Self::new(e.class(), e.reason().as_str(), e.to_string(), false)
     }
 }
 
 impl From<ferry_datapath::Error> for Failure {
     fn from(e: ferry_datapath::Error) -> Self {
-        Self::new(e.class(), e.reason(), e.to_string(), false)
+        Self::new(e.class(), e.reason().as_str(), e.to_string(), false)
     }
 }
 

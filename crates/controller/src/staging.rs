@@ -1,8 +1,8 @@
 //! The migration's folder in the staging store, opened with keys read from its Secret (by name, in memory only).
 
-use ferry_api::VirtualMachineMigration;
+use ferry_api::{DiskFormat, VirtualMachineMigration};
 use ferry_datapath::spec::StagingSpec;
-use ferry_datapath::staging::Staging;
+use ferry_datapath::staging::{Staging, object_name};
 use kube::ResourceExt;
 
 use crate::children;
@@ -41,7 +41,7 @@ pub async fn open(ctx: &Context, vmm: &VirtualMachineMigration) -> Result<Stagin
 
 /// Every object name the conversion Job may have written for the migration's disks, in either format.
 pub fn object_names(disks: usize) -> Vec<String> {
-    (0..disks)
-        .flat_map(|i| [format!("disk-{i}.raw"), format!("disk-{i}.qcow2")])
+    (0..disks as u32)
+        .flat_map(|i| [DiskFormat::Raw, DiskFormat::Qcow2].map(|format| object_name(i, format)))
         .collect()
 }

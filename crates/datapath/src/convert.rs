@@ -5,9 +5,9 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use bytes::Bytes;
-use ferry_api::DiskFormat;
+use ferry_types::DiskFormat;
 use ferry_vsphere::datastore::{Download, FlatDisk, flat_disk};
-use ferry_vsphere::{ConnectConfig, Session, TlsMode};
+use ferry_vsphere::{ConnectConfig, Session};
 use futures::{StreamExt, TryStreamExt};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
@@ -16,7 +16,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use crate::error::{Error, Result};
 use crate::progress::Progress;
 use crate::spec::{ConvertSpec, DiskSpec, read_secret};
-use crate::staging::{SourceIdentity, StagedObject, Staging};
+use crate::staging::{SourceIdentity, StagedObject, Staging, object_name};
 
 /// Upload parts in flight per disk.
 const UPLOAD_CONCURRENCY: usize = 4;
@@ -35,30 +35,11 @@ pub struct DiskResult {
 
 pub async fn connect(spec: &ConvertSpec) -> Result<Session> {
     let source = &spec.source;
-    let tls = match (
-        &source.thumbprint,
-        &source.ca_file,
-        &source.ca_bundle,
-        source.insecure,
-    ) {
-        (Some(t), None, None, false) => TlsMode::Thumbprint(t.clone()),
-        (None, Some(ca), None, false) => TlsMode::CaBundle(
-            std::fs::read_to_string(ca)
-                .map_err(|e| Error::Spec(format!("reading {}: {e}", ca.display())))?,
-        ),
-        (None, None, Some(pem), false) => TlsMode::CaBundle(pem.clone()),
-        (None, None, None, true) => TlsMode::InsecureSkipVerify,
-        _ => {
-            return Err(Error::Spec(
-                "the source needs exactly one of caFile, caBundle, thumbprint or insecure".into(),
-            ));
-        }
-    };
     let config = ConnectConfig {
         url: source.url.clone(),
         username: read_secret(&source.credentials_dir, "user")?,
         password: read_secret(&source.credentials_dir, "password")?,
-        tls,
+        tls: source.trust.tls_mode()?,
         timeout: Duration::from_secs(120),
     };
     Ok(Session::connect(config).await?)
@@ -80,14 +61,6 @@ pub async fn convert_all(spec: &ConvertSpec, progress: &Progress) -> Result<Vec<
     Ok(results)
 }
 
-pub fn object_name(disk: &DiskSpec, format: DiskFormat) -> String {
-    let ext = match format {
-        DiskFormat::Raw => "raw",
-        DiskFormat::Qcow2 => "qcow2",
-    };
-    format!("disk-{}.{ext}", disk.index)
-}
-
 async fn convert_disk(
     session: &Session,
     staging: &Staging,
@@ -95,7 +68,7 @@ async fn convert_disk(
     disk: &DiskSpec,
     progress: &Progress,
 ) -> Result<DiskResult> {
-    let name = object_name(disk, spec.format);
+    let name = object_name(disk.index, spec.format);
     let identity = SourceIdentity {
         vm_uuid: spec.source.vm_uuid.clone(),
         disk_file: disk.file.clone(),

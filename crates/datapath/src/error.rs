@@ -1,6 +1,6 @@
 //! Data path errors, classed like every Ferry error: a short or corrupt copy is bounded-retryable, never success.
 
-use ferry_api::ErrorClass;
+use ferry_types::{ErrorClass, Reason};
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -43,16 +43,16 @@ impl Error {
         }
     }
 
-    pub fn reason(&self) -> &'static str {
+    pub fn reason(&self) -> Reason {
         match self {
-            Error::Spec(_) => "InvalidConversionSpec",
+            Error::Spec(_) => Reason::InvalidConversionSpec,
             Error::Source(e) => e.reason(),
-            Error::Staging { .. } => "StagingUnavailable",
-            Error::ShortRead { .. } => "ShortRead",
-            Error::EmptyDisk { .. } => "EmptyDisk",
-            Error::ChecksumMismatch { .. } => "ChecksumMismatch",
-            Error::QemuImg { .. } => "ConversionFailed",
-            Error::Io { .. } => "ScratchIOFailed",
+            Error::Staging { .. } => Reason::StagingUnavailable,
+            Error::ShortRead { .. } => Reason::ShortRead,
+            Error::EmptyDisk { .. } => Reason::EmptyDisk,
+            Error::ChecksumMismatch { .. } => Reason::ChecksumMismatch,
+            Error::QemuImg { .. } => Reason::ConversionFailed,
+            Error::Io { .. } => Reason::ScratchIOFailed,
         }
     }
 }

@@ -5,6 +5,7 @@
 pub mod convert;
 pub mod error;
 pub mod progress;
+pub mod report;
 pub mod spec;
 pub mod staging;
 pub mod verify;

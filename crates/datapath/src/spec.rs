@@ -3,7 +3,8 @@
 
 use std::path::{Path, PathBuf};
 
-use ferry_api::DiskFormat;
+use ferry_types::DiskFormat;
+use ferry_vsphere::TlsMode;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
@@ -37,18 +38,111 @@ pub struct SourceSpec {
     pub url: String,
     /// A directory with the files `user` and `password` (a mounted Secret).
     pub credentials_dir: PathBuf,
-    /// Exactly one of: a PEM file, PEM text (a Provider's public caBundle), a pinned thumbprint, or `insecure`.
-    #[serde(default)]
-    pub ca_file: Option<PathBuf>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub ca_bundle: Option<String>,
-    #[serde(default)]
-    pub thumbprint: Option<String>,
-    #[serde(default)]
-    pub insecure: bool,
+    /// How the endpoint's certificate is trusted. On the wire, the four fields it always had (`caFile`,
+    /// `caBundle`, `thumbprint`, `insecure`), exactly one of them set.
+    #[serde(flatten)]
+    pub trust: SourceTrust,
     pub datacenter: String,
     /// The VM's identity, recorded with each staged disk.
     pub vm_uuid: String,
+}
+
+/// How the conversion Job trusts the vSphere endpoint's certificate.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(try_from = "TrustFields", into = "TrustFields")]
+pub enum SourceTrust {
+    /// A PEM file (mounted).
+    CaFile(PathBuf),
+    /// PEM text: a Provider's public `caBundle`.
+    CaBundle(String),
+    /// A pinned SHA-256 thumbprint.
+    Thumbprint(String),
+    /// No verification.
+    Insecure,
+}
+
+impl SourceTrust {
+    /// The vSphere client's TLS mode. A CA file is read now; nothing else can fail.
+    pub fn tls_mode(&self) -> Result<TlsMode> {
+        Ok(match self {
+            SourceTrust::CaFile(ca) => TlsMode::CaBundle(
+                std::fs::read_to_string(ca)
+                    .map_err(|e| Error::Spec(format!("reading {}: {e}", ca.display())))?,
+            ),
+            SourceTrust::CaBundle(pem) => TlsMode::CaBundle(pem.clone()),
+            SourceTrust::Thumbprint(thumbprint) => TlsMode::Thumbprint(thumbprint.clone()),
+            SourceTrust::Insecure => TlsMode::InsecureSkipVerify,
+        })
+    }
+}
+
+/// [`SourceTrust`] as the spec's JSON spells it, unchanged from when these were four fields of [`SourceSpec`]:
+/// a spec written by an earlier controller (or by hand) still reads, and a Job of an earlier release reads ours.
+#[derive(Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct TrustFields {
+    #[serde(default)]
+    ca_file: Option<PathBuf>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    ca_bundle: Option<String>,
+    #[serde(default)]
+    thumbprint: Option<String>,
+    #[serde(default)]
+    insecure: bool,
+}
+
+impl TryFrom<TrustFields> for SourceTrust {
+    type Error = String;
+
+    fn try_from(fields: TrustFields) -> std::result::Result<Self, String> {
+        match fields {
+            TrustFields {
+                ca_file: Some(ca),
+                ca_bundle: None,
+                thumbprint: None,
+                insecure: false,
+            } => Ok(SourceTrust::CaFile(ca)),
+            TrustFields {
+                ca_file: None,
+                ca_bundle: Some(pem),
+                thumbprint: None,
+                insecure: false,
+            } => Ok(SourceTrust::CaBundle(pem)),
+            TrustFields {
+                ca_file: None,
+                ca_bundle: None,
+                thumbprint: Some(thumbprint),
+                insecure: false,
+            } => Ok(SourceTrust::Thumbprint(thumbprint)),
+            TrustFields {
+                ca_file: None,
+                ca_bundle: None,
+                thumbprint: None,
+                insecure: true,
+            } => Ok(SourceTrust::Insecure),
+            _ => Err(
+                "the source needs exactly one of caFile, caBundle, thumbprint or insecure".into(),
+            ),
+        }
+    }
+}
+
+impl From<SourceTrust> for TrustFields {
+    fn from(trust: SourceTrust) -> Self {
+        let mut fields = TrustFields {
+            ca_file: None,
+            ca_bundle: None,
+            thumbprint: None,
+            insecure: false,
+        };
+        match trust {
+            SourceTrust::CaFile(ca) => fields.ca_file = Some(ca),
+            SourceTrust::CaBundle(pem) => fields.ca_bundle = Some(pem),
+            SourceTrust::Thumbprint(thumbprint) => fields.thumbprint = Some(thumbprint),
+            SourceTrust::Insecure => fields.insecure = true,
+        }
+        fields
+    }
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
@@ -121,7 +215,63 @@ mod tests {
         std::fs::write(&path, empty.to_string()).unwrap();
         let e = ConvertSpec::load(&path).unwrap_err();
         assert!(e.to_string().contains("no disk"), "{e}");
-        assert_eq!(e.class(), ferry_api::ErrorClass::Permanent);
+        assert_eq!(e.class(), ferry_types::ErrorClass::Permanent);
+    }
+
+    #[test]
+    fn source_trust_keeps_the_four_fields_on_the_wire() {
+        let source = |trust: serde_json::Value| {
+            let mut source = serde_json::json!({
+                "url": "https://vc/sdk", "credentialsDir": "/creds", "datacenter": "DC0", "vmUuid": "u"
+            });
+            source
+                .as_object_mut()
+                .unwrap()
+                .extend(trust.as_object().unwrap().clone());
+            serde_json::from_value::<SourceSpec>(source).map(|s| s.trust)
+        };
+        // What the controller wrote for each choice, before the enum.
+        let written = [
+            (
+                serde_json::json!({"caFile": "/ca.pem", "thumbprint": null, "insecure": false}),
+                SourceTrust::CaFile("/ca.pem".into()),
+            ),
+            (
+                serde_json::json!({"caFile": null, "caBundle": "PEM", "thumbprint": null, "insecure": false}),
+                SourceTrust::CaBundle("PEM".into()),
+            ),
+            (
+                serde_json::json!({"caFile": null, "thumbprint": "AB:CD", "insecure": false}),
+                SourceTrust::Thumbprint("AB:CD".into()),
+            ),
+            (
+                serde_json::json!({"caFile": null, "thumbprint": null, "insecure": true}),
+                SourceTrust::Insecure,
+            ),
+        ];
+        for (json, trust) in written {
+            assert_eq!(source(json.clone()).unwrap(), trust);
+            let spec = SourceSpec {
+                url: "https://vc/sdk".into(),
+                credentials_dir: "/creds".into(),
+                trust,
+                datacenter: "DC0".into(),
+                vm_uuid: "u".into(),
+            };
+            let mut back = serde_json::to_value(&spec).unwrap();
+            for key in ["url", "credentialsDir", "datacenter", "vmUuid"] {
+                back.as_object_mut().unwrap().remove(key);
+            }
+            assert_eq!(back, json);
+        }
+        for wrong in [
+            serde_json::json!({}),
+            serde_json::json!({"thumbprint": "AB", "insecure": true}),
+            serde_json::json!({"caFile": "/ca.pem", "caBundle": "PEM"}),
+        ] {
+            let e = source(wrong).unwrap_err().to_string();
+            assert!(e.contains("exactly one of caFile"), "{e}");
+        }
     }
 
     #[test]

@@ -3,6 +3,7 @@
 
 use std::sync::Arc;
 
+use ferry_types::DiskFormat;
 use futures::StreamExt;
 use object_store::aws::AmazonS3Builder;
 use object_store::local::LocalFileSystem;
@@ -41,6 +42,16 @@ pub struct SourceIdentity {
     pub vm_uuid: String,
     pub disk_file: String,
     pub capacity_bytes: u64,
+}
+
+/// The object a disk is staged as, `disk-<index>.<raw|qcow2>`: the conversion Job writes it, the controller
+/// removes it after the import.
+pub fn object_name(index: u32, format: DiskFormat) -> String {
+    let ext = match format {
+        DiskFormat::Raw => "raw",
+        DiskFormat::Qcow2 => "qcow2",
+    };
+    format!("disk-{index}.{ext}")
 }
 
 pub struct Staging {

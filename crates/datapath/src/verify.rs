@@ -73,8 +73,11 @@ mod tests {
             .await
             .unwrap_err();
         assert_eq!(
-            (wrong.reason(), wrong.class()),
-            ("ChecksumMismatch", ferry_api::ErrorClass::BoundedRetryable)
+            (wrong.reason().as_str(), wrong.class()),
+            (
+                "ChecksumMismatch",
+                ferry_types::ErrorClass::BoundedRetryable
+            )
         );
         let short = verify(&image, &sha(&data), 1 << 20).await.unwrap_err();
         assert_eq!(short.reason(), "ShortRead");

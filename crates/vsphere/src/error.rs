@@ -1,6 +1,6 @@
 //! Every error is classed, so the controller knows whether to requeue, spend a retry, or stop.
 
-use ferry_api::ErrorClass;
+use ferry_types::{ErrorClass, Reason};
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -97,27 +97,24 @@ impl Error {
     }
 
     /// A short PascalCase reason for conditions, events and metrics.
-    pub fn reason(&self) -> &'static str {
+    pub fn reason(&self) -> Reason {
         match self {
-            Error::LoginFailed { .. } => "LoginFailed",
-            Error::ThumbprintMismatch { .. } => "ThumbprintMismatch",
-            Error::Tls { .. } | Error::TlsConfig(_) => "TLSVerificationFailed",
-            Error::Unreachable { .. } => "EndpointUnreachable",
-            Error::Timeout { .. } => "EndpointTimeout",
-            Error::Http { .. } => "EndpointHTTPError",
-            Error::Fault { fault, .. } | Error::TaskFailed { fault, .. }
-                if fault_reason(fault).is_some() =>
-            {
-                fault_reason(fault).unwrap_or_default()
+            Error::LoginFailed { .. } => Reason::LoginFailed,
+            Error::ThumbprintMismatch { .. } => Reason::ThumbprintMismatch,
+            Error::Tls { .. } | Error::TlsConfig(_) => Reason::TLSVerificationFailed,
+            Error::Unreachable { .. } => Reason::EndpointUnreachable,
+            Error::Timeout { .. } => Reason::EndpointTimeout,
+            Error::Http { .. } => Reason::EndpointHTTPError,
+            Error::Fault { fault, .. } => fault_reason(fault).unwrap_or(Reason::VSphereFault),
+            Error::TaskFailed { fault, .. } => {
+                fault_reason(fault).unwrap_or(Reason::VSphereTaskFailed)
             }
-            Error::Fault { .. } => "VSphereFault",
-            Error::TaskFailed { .. } => "VSphereTaskFailed",
-            Error::TaskTimeout { .. } => "VSphereTaskTimeout",
-            Error::VmNotFound { .. } => "SourceVMNotFound",
-            Error::AmbiguousVmName { .. } => "SourceVMNameAmbiguous",
-            Error::UnsupportedDisk { .. } => "UnsupportedDisk",
-            Error::ShortRead { .. } => "ShortRead",
-            Error::InvalidResponse { .. } => "InvalidVSphereResponse",
+            Error::TaskTimeout { .. } => Reason::VSphereTaskTimeout,
+            Error::VmNotFound { .. } => Reason::SourceVMNotFound,
+            Error::AmbiguousVmName { .. } => Reason::SourceVMNameAmbiguous,
+            Error::UnsupportedDisk { .. } => Reason::UnsupportedDisk,
+            Error::ShortRead { .. } => Reason::ShortRead,
+            Error::InvalidResponse { .. } => Reason::InvalidVSphereResponse,
         }
     }
 
@@ -131,13 +128,13 @@ impl Error {
 }
 
 /// The faults common enough to name in a reason of their own.
-fn fault_reason(fault: &str) -> Option<&'static str> {
+fn fault_reason(fault: &str) -> Option<Reason> {
     Some(match fault {
-        "ManagedObjectNotFound" => "VSphereObjectNotFound",
-        "NoPermission" => "VSpherePermissionDenied",
-        "InvalidPowerState" => "VSphereInvalidPowerState",
-        "TaskInProgress" | "ConcurrentAccess" => "VSphereObjectBusy",
-        "NotSupported" => "VSphereNotSupported",
+        "ManagedObjectNotFound" => Reason::VSphereObjectNotFound,
+        "NoPermission" => Reason::VSpherePermissionDenied,
+        "InvalidPowerState" => Reason::VSphereInvalidPowerState,
+        "TaskInProgress" | "ConcurrentAccess" => Reason::VSphereObjectBusy,
+        "NotSupported" => Reason::VSphereNotSupported,
         _ => return None,
     })
 }

@@ -2,7 +2,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use ferry_api::{Firmware, PowerState};
+use ferry_types::{Firmware, PowerState};
 use serde::Serialize;
 
 use crate::error::{Error, Result};

@@ -3,7 +3,7 @@
 
 use std::time::{Duration, Instant};
 
-use ferry_api::PowerState;
+use ferry_types::PowerState;
 
 use crate::error::{Error, Result};
 use crate::inventory::power_state;

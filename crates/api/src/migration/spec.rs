@@ -4,7 +4,7 @@ use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::{LocalObjectReference, SecretReference, VirtualMachineMigrationStatus};
+use crate::{DiskFormat, LocalObjectReference, SecretReference, VirtualMachineMigrationStatus};
 
 /// Migrates one VM. `source` and `target` cannot change once set; `cancel` can only go from false to true.
 #[derive(CustomResource, KubeSchema, Deserialize, Serialize, Clone, Debug, PartialEq)]
@@ -198,14 +198,6 @@ pub struct ConversionSpec {
     pub format: DiskFormat,
     #[serde(default)]
     pub guest_adaptation: GuestAdaptation,
-}
-
-#[derive(Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, Default, JsonSchema)]
-#[serde(rename_all = "lowercase")]
-pub enum DiskFormat {
-    #[default]
-    Raw,
-    Qcow2,
 }
 
 #[derive(Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, Default, JsonSchema)]

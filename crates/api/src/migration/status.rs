@@ -4,6 +4,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, MicroTime, Time}
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+use crate::{ErrorClass, Firmware, PowerState};
+
 /// The checkpoint the controller is converging to, or how the migration ended.
 #[derive(
     Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, JsonSchema,
@@ -122,19 +124,6 @@ pub struct CheckpointTime {
     pub phase: Phase,
     /// Microseconds: most checkpoints of a small VM take less than a second.
     pub entered: MicroTime,
-}
-
-#[derive(Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
-pub enum PowerState {
-    PoweredOn,
-    PoweredOff,
-    Suspended,
-}
-
-#[derive(Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
-pub enum Firmware {
-    Bios,
-    Efi,
 }
 
 #[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
@@ -268,13 +257,6 @@ pub struct RetryStatus {
 pub struct BudgetUse {
     pub phase: Phase,
     pub used: i32,
-}
-
-#[derive(Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
-pub enum ErrorClass {
-    Transient,
-    BoundedRetryable,
-    Permanent,
 }
 
 #[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]

@@ -11,7 +11,7 @@ use ferry_api::{Phase, Provider, VirtualMachineMigration, VirtualMachineMigratio
 use ferry_controller::surface::{
     Actions, DvState, JobState, build, children, discover, dv_state, staged_objects,
 };
-use ferry_datapath::convert::DiskResult;
+use ferry_datapath::report::JobReport;
 use ferry_vsphere::Session;
 use ferry_vsphere::soap::MoRef;
 use k8s_openapi::api::batch::v1::Job;
@@ -78,8 +78,9 @@ impl Floor {
 
         let convert = build::convert_job(&vmm, &source, &self.provider, 1, &self.worker_image());
         self.actions.create_job(&self.ns, &convert).await?;
-        let result = self.job_result(&convert.name_any()).await?;
-        let staged: Vec<DiskResult> = serde_json::from_value(result["disks"].clone())?;
+        let JobReport::Disks(staged) = self.job_result(&convert.name_any()).await? else {
+            bail!("Job {}: its result lists no disks", convert.name_any());
+        };
         for (disk, found) in status.disks.iter_mut().zip(&staged) {
             disk.staged_url = Some(found.staged.url.clone());
             disk.sha256 = Some(found.staged.source_sha256.clone());
@@ -149,7 +150,7 @@ impl Floor {
     }
 
     /// The Job's result, once it finished; a failed Job fails the floor (it has no retries).
-    async fn job_result(&self, name: &str) -> Result<serde_json::Value> {
+    async fn job_result(&self, name: &str) -> Result<JobReport> {
         self.jobs
             .until(&self.ns, name, CHILD_TIMEOUT, |job| {
                 let conditions = job.status.as_ref()?.conditions.as_ref()?;

@@ -2,8 +2,8 @@
 //! Standard, with credentials mounted from Secrets as files (never in argv or the environment). Each writes its
 //! result, or its classed error, to the termination message.
 
-use ferry_api::{Provider, SourceVmStatus, VirtualMachineMigration, VolumeMode};
-use ferry_datapath::spec::{ConvertSpec, DiskSpec, SourceSpec, StagingSpec};
+use ferry_api::{Provider, ProviderTls, SourceVmStatus, VirtualMachineMigration, VolumeMode};
+use ferry_datapath::spec::{ConvertSpec, DiskSpec, SourceSpec, SourceTrust, StagingSpec};
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::batch::v1::{Job, JobSpec};
@@ -31,15 +31,11 @@ pub fn convert_spec(
     source: &SourceVmStatus,
     provider: &Provider,
 ) -> ConvertSpec {
-    let tls = &provider.spec.tls;
     ConvertSpec {
         source: SourceSpec {
             url: provider.spec.url.clone(),
             credentials_dir: SOURCE_CREDENTIALS.into(),
-            ca_file: None,
-            ca_bundle: tls.ca_bundle.clone(),
-            thumbprint: tls.thumbprint.clone(),
-            insecure: tls.ca_bundle.is_none() && tls.thumbprint.is_none(),
+            trust: source_trust(&provider.spec.tls),
             datacenter: source.datacenter.clone().unwrap_or_default(),
             vm_uuid: source
                 .uuid
@@ -71,6 +67,16 @@ pub fn convert_spec(
         },
         scratch_dir: SCRATCH.into(),
         parallel: 2,
+    }
+}
+
+/// How a Provider says to trust its endpoint (admission allows exactly one of the three). The controller's own
+/// session and the conversion Job both trust it this way.
+pub fn source_trust(tls: &ProviderTls) -> SourceTrust {
+    match (&tls.ca_bundle, &tls.thumbprint) {
+        (Some(pem), _) => SourceTrust::CaBundle(pem.clone()),
+        (None, Some(thumbprint)) => SourceTrust::Thumbprint(thumbprint.clone()),
+        (None, None) => SourceTrust::Insecure,
     }
 }
 

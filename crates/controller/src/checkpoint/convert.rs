@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use ferry_api::{ErrorClass, Phase};
-use ferry_datapath::convert::DiskResult;
+use ferry_datapath::report::JobReport;
 use kube::ResourceExt;
 
 use super::jobs::{self, JobState};
@@ -61,13 +61,13 @@ pub async fn run(step: &mut Step<'_>) -> Result<Next> {
 /// Long enough to stay quiet: the Job's own changes wake the migration up.
 const WAIT: Duration = Duration::from_secs(60);
 
-fn record(step: &mut Step<'_>, job: &str, result: serde_json::Value) -> Result<Next> {
-    let disks: Vec<DiskResult> = serde_json::from_value(result["disks"].clone()).map_err(|e| {
-        Failure::bounded(
+fn record(step: &mut Step<'_>, job: &str, report: JobReport) -> Result<Next> {
+    let JobReport::Disks(disks) = report else {
+        return Err(Failure::bounded(
             "JobResultUnreadable",
-            format!("Job {job} left a result that does not parse: {e}"),
-        )
-    })?;
+            format!("Job {job} left a result that does not parse: it lists no disks"),
+        ));
+    };
     let mut moved = 0;
     for disk in &mut step.status.disks {
         let Some(found) = disks.iter().find(|d| d.index == disk.index as u32) else {

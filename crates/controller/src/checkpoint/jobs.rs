@@ -1,6 +1,6 @@
 //! A Job's state, and the result its pod left in the termination message.
 
-use ferry_api::ErrorClass;
+use ferry_datapath::report::JobReport;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::ListParams;
@@ -14,7 +14,8 @@ pub enum JobState {
     Absent,
     Terminating,
     Running,
-    Succeeded(serde_json::Value),
+    /// The Job's report; never `JobReport::Error`.
+    Succeeded(JobReport),
     /// The failure, and the Job's uid (a retry charges each failed Job once).
     Failed(Failure, String),
 }
@@ -49,10 +50,10 @@ pub async fn observe(ctx: &Context, ns: &str, name: &str) -> Result<JobState> {
 
 /// What a finished Job's result means. Pure.
 pub fn state_of(succeeded: bool, message: Option<&str>, job: &str) -> JobState {
-    let parsed: Option<serde_json::Value> = message.and_then(|m| serde_json::from_str(m).ok());
+    let report = message.and_then(JobReport::parse);
     if succeeded {
-        return match parsed {
-            Some(value) if value.get("error").is_none() => JobState::Succeeded(value),
+        return match report {
+            Some(report) if !matches!(report, JobReport::Error(_)) => JobState::Succeeded(report),
             _ => JobState::Failed(
                 Failure::bounded(
                     "JobResultUnreadable",
@@ -62,16 +63,14 @@ pub fn state_of(succeeded: bool, message: Option<&str>, job: &str) -> JobState {
             ),
         };
     }
-    let error = parsed.as_ref().and_then(|v| v.get("error"));
-    let failure = match error {
-        Some(e) => Failure {
-            class: serde_json::from_value(e["class"].clone())
-                .unwrap_or(ErrorClass::BoundedRetryable),
-            reason: e["reason"].as_str().unwrap_or("JobFailed").to_string(),
-            message: format!("Job {job}: {}", e["message"].as_str().unwrap_or("failed")),
+    let failure = match report {
+        Some(JobReport::Error(e)) => Failure {
+            class: e.class,
+            reason: e.reason,
+            message: format!("Job {job}: {}", e.message),
             fixable: false,
         },
-        None => Failure::bounded(
+        _ => Failure::bounded(
             "JobFailed",
             format!(
                 "Job {job} failed: {}",
@@ -115,6 +114,7 @@ pub async fn delete(ctx: &Context, ns: &str, name: &str) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use ferry_api::ErrorClass;
 
     #[test]
     fn results_and_classed_errors_are_read_from_the_message() {

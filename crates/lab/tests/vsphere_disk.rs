@@ -1,5 +1,5 @@
-//! A real disk in vcsim: a 256 MiB flat VMDK made with qemu-img is downloaded byte-exact, also when the
-//! connection is cut halfway.
+//! `ferry-vsphere` and a real disk in vcsim: a 256 MiB flat VMDK made with qemu-img is downloaded byte-exact, also
+//! when the connection is cut halfway. (Here, not in `ferry-vsphere`, so that crate needs no kube even for tests.)
 
 use std::time::Duration;
 

@@ -1,4 +1,5 @@
-//! The vSphere client against vcsim (vCenter and ESXi models), started per test by the test-support crate.
+//! The vSphere client (`ferry-vsphere`) against vcsim (vCenter and ESXi models), started per test by the
+//! test-support crate. (Here, not in `ferry-vsphere`, so that crate needs no kube even for tests.)
 
 use std::time::Duration;
 

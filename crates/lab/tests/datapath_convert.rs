@@ -1,10 +1,11 @@
-//! `convert_all` against vcsim holding a real 512 MiB disk, staging to a directory (`file://`).
+//! `ferry_datapath::convert_all` against vcsim holding a real 512 MiB disk, staging to a directory (`file://`).
+//! (Here, not in `ferry-datapath`, so that crate needs no kube even for tests.)
 
 use std::path::{Path, PathBuf};
 
 use ferry_api::{DiskFormat, ErrorClass};
 use ferry_datapath::progress::Progress;
-use ferry_datapath::spec::{DiskSpec, SourceSpec, StagingSpec};
+use ferry_datapath::spec::{DiskSpec, SourceSpec, SourceTrust, StagingSpec};
 use ferry_datapath::{ConvertSpec, convert_all};
 use ferry_testkit::disks::{FlatVmdk, make_flat_vmdk, qemu_img, sha256_file, write_pattern};
 use ferry_testkit::proxy::CuttingProxy;
@@ -63,10 +64,7 @@ impl Fixture {
             source: SourceSpec {
                 url: url.unwrap_or_else(|| self.vcsim.endpoint().url.clone()),
                 credentials_dir: self.work.path().to_path_buf(),
-                ca_file: Some(self.vcsim.endpoint().ca_file.clone()),
-                ca_bundle: None,
-                thumbprint: None,
-                insecure: false,
+                trust: SourceTrust::CaFile(self.vcsim.endpoint().ca_file.clone()),
                 datacenter: "DC0".into(),
                 vm_uuid: self.vm_uuid.clone(),
             },
@@ -214,7 +212,10 @@ async fn a_short_source_is_an_error_and_nothing_is_staged() {
     }];
     let e = convert_all(&spec, &Progress::new(true)).await.unwrap_err();
     assert_eq!(e.class(), ErrorClass::BoundedRetryable, "{e}");
-    assert!(matches!(e.reason(), "ShortRead" | "EmptyDisk"), "{e}");
+    assert!(
+        matches!(e.reason().as_str(), "ShortRead" | "EmptyDisk"),
+        "{e}"
+    );
     assert!(
         !staged(&f.staging_dir(), "disk-3.raw").exists(),
         "a short copy must never appear under its name"
@@ -248,7 +249,7 @@ async fn staging_to_a_real_s3_server_in_both_formats() {
 
         // Read back through S3: the object and its manifest agree.
         let store = ferry_datapath::staging::Staging::open(&spec.staging).unwrap();
-        let name = ferry_datapath::convert::object_name(&spec.disks[0], format);
+        let name = ferry_datapath::staging::object_name(spec.disks[0].index, format);
         let (sha, bytes) = store.read_sha256(&name).await.unwrap();
         assert_eq!(
             (sha.as_str(), bytes),

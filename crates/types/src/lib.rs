@@ -1,0 +1,122 @@
+//! The words Ferry's crates share: error classes, power states, firmware and disk formats. Plain serde types with
+//! no Kubernetes dependency, so the vSphere client and the data path build without kube; `ferry-api` re-exports
+//! them and, through the `schemars` feature, puts them in the CRD schema.
+
+use serde::{Deserialize, Serialize};
+
+// No doc comments on these types: in the CRDs they would become schema descriptions, and the schema stays as it
+// was when the types lived in `ferry-api`.
+
+// How an error is retried: requeued, charged to a bounded budget, or not at all.
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "schemars", derive(schemars::JsonSchema))]
+pub enum ErrorClass {
+    Transient,
+    BoundedRetryable,
+    Permanent,
+}
+
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "schemars", derive(schemars::JsonSchema))]
+pub enum PowerState {
+    PoweredOn,
+    PoweredOff,
+    Suspended,
+}
+
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "schemars", derive(schemars::JsonSchema))]
+pub enum Firmware {
+    Bios,
+    Efi,
+}
+
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[cfg_attr(feature = "schemars", derive(schemars::JsonSchema))]
+#[serde(rename_all = "lowercase")]
+pub enum DiskFormat {
+    #[default]
+    Raw,
+    Qcow2,
+}
+
+/// An enum whose variants are reasons, each spelled as its variant's name: `as_str` and `Display` give that name,
+/// so renaming a variant renames the reason everywhere it is matched, and a typo does not compile.
+macro_rules! reasons {
+    ($(#[$meta:meta])* pub enum $name:ident { $($(#[$doc:meta])* $variant:ident,)* }) => {
+        $(#[$meta])*
+        pub enum $name {
+            $($(#[$doc])* $variant,)*
+        }
+
+        impl $name {
+            /// The reason as conditions, Events and metrics carry it: the variant's name.
+            pub const fn as_str(self) -> &'static str {
+                match self {
+                    $(Self::$variant => stringify!($variant),)*
+                }
+            }
+        }
+    };
+}
+
+reasons! {
+    /// Why a vSphere call or the data path failed: short and PascalCase, for conditions, Events and metrics.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+    pub enum Reason {
+        // The vSphere client.
+        LoginFailed,
+        ThumbprintMismatch,
+        TLSVerificationFailed,
+        EndpointUnreachable,
+        EndpointTimeout,
+        EndpointHTTPError,
+        VSphereObjectNotFound,
+        VSpherePermissionDenied,
+        VSphereInvalidPowerState,
+        VSphereObjectBusy,
+        VSphereNotSupported,
+        VSphereFault,
+        VSphereTaskFailed,
+        VSphereTaskTimeout,
+        SourceVMNotFound,
+        SourceVMNameAmbiguous,
+        UnsupportedDisk,
+        ShortRead,
+        InvalidVSphereResponse,
+        // The data path.
+        InvalidConversionSpec,
+        StagingUnavailable,
+        EmptyDisk,
+        ChecksumMismatch,
+        ConversionFailed,
+        ScratchIOFailed,
+    }
+}
+
+impl std::fmt::Display for Reason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl PartialEq<&str> for Reason {
+    fn eq(&self, other: &&str) -> bool {
+        self.as_str() == *other
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_reason_is_spelled_as_its_variant() {
+        assert_eq!(
+            Reason::TLSVerificationFailed.as_str(),
+            "TLSVerificationFailed"
+        );
+        assert_eq!(Reason::ScratchIOFailed.to_string(), "ScratchIOFailed");
+        assert_eq!(Reason::ShortRead, "ShortRead");
+    }
+}
