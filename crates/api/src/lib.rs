@@ -19,7 +19,7 @@ pub mod provider;
 mod refs;
 
 /// Plain domain types shared with the vSphere client and the data path, which do not depend on this crate.
-pub use ferry_types::{DiskFormat, ErrorClass, Firmware, PowerState};
+pub use ferry_types::{DiskFormat, ErrorClass, Firmware, PowerState, Reason};
 pub use migration::*;
 pub use provider::*;
 pub use refs::{LocalObjectReference, SecretReference};

@@ -4,7 +4,7 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::Duration;
 
-use ferry_api::Provider;
+use ferry_api::{Provider, Reason};
 use ferry_vsphere::inventory::VmNameIndex;
 use ferry_vsphere::{ConnectConfig, MoRef, Session};
 use k8s_openapi::api::core::v1::Secret;
@@ -153,7 +153,7 @@ impl Context {
             .await?
             .ok_or_else(|| {
                 Failure::fixable(
-                    "SecretNotFound",
+                    Reason::SecretNotFound,
                     format!("Secret {namespace}/{name} does not exist; create it, and the migration resumes"),
                 )
             })?;
@@ -169,7 +169,7 @@ impl Context {
             .await?
             .ok_or_else(|| {
                 Failure::fixable(
-                    "ProviderSecretNotFound",
+                    Reason::ProviderSecretNotFound,
                     format!(
                         "Secret {ns}/{} named by Provider {} does not exist; create it with keys user and password",
                         provider.spec.secret_ref.name,
@@ -227,7 +227,7 @@ fn secret_key(secret: &Secret, key: &str) -> Result<String> {
         })
         .ok_or_else(|| {
             Failure::fixable(
-                "SecretKeyMissing",
+                Reason::SecretKeyMissing,
                 format!("Secret {} has no key {key}", secret.name_any()),
             )
         })

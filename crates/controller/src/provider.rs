@@ -38,7 +38,7 @@ pub async fn reconcile(provider: Arc<Provider>, ctx: Arc<Context>) -> Result<Act
                 format!("{} ({})", about.full_name, about.api_type),
             )
         }
-        Err(e) => (false, e.reason.clone(), e.message.clone()),
+        Err(e) => (false, e.reason.to_string(), e.message.clone()),
     };
     set_condition(
         &mut status.conditions,
@@ -141,7 +141,7 @@ mod tests {
             }))
             .expect("a Provider"),
         );
-        let failure = Failure::transient("APIServerBusy", "injected");
+        let failure = Failure::transient(ferry_api::Reason::APIServerBusy, "injected");
         let waits: Vec<Action> = (0..3)
             .map(|_| error_policy(provider.clone(), &failure, ctx.clone()))
             .collect();

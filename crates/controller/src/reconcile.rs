@@ -66,7 +66,7 @@ pub fn error_policy(
     ctx: Arc<Context>,
 ) -> Action {
     ctx.metrics
-        .error(&format!("{:?}", error.class), &error.reason);
+        .error(&format!("{:?}", error.class), error.reason.as_str());
     tracing::warn!(migration = %vmm.name_any(), class = ?error.class, reason = %error.reason, "{error}");
     let key = key(&vmm);
     Action::requeue(ctx.failed(&key))
@@ -338,7 +338,7 @@ impl<'a> Reconcile<'a> {
     async fn on_failure(&mut self, checkpoint: Phase, failure: Failure) -> Action {
         let ctx = self.ctx;
         ctx.metrics
-            .error(&format!("{:?}", failure.class), &failure.reason);
+            .error(&format!("{:?}", failure.class), failure.reason.as_str());
         let last = self
             .edit
             .status
@@ -346,13 +346,15 @@ impl<'a> Reconcile<'a> {
             .as_ref()
             .and_then(|r| r.last_error.as_ref());
         let repeated = last.is_some_and(|e| {
-            e.reason == failure.reason && e.message == failure.message && e.phase == checkpoint
+            e.reason == failure.reason.as_str()
+                && e.message == failure.message
+                && e.phase == checkpoint
         });
         // The same error seen again (a person has not fixed it yet) is neither a new Event nor a new write.
         if !repeated {
             tracing::warn!(checkpoint = ?checkpoint, class = ?failure.class, reason = %failure.reason, "{}", failure.message);
             self.edit.record_error(&failure, checkpoint);
-            let (reason, message) = (&failure.reason, &failure.message);
+            let (reason, message) = (failure.reason.as_str(), &failure.message);
             event(ctx, self.vmm, EventType::Warning, reason, message).await;
         }
         let ready = ConditionType::Ready;
@@ -364,7 +366,8 @@ impl<'a> Reconcile<'a> {
             ErrorClass::Permanent if failure.fixable => {
                 self.edit.status.phase = Some(Phase::ManualInterventionRequired);
                 let message = format!("{} (at {checkpoint:?})", failure.message);
-                self.edit.condition(ready, false, &failure.reason, message);
+                self.edit
+                    .condition(ready, false, failure.reason.as_str(), message);
                 Action::requeue(MANUAL_RECHECK)
             }
             ErrorClass::Permanent | ErrorClass::BoundedRetryable => {
@@ -372,10 +375,12 @@ impl<'a> Reconcile<'a> {
                 self.edit.status.completion_time = Some(self.edit.now().clone());
                 if let Some(kind) = checkpoint::condition_of(checkpoint) {
                     let message = failure.message.clone();
-                    self.edit.condition(kind, false, &failure.reason, message);
+                    self.edit
+                        .condition(kind, false, failure.reason.as_str(), message);
                 }
                 let message = format!("failed at {checkpoint:?}: {}", failure.message);
-                self.edit.condition(ready, false, &failure.reason, message);
+                self.edit
+                    .condition(ready, false, failure.reason.as_str(), message);
                 ctx.metrics.transition("Failed");
                 Action::requeue(Duration::ZERO)
             }

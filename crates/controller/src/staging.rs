@@ -1,6 +1,6 @@
 //! The migration's folder in the staging store, opened with keys read from its Secret (by name, in memory only).
 
-use ferry_api::{DiskFormat, VirtualMachineMigration};
+use ferry_api::{DiskFormat, Reason, VirtualMachineMigration};
 use ferry_datapath::spec::StagingSpec;
 use ferry_datapath::staging::{Staging, object_name};
 use kube::ResourceExt;
@@ -13,7 +13,7 @@ pub async fn open(ctx: &Context, vmm: &VirtualMachineMigration) -> Result<Stagin
     let url = children::staging_url(vmm);
     if !url.starts_with("s3://") {
         return Err(Failure::permanent(
-            "StagingUnsupported",
+            Reason::StagingUnsupported,
             format!(
                 "staging {} is not s3://: CDI imports staged disks over S3 (use s3://bucket/prefix and, outside AWS, \
                  spec.staging.endpoint)",
@@ -23,7 +23,7 @@ pub async fn open(ctx: &Context, vmm: &VirtualMachineMigration) -> Result<Stagin
     }
     let secret = vmm.spec.staging.secret_ref.as_ref().ok_or_else(|| {
         Failure::permanent(
-            "StagingSecretMissing",
+            Reason::StagingSecretMissing,
             "s3 staging needs spec.staging.secretRef",
         )
     })?;

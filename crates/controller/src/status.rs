@@ -115,12 +115,12 @@ pub fn record_error(status: &mut Status, failure: &Failure, phase: Phase, now: &
     let retry = status.retry.get_or_insert_with(RetryStatus::default);
     retry.last_error = Some(ErrorStatus {
         class: failure.class,
-        reason: failure.reason.clone(),
+        reason: failure.reason.to_string(),
         message: failure.message.clone(),
         phase,
         time: now.clone(),
     });
-    status.reason = Some(failure.reason.clone());
+    status.reason = Some(failure.reason.to_string());
     status.message = Some(failure.message.clone());
 }
 
@@ -188,7 +188,7 @@ pub fn charge(status: &mut Status, phase: Phase, budget: i32, uid: &str) -> Char
 pub fn exhausted(failure: &Failure, budget: i32) -> Failure {
     Failure {
         class: ErrorClass::BoundedRetryable,
-        reason: failure.reason.clone(),
+        reason: failure.reason,
         message: format!("{} (retry budget of {budget} spent)", failure.message),
         fixable: false,
     }

@@ -50,18 +50,26 @@ macro_rules! reasons {
         }
 
         impl $name {
+            /// Every reason, in declaration order.
+            pub const ALL: &'static [$name] = &[$(Self::$variant,)*];
+
             /// The reason as conditions, Events and metrics carry it: the variant's name.
             pub const fn as_str(self) -> &'static str {
                 match self {
                     $(Self::$variant => stringify!($variant),)*
                 }
             }
+
+            /// The reason a status, an Event or a Job's report names, if it is one of these.
+            pub fn from_name(name: &str) -> Option<Self> {
+                Self::ALL.iter().copied().find(|r| r.as_str() == name)
+            }
         }
     };
 }
 
 reasons! {
-    /// Why a vSphere call or the data path failed: short and PascalCase, for conditions, Events and metrics.
+    /// Why something failed: short and PascalCase, for conditions, Events, metrics and the Jobs' reports.
     #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
     pub enum Reason {
         // The vSphere client.
@@ -91,6 +99,41 @@ reasons! {
         ChecksumMismatch,
         ConversionFailed,
         ScratchIOFailed,
+        // The Kubernetes API, as the controller sees it.
+        APIRejected,
+        APIServerBusy,
+        APIServerUnreachable,
+        Conflict,
+        Forbidden,
+        NotFound,
+        // The controller's checkpoints: their own findings, and what a person must fix.
+        DataVolumeExists,
+        DiskNotConverted,
+        DiskNotStaged,
+        GuestAdaptationUnsupported,
+        GuestNotReady,
+        ImportFailed,
+        JobFailed,
+        JobResultUnreadable,
+        MultiplePodNetworkNICs,
+        NetworkNotMapped,
+        NoDefaultStorageClass,
+        NoDisks,
+        PersistentVolumeClaimExists,
+        ProviderNotFound,
+        ProviderSecretNotFound,
+        SecretKeyMissing,
+        SecretNotFound,
+        SnapshotsPresent,
+        SourceListingStale,
+        SourceNotDiscovered,
+        SourcePoweredOn,
+        StagingSecretMissing,
+        StagingUnsupported,
+        StorageClassNotFound,
+        TargetVMExists,
+        VMIFailed,
+        VMMissing,
     }
 }
 
@@ -118,5 +161,13 @@ mod tests {
         );
         assert_eq!(Reason::ScratchIOFailed.to_string(), "ScratchIOFailed");
         assert_eq!(Reason::ShortRead, "ShortRead");
+        assert_eq!(
+            Reason::from_name("GuestNotReady"),
+            Some(Reason::GuestNotReady)
+        );
+        assert_eq!(Reason::from_name("NoSuchReason"), None);
+        for reason in Reason::ALL {
+            assert_eq!(Reason::from_name(reason.as_str()), Some(*reason));
+        }
     }
 }

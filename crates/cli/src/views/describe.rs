@@ -2,7 +2,7 @@
 
 use anyhow::{Context, Result};
 use clap::Args;
-use ferry_api::{ErrorClass, Phase, VirtualMachineMigration};
+use ferry_api::{ErrorClass, Phase, Reason, VirtualMachineMigration};
 use k8s_openapi::api::core::v1::Event;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
@@ -292,20 +292,20 @@ pub fn render(vmm: &VirtualMachineMigration, events: &[Event], now: Timestamp) -
 /// What a person should do about a stopped migration.
 pub fn next_step(reason: &str, class: ErrorClass, phase: Option<Phase>, name: &str) -> String {
     let resumes = phase == Some(Phase::ManualInterventionRequired);
-    let specific = match reason {
-        "LoginFailed" => "correct user and password in the Provider's Secret".to_string(),
-        "ThumbprintMismatch" => "check the endpoint's certificate; if it was replaced on purpose, update the Provider's spec.tls.thumbprint".into(),
-        "TLSVerificationFailed" => "set the Provider's spec.tls.caBundle to the CA that signs the endpoint, or pin its thumbprint".into(),
-        "SourceVMNotFound" | "SourceVMNameAmbiguous" => "run `ferry inventory` to find the VM, and select it by uuid or moref".into(),
-        "NetworkNotMapped" | "MultiplePodNetworkNICs" => "map every source network in spec.target.networks (pod, multus or ignored)".into(),
-        "StorageClassNotFound" | "NoDefaultStorageClass" => "create the StorageClass (or mark one as default)".into(),
-        "SecretNotFound" | "ProviderSecretNotFound" | "SecretKeyMissing" => "create the Secret with the keys the message names".into(),
-        "ProviderNotFound" => "create the Provider the migration names".into(),
-        "TargetVMExists" | "DataVolumeExists" => "delete or rename the object in the way".into(),
-        "SourcePoweredOn" => "shut the source VM down (powerOff.mode is RequireOff)".into(),
-        "SnapshotsPresent" => "delete or consolidate the VM's snapshots in vSphere".into(),
-        "Forbidden" => "grant the controller's ServiceAccount the permission (see deploy/rbac)".into(),
-        "GuestNotReady" => format!("open the VM's console (virtctl console {name}): the guest may lack drivers for its disk bus or network"),
+    let specific = match Reason::from_name(reason) {
+        Some(Reason::LoginFailed) => "correct user and password in the Provider's Secret".to_string(),
+        Some(Reason::ThumbprintMismatch) => "check the endpoint's certificate; if it was replaced on purpose, update the Provider's spec.tls.thumbprint".into(),
+        Some(Reason::TLSVerificationFailed) => "set the Provider's spec.tls.caBundle to the CA that signs the endpoint, or pin its thumbprint".into(),
+        Some(Reason::SourceVMNotFound | Reason::SourceVMNameAmbiguous) => "run `ferry inventory` to find the VM, and select it by uuid or moref".into(),
+        Some(Reason::NetworkNotMapped | Reason::MultiplePodNetworkNICs) => "map every source network in spec.target.networks (pod, multus or ignored)".into(),
+        Some(Reason::StorageClassNotFound | Reason::NoDefaultStorageClass) => "create the StorageClass (or mark one as default)".into(),
+        Some(Reason::SecretNotFound | Reason::ProviderSecretNotFound | Reason::SecretKeyMissing) => "create the Secret with the keys the message names".into(),
+        Some(Reason::ProviderNotFound) => "create the Provider the migration names".into(),
+        Some(Reason::TargetVMExists | Reason::DataVolumeExists) => "delete or rename the object in the way".into(),
+        Some(Reason::SourcePoweredOn) => "shut the source VM down (powerOff.mode is RequireOff)".into(),
+        Some(Reason::SnapshotsPresent) => "delete or consolidate the VM's snapshots in vSphere".into(),
+        Some(Reason::Forbidden) => "grant the controller's ServiceAccount the permission (see deploy/rbac)".into(),
+        Some(Reason::GuestNotReady) => format!("open the VM's console (virtctl console {name}): the guest may lack drivers for its disk bus or network"),
         _ => match class {
             ErrorClass::BoundedRetryable => "the retry budget is spent: read the Events and the failed Job's or DataVolume's log, fix the cause".into(),
             _ => "read the message above and fix its cause".into(),

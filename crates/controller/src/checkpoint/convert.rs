@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use ferry_api::{ErrorClass, Phase};
+use ferry_api::{ErrorClass, Phase, Reason};
 use ferry_datapath::report::JobReport;
 use kube::ResourceExt;
 
@@ -26,7 +26,7 @@ pub async fn run(step: &mut Step<'_>) -> Result<Next> {
             }
             let provider = super::source::provider(step.ctx, step.vmm).await?;
             let source = step.status.source.clone().ok_or_else(|| {
-                Failure::transient("SourceNotDiscovered", "discovery recorded no source")
+                Failure::transient(Reason::SourceNotDiscovered, "discovery recorded no source")
             })?;
             let job = build::job::convert_job(
                 step.vmm,
@@ -64,7 +64,7 @@ const WAIT: Duration = Duration::from_secs(60);
 fn record(step: &mut Step<'_>, job: &str, report: JobReport) -> Result<Next> {
     let JobReport::Disks(disks) = report else {
         return Err(Failure::bounded(
-            "JobResultUnreadable",
+            Reason::JobResultUnreadable,
             format!("Job {job} left a result that does not parse: it lists no disks"),
         ));
     };
@@ -72,7 +72,7 @@ fn record(step: &mut Step<'_>, job: &str, report: JobReport) -> Result<Next> {
     for disk in &mut step.status.disks {
         let Some(found) = disks.iter().find(|d| d.index == disk.index as u32) else {
             return Err(Failure::bounded(
-                "DiskNotConverted",
+                Reason::DiskNotConverted,
                 format!("Job {job} reported no result for disk {}", disk.index),
             ));
         };

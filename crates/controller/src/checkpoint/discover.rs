@@ -2,7 +2,7 @@
 //! hardware, disks, NICs and power. Action: log in and read (nothing changes in vSphere). Recorded:
 //! `status.source`, the disk list, the target VM name; SourceDiscovered.
 
-use ferry_api::{DiskStatus, SourceDisk, SourceNic, SourceVmStatus};
+use ferry_api::{DiskStatus, Reason, SourceDisk, SourceNic, SourceVmStatus};
 use ferry_vsphere::{VmInfo, VmSelector};
 
 use super::{Next, Step, source};
@@ -23,11 +23,11 @@ pub async fn run(step: &mut Step<'_>) -> Result<Next> {
     let described = ferry_vsphere::inventory::describe_vm(&session, &moref).await;
     let renamed =
         matches!((&described, &selector), (Ok(info), VmSelector::Name(n)) if &info.name != n);
-    let gone = matches!(&described, Err(e) if e.fault() == Some("ManagedObjectNotFound"));
+    let gone = matches!(&described, Err(e) if e.reason() == Reason::VSphereObjectNotFound);
     if from_earlier_listing && (renamed || gone) {
         step.ctx.forget_vm_names(&provider).await;
         return Err(Failure::transient(
-            "SourceListingStale",
+            Reason::SourceListingStale,
             format!("{selector} changed since the VMs were listed; listing them again"),
         ));
     }

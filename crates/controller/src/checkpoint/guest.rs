@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use ferry_api::foreign::VmiStatus;
-use ferry_api::{Phase, RunStrategy};
+use ferry_api::{Phase, Reason, RunStrategy};
 use kube::api::DynamicObject;
 use kube::{Api, ResourceExt};
 
@@ -36,7 +36,7 @@ pub async fn run(step: &mut Step<'_>) -> Result<Next> {
             let waited = step.now.0.duration_since(entered).as_secs().max(0) as u64;
             if waited > step.ctx.config.guest_ready_timeout.as_secs() {
                 return Err(Failure::permanent(
-                    "GuestNotReady",
+                    Reason::GuestNotReady,
                     format!(
                         "the guest of {name} did not report ready within {}s (Ready={ready}, AgentConnected={agent}); \
                          check its console: drivers for the disk bus or the boot firmware may be missing",

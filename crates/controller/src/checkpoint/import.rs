@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use ferry_api::{ErrorClass, Phase};
+use ferry_api::{ErrorClass, Phase, Reason};
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use kube::api::DynamicObject;
 use kube::{Api, ResourceExt};
@@ -60,7 +60,7 @@ pub async fn run(step: &mut Step<'_>) -> Result<Next> {
                         && claim.labels().get(children::UID_LABEL) != Some(&children::uid(step.vmm))
                     {
                         return Err(Failure::fixable(
-                            "PersistentVolumeClaimExists",
+                            Reason::PersistentVolumeClaimExists,
                             format!(
                                 "PersistentVolumeClaim {ns}/{name} exists and is not this migration's; delete it"
                             ),
@@ -76,7 +76,7 @@ pub async fn run(step: &mut Step<'_>) -> Result<Next> {
                 )
                 .ok_or_else(|| {
                     Failure::transient(
-                        "DiskNotStaged",
+                        Reason::DiskNotStaged,
                         format!("disk {} has no staged image", disk.index),
                     )
                 })?;
@@ -91,8 +91,10 @@ pub async fn run(step: &mut Step<'_>) -> Result<Next> {
                 waiting.push(format!("{name} {phase} {}", progress.unwrap_or_default()));
             }
             DvState::Failed { message } => {
-                let failure =
-                    Failure::bounded("ImportFailed", format!("DataVolume {name}: {message}"));
+                let failure = Failure::bounded(
+                    Reason::ImportFailed,
+                    format!("DataVolume {name}: {message}"),
+                );
                 return retry(step, i, &dv_uid, failure);
             }
             DvState::Succeeded => {
@@ -120,7 +122,7 @@ pub async fn run(step: &mut Step<'_>) -> Result<Next> {
                     // evicted) just runs again on the same DataVolume.
                     JobState::Failed(failure, job_uid) => {
                         let content_wrong =
-                            matches!(failure.reason.as_str(), "ChecksumMismatch" | "ShortRead");
+                            matches!(failure.reason, Reason::ChecksumMismatch | Reason::ShortRead);
                         let failed = if content_wrong { &dv_uid } else { &job_uid };
                         return retry(step, i, failed, failure);
                     }

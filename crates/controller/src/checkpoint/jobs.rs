@@ -1,5 +1,6 @@
 //! A Job's state, and the result its pod left in the termination message.
 
+use ferry_api::Reason;
 use ferry_datapath::report::JobReport;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Pod;
@@ -56,7 +57,7 @@ pub fn state_of(succeeded: bool, message: Option<&str>, job: &str) -> JobState {
             Some(report) if !matches!(report, JobReport::Error(_)) => JobState::Succeeded(report),
             _ => JobState::Failed(
                 Failure::bounded(
-                    "JobResultUnreadable",
+                    Reason::JobResultUnreadable,
                     format!("Job {job} finished without a readable result"),
                 ),
                 String::new(),
@@ -64,14 +65,21 @@ pub fn state_of(succeeded: bool, message: Option<&str>, job: &str) -> JobState {
         };
     }
     let failure = match report {
-        Some(JobReport::Error(e)) => Failure {
-            class: e.class,
-            reason: e.reason,
-            message: format!("Job {job}: {}", e.message),
-            fixable: false,
-        },
+        Some(JobReport::Error(e)) => {
+            // A reason this controller does not know (a Job of another version) stays in the message.
+            let (reason, unknown) = match Reason::from_name(&e.reason) {
+                Some(reason) => (reason, String::new()),
+                None => (Reason::JobFailed, format!("{}: ", e.reason)),
+            };
+            Failure {
+                class: e.class,
+                reason,
+                message: format!("Job {job}: {unknown}{}", e.message),
+                fixable: false,
+            }
+        }
         _ => Failure::bounded(
-            "JobFailed",
+            Reason::JobFailed,
             format!(
                 "Job {job} failed: {}",
                 message

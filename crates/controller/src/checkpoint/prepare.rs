@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use ferry_api::{PowerOffMode, PowerState, PowerStatus};
+use ferry_api::{PowerOffMode, PowerState, PowerStatus, Reason};
 use ferry_vsphere::MoRef;
 use ferry_vsphere::power::{self, TaskState};
 
@@ -139,7 +139,7 @@ pub async fn run(step: &mut Step<'_>) -> Result<Next> {
         }
         Plan::RefuseRunning => {
             return Err(Failure::fixable(
-                "SourcePoweredOn",
+                Reason::SourcePoweredOn,
                 "powerOff.mode is RequireOff and the source VM is running; shut it down, and the migration resumes",
             ));
         }

@@ -1,6 +1,6 @@
 //! The source side: the Provider, a session to it, and the source VM's managed object.
 
-use ferry_api::{Provider, VirtualMachineMigration, VirtualMachineMigrationStatus};
+use ferry_api::{Provider, Reason, VirtualMachineMigration, VirtualMachineMigrationStatus};
 use ferry_vsphere::{MoRef, Session, VmSelector};
 use kube::{Api, ResourceExt};
 
@@ -15,7 +15,7 @@ pub async fn provider(ctx: &Context, vmm: &VirtualMachineMigration) -> Result<Pr
         .await?
         .ok_or_else(|| {
             Failure::fixable(
-                "ProviderNotFound",
+                Reason::ProviderNotFound,
                 format!(
                     "Provider {ns}/{name} does not exist; create it, and the migration resumes"
                 ),
@@ -55,7 +55,7 @@ pub fn source_vm(status: &VirtualMachineMigrationStatus) -> Result<MoRef> {
         .map(|s| MoRef::new("VirtualMachine", s.moref.clone()))
         .ok_or_else(|| {
             Failure::transient(
-                "SourceNotDiscovered",
+                Reason::SourceNotDiscovered,
                 "the source VM was not discovered yet",
             )
         })

@@ -3,8 +3,8 @@
 
 use std::time::Duration;
 
-use ferry_api::RunStrategy;
 use ferry_api::foreign::{VmSpec, VmiStatus};
+use ferry_api::{Reason, RunStrategy};
 use kube::api::{DynamicObject, Patch, PatchParams};
 use kube::{Api, ResourceExt};
 
@@ -20,7 +20,7 @@ pub async fn run(step: &mut Step<'_>) -> Result<Next> {
     let vms = Api::<DynamicObject>::namespaced_with(step.ctx.client.clone(), &ns, &vm_resource());
     let vm = vms.get_opt(&name).await?.ok_or_else(|| {
         Failure::transient(
-            "VMMissing",
+            Reason::VMMissing,
             format!("VirtualMachine {name} is gone; it will be recreated"),
         )
     })?;
@@ -52,7 +52,7 @@ pub async fn run(step: &mut Step<'_>) -> Result<Next> {
             format!("VirtualMachineInstance {} is Running", vm.name_any()),
         )),
         "Failed" => Err(Failure::permanent(
-            "VMIFailed",
+            Reason::VMIFailed,
             format!("VirtualMachineInstance {name} failed to start; see its events"),
         )),
         other => Ok(Next::wait(

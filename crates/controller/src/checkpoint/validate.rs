@@ -4,7 +4,7 @@
 
 use std::collections::BTreeSet;
 
-use ferry_api::{GuestAdaptation, SourceVmStatus, VirtualMachineMigration};
+use ferry_api::{GuestAdaptation, Reason, SourceVmStatus, VirtualMachineMigration};
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::api::{DynamicObject, ListParams};
 use kube::{Api, ResourceExt};
@@ -21,10 +21,9 @@ const FLAT_BACKINGS: [&str; 3] = [
 ];
 
 pub async fn run(step: &mut Step<'_>) -> Result<Next> {
-    let source =
-        step.status.source.clone().ok_or_else(|| {
-            Failure::transient("SourceNotDiscovered", "discovery recorded no source")
-        })?;
+    let source = step.status.source.clone().ok_or_else(|| {
+        Failure::transient(Reason::SourceNotDiscovered, "discovery recorded no source")
+    })?;
     check_source(step.vmm, &source)?;
     let storage_class = check_storage_class(step).await?;
     check_collisions(step).await?;
@@ -43,13 +42,13 @@ pub async fn run(step: &mut Step<'_>) -> Result<Next> {
 pub fn check_source(vmm: &VirtualMachineMigration, source: &SourceVmStatus) -> Result<()> {
     if vmm.spec.conversion.guest_adaptation == GuestAdaptation::VirtV2v {
         return Err(Failure::permanent(
-            "GuestAdaptationUnsupported",
+            Reason::GuestAdaptationUnsupported,
             "guestAdaptation VirtV2v is not available in this version; use None",
         ));
     }
     if source.disks.is_empty() {
         return Err(Failure::permanent(
-            "NoDisks",
+            Reason::NoDisks,
             format!("{} has no virtual disk to migrate", source.name),
         ));
     }
@@ -57,7 +56,7 @@ pub fn check_source(vmm: &VirtualMachineMigration, source: &SourceVmStatus) -> R
         let backing = disk.backing.as_deref().unwrap_or_default();
         if !backing.is_empty() && !FLAT_BACKINGS.contains(&backing) {
             return Err(Failure::permanent(
-                "UnsupportedDisk",
+                Reason::UnsupportedDisk,
                 format!(
                     "disk {} has backing {backing} (raw device mappings and other non-VMDK disks cannot be copied)",
                     disk.file
@@ -66,7 +65,7 @@ pub fn check_source(vmm: &VirtualMachineMigration, source: &SourceVmStatus) -> R
         }
         if disk.snapshot_chain > 0 || source.snapshots > 0 {
             return Err(Failure::permanent(
-                "SnapshotsPresent",
+                Reason::SnapshotsPresent,
                 format!(
                     "{} has {} snapshot(s); delete or consolidate them in vSphere, then create a new migration",
                     source.name,
@@ -76,7 +75,7 @@ pub fn check_source(vmm: &VirtualMachineMigration, source: &SourceVmStatus) -> R
         }
         if disk.capacity_bytes <= 0 {
             return Err(Failure::permanent(
-                "UnsupportedDisk",
+                Reason::UnsupportedDisk,
                 format!("disk {} reports no capacity", disk.file),
             ));
         }
@@ -96,7 +95,7 @@ pub fn check_source(vmm: &VirtualMachineMigration, source: &SourceVmStatus) -> R
         .collect();
     if !unmapped.is_empty() {
         return Err(Failure::permanent(
-            "NetworkNotMapped",
+            Reason::NetworkNotMapped,
             format!(
                 "no spec.target.networks entry for source network(s) {}; map each to pod, multus or ignored \
                  (in a new migration: the target is immutable)",
@@ -117,7 +116,7 @@ pub fn check_source(vmm: &VirtualMachineMigration, source: &SourceVmStatus) -> R
         .count();
     if on_pod > 1 {
         return Err(Failure::permanent(
-            "MultiplePodNetworkNICs",
+            Reason::MultiplePodNetworkNICs,
             format!(
                 "{on_pod} NICs map to the pod network, which takes one; map the others to multus or ignored"
             ),
@@ -132,7 +131,7 @@ async fn check_storage_class(step: &Step<'_>) -> Result<String> {
         Some(name) => match classes.get_opt(name).await? {
             Some(_) => Ok(name.clone()),
             None => Err(Failure::fixable(
-                "StorageClassNotFound",
+                Reason::StorageClassNotFound,
                 format!("StorageClass {name} does not exist; create it, and the migration resumes"),
             )),
         },
@@ -148,7 +147,7 @@ async fn check_storage_class(step: &Step<'_>) -> Result<String> {
             .map(|c| format!("{} (the default)", c.name_any()))
             .ok_or_else(|| {
                 Failure::fixable(
-                    "NoDefaultStorageClass",
+                    Reason::NoDefaultStorageClass,
                     "spec.target.storageClassName is not set and the cluster has no default StorageClass; \
                      mark one as default, and the migration resumes",
                 )
@@ -167,7 +166,7 @@ async fn check_collisions(step: &Step<'_>) -> Result<()> {
         && !ours(&vm)
     {
         return Err(Failure::fixable(
-            "TargetVMExists",
+            Reason::TargetVMExists,
             format!(
                 "VirtualMachine {ns}/{name} already exists and is not this migration's; delete or rename it"
             ),
@@ -180,7 +179,7 @@ async fn check_collisions(step: &Step<'_>) -> Result<()> {
             && !ours(&found)
         {
             return Err(Failure::fixable(
-                "DataVolumeExists",
+                Reason::DataVolumeExists,
                 format!(
                     "DataVolume {ns}/{dv} already exists and is not this migration's; delete it"
                 ),
@@ -225,7 +224,7 @@ mod tests {
     }
 
     fn reason(r: Result<()>) -> String {
-        r.err().map(|f| f.reason).unwrap_or_default()
+        r.err().map(|f| f.reason.to_string()).unwrap_or_default()
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! CreatingVM. Desired: the VirtualMachine exists with the source's shape, owned by the migration. Observed: the
 //! VM object. Action: create it if absent (Halted), update its template if it differs. Recorded: VMCreated.
 
+use ferry_api::Reason;
 use kube::api::{DynamicObject, Patch, PatchParams};
 use kube::{Api, ResourceExt};
 
@@ -11,10 +12,9 @@ use crate::error::{Failure, Result};
 
 pub async fn run(step: &mut Step<'_>) -> Result<Next> {
     let ns = step.vmm.namespace().unwrap_or_default();
-    let source =
-        step.status.source.clone().ok_or_else(|| {
-            Failure::transient("SourceNotDiscovered", "discovery recorded no source")
-        })?;
+    let source = step.status.source.clone().ok_or_else(|| {
+        Failure::transient(Reason::SourceNotDiscovered, "discovery recorded no source")
+    })?;
     let desired = build::vm::virtual_machine(step.vmm, &source);
     let name = desired.name_any();
     let vms = Api::<DynamicObject>::namespaced_with(step.ctx.client.clone(), &ns, &vm_resource());
@@ -27,7 +27,7 @@ pub async fn run(step: &mut Step<'_>) -> Result<Next> {
     };
     if observed.labels().get(children::UID_LABEL) != Some(&children::uid(step.vmm)) {
         return Err(Failure::fixable(
-            "TargetVMExists",
+            Reason::TargetVMExists,
             format!(
                 "VirtualMachine {ns}/{name} exists and is not this migration's; delete or rename it"
             ),
