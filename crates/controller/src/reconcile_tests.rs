@@ -247,13 +247,13 @@ async fn a_failed_conversion_with_its_budget_spent_fails_the_migration() {
             "progress": "0% (0 MiB of 1024 MiB)",
             "retry": {
                 "attempts": 0, "budgetUsed": [{"phase": "Converting", "used": 1}], "charged": ["job-uid-1"],
-                "lastError": {"class": "BoundedRetryable", "reason": "SourceReadFailed",
+                "lastError": {"class": "BoundedRetryable", "reason": "ShortRead",
                     "message": earlier_error, "phase": "Converting", "time": EARLIER},
             },
         }),
         json!({"retry": {"budget": 1}}),
     ));
-    let error = r#"{"error": {"class": "BoundedRetryable", "reason": "SourceReadFailed", "message": "reading [ds1] web-vm/web-vm.vmdk: connection reset"}}"#;
+    let error = r#"{"error": {"class": "BoundedRetryable", "reason": "ShortRead", "message": "reading [ds1] web-vm/web-vm.vmdk: connection reset"}}"#;
     let message = "Job web-convert-2: reading [ds1] web-vm/web-vm.vmdk: connection reset \
                    (retry budget of 1 spent)";
     let script = vec![
@@ -276,16 +276,16 @@ async fn a_failed_conversion_with_its_budget_spent_fails_the_migration() {
                 }]},
             }],
         })),
-        Exchange::event(&vmm, "Warning", "SourceReadFailed", move |note| {
+        Exchange::event(&vmm, "Warning", "ShortRead", move |note| {
             assert_eq!(note, message)
         }),
         Exchange::status_write(&vmm, "101", move |status| {
             assert_eq!(status["phase"], "Failed", "{status:#}");
-            assert_eq!(status["reason"], "SourceReadFailed");
+            assert_eq!(status["reason"], "ShortRead");
             assert_eq!(status["message"], message);
             assert!(status["completionTime"].is_string(), "{status:#}");
             let retry = &status["retry"];
-            assert_eq!(retry["lastError"]["reason"], "SourceReadFailed");
+            assert_eq!(retry["lastError"]["reason"], "ShortRead");
             assert_eq!(retry["lastError"]["message"], message);
             assert_eq!(retry["lastError"]["phase"], "Converting");
             // An exhausted budget charges nothing more.
@@ -301,7 +301,7 @@ async fn a_failed_conversion_with_its_budget_spent_fails_the_migration() {
                     &converted["reason"],
                     &converted["message"]
                 ),
-                (&json!("False"), &json!("SourceReadFailed"), &json!(message))
+                (&json!("False"), &json!("ShortRead"), &json!(message))
             );
             let ready = condition(status, "Ready");
             assert_eq!(ready["status"], "False");
