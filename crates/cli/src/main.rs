@@ -1,12 +1,11 @@
 //! The `ferry` command line: one binary for the controller, the lab and the tools around them.
 
 mod controller;
-mod convert;
 mod demo;
 mod inventory;
 mod lab;
-mod verify;
 mod views;
+mod worker;
 
 use clap::{Parser, Subcommand};
 
@@ -28,9 +27,9 @@ enum Command {
     /// Benchmarks that print ratios against baselines measured in the same run.
     Bench(ferry_bench::BenchArgs),
     /// Stream, convert, checksum and stage disks (the conversion Job's entrypoint).
-    Convert(convert::ConvertArgs),
+    Convert(worker::ConvertArgs),
     /// Prove an imported disk holds the source's bytes (the verification Job's entrypoint).
-    Verify(verify::VerifyArgs),
+    Verify(worker::VerifyArgs),
     /// List migrations: phase, progress, target, age and reason.
     Get(views::get::GetArgs),
     /// Show one migration: its spec, checkpoints, conditions, disks, Events, and what to do when it stopped.
@@ -73,8 +72,8 @@ async fn run() -> anyhow::Result<()> {
         Command::Get(args) => views::get::run(args).await,
         Command::Describe(args) => views::describe::run(args).await,
         Command::Watch(args) => views::watch::run(args).await,
-        Command::Convert(args) => convert::run(args).await,
-        Command::Verify(args) => verify::run(args).await,
+        Command::Convert(args) => worker::convert(args).await,
+        Command::Verify(args) => worker::verify(args).await,
         Command::Bench(args) => ferry_bench::run(args).await,
         Command::Crds => {
             print!("{}", ferry_api::crds::to_yaml()?);

@@ -7,7 +7,7 @@ use ferry_lab::standins::node::{self, NodeAgentConfig};
 use ferry_testkit::disks::make_flat_vmdk;
 use ferry_testkit::{Background, TestLab, TestVcsim};
 use ferry_vsphere::inventory::{self, VmSelector};
-use ferry_vsphere::{Session, seed};
+use ferry_vsphere::{Session, provision};
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
 use kube::api::{ListParams, PostParams};
@@ -103,7 +103,7 @@ async fn a_conversion_job_runs_to_completion_and_a_failing_one_is_retried_then_f
         .unwrap();
     let work = tempfile::tempdir().unwrap();
     let disk = make_flat_vmdk(work.path(), "jobdisk", 16 << 20, 5);
-    let attached = seed::attach_flat_vmdk(&session, &vm, &disk.descriptor, &disk.extent)
+    let attached = provision::attach_flat_vmdk(&session, &vm, &disk.descriptor, &disk.extent)
         .await
         .unwrap();
     let info = inventory::describe_vm(&session, &vm).await.unwrap();

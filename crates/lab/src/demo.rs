@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use ferry_vsphere::inventory::{self, VmSelector};
-use ferry_vsphere::{Session, seed};
+use ferry_vsphere::{Session, provision};
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Patch, PatchParams};
 use kube::{Api, Client};
@@ -58,11 +58,11 @@ pub async fn seed_demo_vms(endpoint: &VcsimEndpoint, dir: &Path) -> Result<()> {
                 };
                 crate::disks::raw_to_flat_vmdk(&raw, &stem, sha, mib << 20)?;
             }
-            seed::attach_flat_vmdk(&session, &vm, &descriptor, &extent)
+            provision::attach_flat_vmdk(&session, &vm, &descriptor, &extent)
                 .await
                 .with_context(|| format!("attaching {stem} to {vm_name}"))?;
         }
-        seed::remove_disks(&session, &vm, &original).await?;
+        provision::remove_disks(&session, &vm, &original).await?;
     }
     session.logout().await;
     Ok(())

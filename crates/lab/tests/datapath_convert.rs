@@ -11,7 +11,7 @@ use ferry_testkit::disks::{FlatVmdk, make_flat_vmdk, qemu_img, sha256_file, writ
 use ferry_testkit::proxy::CuttingProxy;
 use ferry_testkit::{TestMinio, TestVcsim};
 use ferry_vsphere::inventory::{self, VmSelector};
-use ferry_vsphere::{Session, seed};
+use ferry_vsphere::{Session, provision};
 
 const DISK_BYTES: u64 = 512 << 20;
 
@@ -36,7 +36,7 @@ async fn fixture() -> Fixture {
         .unwrap();
     let work = tempfile::tempdir().unwrap();
     let disk = make_flat_vmdk(work.path(), "data", DISK_BYTES, 7);
-    let attached = seed::attach_flat_vmdk(&session, &vm, &disk.descriptor, &disk.extent)
+    let attached = provision::attach_flat_vmdk(&session, &vm, &disk.descriptor, &disk.extent)
         .await
         .unwrap();
     let info = inventory::describe_vm(&session, &vm).await.unwrap();

@@ -8,7 +8,7 @@ use ferry_testkit::disks::{hex, make_flat_vmdk};
 use ferry_testkit::proxy::CuttingProxy;
 use ferry_vsphere::datastore::{Download, flat_disk};
 use ferry_vsphere::inventory::{self, VmSelector};
-use ferry_vsphere::{ConnectConfig, Session, seed};
+use ferry_vsphere::{ConnectConfig, Session, provision};
 use sha2::{Digest, Sha256};
 
 const DISK_BYTES: u64 = 256 << 20;
@@ -38,7 +38,7 @@ async fn a_real_flat_vmdk_downloads_byte_exact_even_when_the_connection_is_cut()
 
     let work = tempfile::tempdir().unwrap();
     let disk = make_flat_vmdk(work.path(), "migrate-me", DISK_BYTES, 1);
-    let attached = seed::attach_flat_vmdk(&session, &vm, &disk.descriptor, &disk.extent)
+    let attached = provision::attach_flat_vmdk(&session, &vm, &disk.descriptor, &disk.extent)
         .await
         .unwrap();
 

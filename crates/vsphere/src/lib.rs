@@ -14,8 +14,8 @@ pub mod error;
 pub mod inventory;
 pub mod power;
 pub mod props;
-#[cfg(feature = "seed")]
-pub mod seed;
+#[cfg(feature = "provision")]
+pub mod provision;
 pub mod session;
 pub mod snapshot;
 pub mod soap;

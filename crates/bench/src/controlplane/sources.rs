@@ -7,7 +7,7 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 use ferry_lab::VcsimEndpoint;
 use ferry_vsphere::soap::MoRef;
-use ferry_vsphere::{Session, inventory, props, seed};
+use ferry_vsphere::{Session, inventory, props, provision};
 use futures::{StreamExt, TryStreamExt};
 
 /// Disk uploads and reconfigurations in flight at once while seeding.
@@ -42,10 +42,10 @@ pub async fn source_vms(
                 .iter()
                 .map(|d| d.key)
                 .collect();
-            seed::attach_flat_vmdk(session, vm, &disk.descriptor, &disk.extent)
+            provision::attach_flat_vmdk(session, vm, &disk.descriptor, &disk.extent)
                 .await
                 .with_context(|| format!("attaching a disk to {name}"))?;
-            seed::remove_disks(session, vm, &original).await?;
+            provision::remove_disks(session, vm, &original).await?;
             anyhow::Ok(())
         }
     }))

@@ -1,6 +1,5 @@
-//! Seeding a simulator for the lab and tests: upload a disk into a VM's folder and attach it. Behind the
-//! `seed` feature, so the controller, which must never change a source VM beyond its power, does not link it.
-
+//! Provisioning a simulator for the lab and tests: upload a disk into a VM's folder and attach it. Behind the
+//! `provision` feature, so the controller, which must never change a source VM beyond its power, does not link it.
 use std::path::Path;
 use std::time::Duration;
 

@@ -1,4 +1,5 @@
-//! `ferry convert`: the conversion Job's entrypoint.
+//! `ferry convert` and `ferry verify`: the entrypoints of the conversion and verification Jobs. Each runs its
+//! work in `ferry-datapath` and leaves one report where the controller reads it.
 
 use std::path::{Path, PathBuf};
 
@@ -27,7 +28,7 @@ pub struct ConvertArgs {
     quiet: bool,
 }
 
-pub async fn run(args: ConvertArgs) -> Result<()> {
+pub async fn convert(args: ConvertArgs) -> Result<()> {
     let spec = match (&args.spec, &args.spec_json) {
         (Some(path), _) => ConvertSpec::load(path)?,
         (None, Some(text)) => ConvertSpec::parse(text)?,
@@ -39,9 +40,32 @@ pub async fn run(args: ConvertArgs) -> Result<()> {
     })
 }
 
+#[derive(Args)]
+pub struct VerifyArgs {
+    /// The imported image, for example /disk/disk.img on a Filesystem PVC.
+    #[arg(long)]
+    file: PathBuf,
+    /// The source's sha256 (from the conversion result).
+    #[arg(long)]
+    sha256: String,
+    /// The source disk's size in bytes: only that many bytes are read.
+    #[arg(long)]
+    size: u64,
+    /// Where to write the result; in a pod, its termination message path.
+    #[arg(long, default_value = "/dev/termination-log")]
+    result_file: PathBuf,
+}
+
+pub async fn verify(args: VerifyArgs) -> Result<()> {
+    let outcome = ferry_datapath::verify::verify(&args.file, &args.sha256, args.size).await;
+    report(&args.result_file, outcome, |verified| {
+        JobReport::Verified(verified.clone())
+    })
+}
+
 /// Writes a Job's report (`ok` of its result, or its error's class and reason) where the controller reads it
 /// (the termination message), and echoes it; the exit code follows the outcome.
-pub fn report<T>(
+fn report<T>(
     result_file: &Path,
     outcome: ferry_datapath::Result<T>,
     ok: impl FnOnce(&T) -> JobReport,
