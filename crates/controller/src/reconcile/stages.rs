@@ -1,117 +1,26 @@
-//! One reconcile of a migration: deletion and cancel first, then the finalizer, then the current checkpoint.
-//! Whatever the checkpoint concluded becomes one status write (only when something changed, guarded by the
-//! resourceVersion read, so a stale copy can never overwrite newer evidence), and an Event per transition or error.
+//! The stages of one reconcile, each a method of [`Reconcile`]: what was read, the status being edited, and the
+//! checkpoints passed so far.
 
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use ferry_api::{
     ConditionType, ErrorClass, FINALIZER, Phase, VirtualMachineMigration,
     VirtualMachineMigrationStatus as Status,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::api::{Patch, PatchParams};
+use kube::ResourceExt;
 use kube::runtime::controller::Action;
-use kube::runtime::events::{Event, EventType};
-use kube::{Api, Resource, ResourceExt};
-use serde_json::json;
-use tracing::Instrument;
+use kube::runtime::events::EventType;
 
+use super::writes::{event, set_finalizer, write_status};
+use super::{CLEANUP_RECHECK, HOLD_ANNOTATION, MANUAL_RECHECK, held_before, key};
 use crate::checkpoint::{self, CHECKPOINTS, Next, Step};
-use crate::children::MANAGER;
 use crate::context::Context;
 use crate::error::{Failure, Result};
 use crate::status::StatusEditor;
 
-/// `migration.platform.example/hold-before: Preparing` stops a migration before it runs that checkpoint, for
-/// example to validate everything but power the source off only in a maintenance window. Cancel and delete work
-/// while held.
-pub use ferry_api::keys::HOLD_ANNOTATION;
-
-fn held_before(vmm: &VirtualMachineMigration, phase: Phase) -> Option<Phase> {
-    let wanted = vmm.annotations().get(HOLD_ANNOTATION)?;
-    let held: Phase = serde_json::from_value(json!(wanted)).ok()?;
-    (held == phase).then_some(held)
-}
-
-/// A reconcile skipped on a stale copy runs again after this, should the event of our write never come.
-const STALE_RECHECK: Duration = Duration::from_secs(2);
-
-/// Checked again this often when nothing else wakes a migration that waits for a person.
-const MANUAL_RECHECK: Duration = Duration::from_secs(10);
-
-/// A cleanup that left something behind (being deleted, or the target's instance still running) looks again
-/// after this.
-const CLEANUP_RECHECK: Duration = Duration::from_secs(2);
-
-pub async fn reconcile(vmm: Arc<VirtualMachineMigration>, ctx: Arc<Context>) -> Result<Action> {
-    let key = key(&vmm);
-    if ctx.is_stale(&key, vmm.resource_version().as_deref()) {
-        // A copy from before our own last write: acting on it would redo a step and lose the write to a 409.
-        return Ok(Action::requeue(STALE_RECHECK));
-    }
-    let started = Instant::now();
-    let span = tracing::info_span!("reconcile", migration = %key);
-    let result = reconcile_one(&vmm, &ctx).instrument(span).await;
-    ctx.metrics.reconciled(started.elapsed());
-    if result.is_ok() {
-        ctx.succeeded(&key);
-    }
-    result
-}
-
-pub fn error_policy(
-    vmm: Arc<VirtualMachineMigration>,
-    error: &Failure,
-    ctx: Arc<Context>,
-) -> Action {
-    ctx.metrics
-        .error(&format!("{:?}", error.class), error.reason.as_str());
-    tracing::warn!(migration = %vmm.name_any(), class = ?error.class, reason = %error.reason, "{error}");
-    let key = key(&vmm);
-    Action::requeue(ctx.failed(&key))
-}
-
-async fn reconcile_one(vmm: &VirtualMachineMigration, ctx: &Context) -> Result<Action> {
-    let mut run = Reconcile::new(ctx, vmm);
-    if vmm.metadata.deletion_timestamp.is_some() {
-        return run.deleted().await;
-    }
-    if let Some(action) = run.guard().await? {
-        return Ok(action);
-    }
-    let phase = run.start();
-    if matches!(phase, Phase::Failed | Phase::Cancelling) || vmm.spec.cancel {
-        return run.cancel_or_fail().await;
-    }
-    if let Some(wait) = run.backing_off() {
-        return Ok(Action::requeue(wait));
-    }
-    if let Some(held) = held_before(vmm, phase) {
-        return run.hold(held).await;
-    }
-    let stop = run
-        .run_checkpoints(resume_point(phase, &run.edit.status))
-        .await;
-    let action = run.conclude(stop).await;
-    run.write().await?;
-    Ok(action)
-}
-
-/// A migration waiting for a person re-runs the checkpoint that stopped it.
-fn resume_point(phase: Phase, status: &Status) -> Phase {
-    match phase {
-        Phase::ManualInterventionRequired => status
-            .retry
-            .as_ref()
-            .and_then(|r| r.last_error.as_ref())
-            .map_or(Phase::Discovering, |e| e.phase),
-        other => other,
-    }
-}
-
 /// Where a reconcile's run of checkpoints stopped.
-enum Stop {
+pub(super) enum Stop {
     /// Not there yet in `checkpoint`: record why, and look again after `after`.
     Waiting {
         checkpoint: Phase,
@@ -128,18 +37,18 @@ enum Stop {
 }
 
 /// One reconcile of one migration: the copy it read, the status it edits, and the checkpoints it passed.
-struct Reconcile<'a> {
+pub(super) struct Reconcile<'a> {
     ctx: &'a Context,
     vmm: &'a VirtualMachineMigration,
     key: String,
     before: Status,
-    edit: StatusEditor,
+    pub(super) edit: StatusEditor,
     /// Each checkpoint passed in this reconcile, for its one Event.
     passed: Vec<(&'static str, String)>,
 }
 
 impl<'a> Reconcile<'a> {
-    fn new(ctx: &'a Context, vmm: &'a VirtualMachineMigration) -> Self {
+    pub(super) fn new(ctx: &'a Context, vmm: &'a VirtualMachineMigration) -> Self {
         let before = vmm.status.clone().unwrap_or_default();
         let now = Time(k8s_openapi::jiff::Timestamp::now());
         Self {
@@ -157,7 +66,7 @@ impl<'a> Reconcile<'a> {
     }
 
     /// Deleted: clean up unless the migration succeeded or already did, then release the finalizer.
-    async fn deleted(&mut self) -> Result<Action> {
+    pub(super) async fn deleted(&mut self) -> Result<Action> {
         self.ctx.metrics.phase(&self.key, None);
         if !self.has_finalizer() {
             return Ok(Action::await_change());
@@ -172,7 +81,7 @@ impl<'a> Reconcile<'a> {
     }
 
     /// A finished migration releases its finalizer; a new one gets it before anything else happens.
-    async fn guard(&mut self) -> Result<Option<Action>> {
+    pub(super) async fn guard(&mut self) -> Result<Option<Action>> {
         let status = &self.edit.status;
         let phase = status.phase;
         let phase_name = phase.map(|p| format!("{p:?}"));
@@ -194,7 +103,7 @@ impl<'a> Reconcile<'a> {
     }
 
     /// The migration's phase; a new migration starts at the first checkpoint.
-    fn start(&mut self) -> Phase {
+    pub(super) fn start(&mut self) -> Phase {
         if let Some(phase) = self.edit.status.phase {
             return phase;
         }
@@ -210,7 +119,7 @@ impl<'a> Reconcile<'a> {
     }
 
     /// The wait left before the next attempt after a transient error, if any.
-    fn backing_off(&self) -> Option<Duration> {
+    pub(super) fn backing_off(&self) -> Option<Duration> {
         let next = self
             .edit
             .status
@@ -222,7 +131,7 @@ impl<'a> Reconcile<'a> {
         (next.0 > now.0).then(|| now.0.duration_until(next.0).unsigned_abs())
     }
 
-    async fn hold(&mut self, held: Phase) -> Result<Action> {
+    pub(super) async fn hold(&mut self, held: Phase) -> Result<Action> {
         self.publish_passed().await;
         self.edit.status.reason = Some("Held".into());
         self.edit.status.message = Some(format!(
@@ -235,7 +144,7 @@ impl<'a> Reconcile<'a> {
     /// Runs checkpoints from `checkpoint` on. One that advanced acted on nothing in that pass (it only observed
     /// its desired state), so the next one runs at once, and one status write records them all. A step that must
     /// be on record before it acts ends its pass with [`Next::Persist`], and that write, of its own.
-    async fn run_checkpoints(&mut self, mut checkpoint: Phase) -> Stop {
+    pub(super) async fn run_checkpoints(&mut self, mut checkpoint: Phase) -> Stop {
         loop {
             let mut step = Step::new(self.ctx, self.vmm, &mut self.edit);
             let (reason, message) = match checkpoint::run(checkpoint, &mut step).await {
@@ -283,7 +192,7 @@ impl<'a> Reconcile<'a> {
     }
 
     /// Turns where the checkpoints stopped into the status and what to do next.
-    async fn conclude(&mut self, stop: Stop) -> Action {
+    pub(super) async fn conclude(&mut self, stop: Stop) -> Action {
         self.publish_passed().await;
         match stop {
             Stop::Entered(Phase::Succeeded) => {
@@ -388,7 +297,7 @@ impl<'a> Reconcile<'a> {
     }
 
     /// Cancelled, or Failed: remove what was created, restore power if asked, then stop for good.
-    async fn cancel_or_fail(&mut self) -> Result<Action> {
+    pub(super) async fn cancel_or_fail(&mut self) -> Result<Action> {
         let phase = self.edit.status.phase;
         let cancelling = phase != Some(Phase::Failed);
         let ready = ConditionType::Ready;
@@ -456,105 +365,7 @@ impl<'a> Reconcile<'a> {
         }
     }
 
-    async fn write(&mut self) -> Result<()> {
+    pub(super) async fn write(&mut self) -> Result<()> {
         write_status(self.ctx, self.vmm, &self.before, &mut self.edit.status).await
-    }
-}
-
-/// Writes status when it differs from what was read, with that read's resourceVersion as a precondition.
-async fn write_status(
-    ctx: &Context,
-    vmm: &VirtualMachineMigration,
-    before: &Status,
-    status: &mut Status,
-) -> Result<()> {
-    status.progress = crate::status::progress(status).or(status.progress.take());
-    status.observed_generation = vmm.metadata.generation;
-    if status == before {
-        return Ok(());
-    }
-    let api: Api<VirtualMachineMigration> =
-        Api::namespaced(ctx.client.clone(), &vmm.namespace().unwrap_or_default());
-    let patch = json!({
-        "apiVersion": ferry_api::API_VERSION,
-        "kind": "VirtualMachineMigration",
-        "metadata": {"name": vmm.name_any(), "resourceVersion": vmm.resource_version()},
-        "status": status,
-    });
-    let written = api
-        .patch_status(
-            &vmm.name_any(),
-            &PatchParams::apply(MANAGER).force(),
-            &Patch::Apply(&patch),
-        )
-        .await?;
-    ctx.wrote(&key(vmm), written.resource_version());
-    Ok(())
-}
-
-/// `namespace/name`: the migration's key in metrics, backoff and the controller's own-write record.
-fn key(vmm: &VirtualMachineMigration) -> String {
-    format!("{}/{}", vmm.namespace().unwrap_or_default(), vmm.name_any())
-}
-
-async fn set_finalizer(ctx: &Context, vmm: &VirtualMachineMigration, present: bool) -> Result<()> {
-    let mut finalizers: Vec<String> = vmm
-        .finalizers()
-        .iter()
-        .filter(|f| *f != FINALIZER)
-        .cloned()
-        .collect();
-    if present {
-        finalizers.push(FINALIZER.to_string());
-    }
-    let api: Api<VirtualMachineMigration> =
-        Api::namespaced(ctx.client.clone(), &vmm.namespace().unwrap_or_default());
-    let patch =
-        json!({"metadata": {"finalizers": finalizers, "resourceVersion": vmm.resource_version()}});
-    match api
-        .patch(
-            &vmm.name_any(),
-            &PatchParams::default(),
-            &Patch::Merge(&patch),
-        )
-        .await
-    {
-        // Released: the migration is over, and nothing reconciles it against our writes any more.
-        Ok(_) if !present => {
-            ctx.forget(&key(vmm));
-            Ok(())
-        }
-        Ok(written) => {
-            ctx.wrote(&key(vmm), written.resource_version());
-            Ok(())
-        }
-        Err(kube::Error::Api(s)) if s.code == 404 && !present => {
-            ctx.forget(&key(vmm));
-            Ok(())
-        }
-        Err(e) => Err(e.into()),
-    }
-}
-
-async fn event(
-    ctx: &Context,
-    vmm: &VirtualMachineMigration,
-    type_: EventType,
-    reason: &str,
-    note: &str,
-) {
-    let ev = Event {
-        type_,
-        reason: reason.into(),
-        note: Some(note.chars().take(1000).collect()),
-        action: "Reconcile".into(),
-        secondary: None,
-    };
-    if let Err(e) = ctx.recorder.publish(&ev, &vmm.object_ref(&())).await {
-        tracing::warn!(
-            class = "Transient",
-            reason = "EventNotPublished",
-            "publishing an event: {e}"
-        );
     }
 }

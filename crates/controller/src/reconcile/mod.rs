@@ -1,0 +1,111 @@
+//! One reconcile of a migration: deletion and cancel first, then the finalizer, then the current checkpoint.
+//! Whatever the checkpoint concluded becomes one status write (only when something changed, guarded by the
+//! resourceVersion read, so a stale copy can never overwrite newer evidence), and an Event per transition or error.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ferry_api::{Phase, VirtualMachineMigration, VirtualMachineMigrationStatus as Status};
+use kube::ResourceExt;
+use kube::runtime::controller::Action;
+use serde_json::json;
+use tracing::Instrument;
+
+use crate::context::Context;
+use crate::error::{Failure, Result};
+use stages::Reconcile;
+
+mod stages;
+mod writes;
+
+/// `migration.platform.example/hold-before: Preparing` stops a migration before it runs that checkpoint, for
+/// example to validate everything but power the source off only in a maintenance window. Cancel and delete work
+/// while held.
+pub use ferry_api::keys::HOLD_ANNOTATION;
+
+fn held_before(vmm: &VirtualMachineMigration, phase: Phase) -> Option<Phase> {
+    let wanted = vmm.annotations().get(HOLD_ANNOTATION)?;
+    let held: Phase = serde_json::from_value(json!(wanted)).ok()?;
+    (held == phase).then_some(held)
+}
+
+/// A reconcile skipped on a stale copy runs again after this, should the event of our write never come.
+const STALE_RECHECK: Duration = Duration::from_secs(2);
+
+/// Checked again this often when nothing else wakes a migration that waits for a person.
+const MANUAL_RECHECK: Duration = Duration::from_secs(10);
+
+/// A cleanup that left something behind (being deleted, or the target's instance still running) looks again
+/// after this.
+const CLEANUP_RECHECK: Duration = Duration::from_secs(2);
+
+pub async fn reconcile(vmm: Arc<VirtualMachineMigration>, ctx: Arc<Context>) -> Result<Action> {
+    let key = key(&vmm);
+    if ctx.is_stale(&key, vmm.resource_version().as_deref()) {
+        // A copy from before our own last write: acting on it would redo a step and lose the write to a 409.
+        return Ok(Action::requeue(STALE_RECHECK));
+    }
+    let started = Instant::now();
+    let span = tracing::info_span!("reconcile", migration = %key);
+    let result = reconcile_one(&vmm, &ctx).instrument(span).await;
+    ctx.metrics.reconciled(started.elapsed());
+    if result.is_ok() {
+        ctx.succeeded(&key);
+    }
+    result
+}
+
+pub fn error_policy(
+    vmm: Arc<VirtualMachineMigration>,
+    error: &Failure,
+    ctx: Arc<Context>,
+) -> Action {
+    ctx.metrics
+        .error(&format!("{:?}", error.class), error.reason.as_str());
+    tracing::warn!(migration = %vmm.name_any(), class = ?error.class, reason = %error.reason, "{error}");
+    let key = key(&vmm);
+    Action::requeue(ctx.failed(&key))
+}
+
+async fn reconcile_one(vmm: &VirtualMachineMigration, ctx: &Context) -> Result<Action> {
+    let mut run = Reconcile::new(ctx, vmm);
+    if vmm.metadata.deletion_timestamp.is_some() {
+        return run.deleted().await;
+    }
+    if let Some(action) = run.guard().await? {
+        return Ok(action);
+    }
+    let phase = run.start();
+    if matches!(phase, Phase::Failed | Phase::Cancelling) || vmm.spec.cancel {
+        return run.cancel_or_fail().await;
+    }
+    if let Some(wait) = run.backing_off() {
+        return Ok(Action::requeue(wait));
+    }
+    if let Some(held) = held_before(vmm, phase) {
+        return run.hold(held).await;
+    }
+    let stop = run
+        .run_checkpoints(resume_point(phase, &run.edit.status))
+        .await;
+    let action = run.conclude(stop).await;
+    run.write().await?;
+    Ok(action)
+}
+
+/// A migration waiting for a person re-runs the checkpoint that stopped it.
+fn resume_point(phase: Phase, status: &Status) -> Phase {
+    match phase {
+        Phase::ManualInterventionRequired => status
+            .retry
+            .as_ref()
+            .and_then(|r| r.last_error.as_ref())
+            .map_or(Phase::Discovering, |e| e.phase),
+        other => other,
+    }
+}
+
+/// `namespace/name`: the migration's key in metrics, backoff and the controller's own-write record.
+fn key(vmm: &VirtualMachineMigration) -> String {
+    format!("{}/{}", vmm.namespace().unwrap_or_default(), vmm.name_any())
+}

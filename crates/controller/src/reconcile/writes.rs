@@ -1,0 +1,109 @@
+//! The reconcile's writes: the guarded status write, the finalizer, and Events.
+
+use ferry_api::{FINALIZER, VirtualMachineMigration, VirtualMachineMigrationStatus as Status};
+use kube::api::{Patch, PatchParams};
+use kube::runtime::events::{Event, EventType};
+use kube::{Api, Resource, ResourceExt};
+use serde_json::json;
+
+use super::key;
+use crate::children::MANAGER;
+use crate::context::Context;
+use crate::error::Result;
+
+/// Writes status when it differs from what was read, with that read's resourceVersion as a precondition.
+pub(super) async fn write_status(
+    ctx: &Context,
+    vmm: &VirtualMachineMigration,
+    before: &Status,
+    status: &mut Status,
+) -> Result<()> {
+    status.progress = crate::status::progress(status).or(status.progress.take());
+    status.observed_generation = vmm.metadata.generation;
+    if status == before {
+        return Ok(());
+    }
+    let api: Api<VirtualMachineMigration> =
+        Api::namespaced(ctx.client.clone(), &vmm.namespace().unwrap_or_default());
+    let patch = json!({
+        "apiVersion": ferry_api::API_VERSION,
+        "kind": "VirtualMachineMigration",
+        "metadata": {"name": vmm.name_any(), "resourceVersion": vmm.resource_version()},
+        "status": status,
+    });
+    let written = api
+        .patch_status(
+            &vmm.name_any(),
+            &PatchParams::apply(MANAGER).force(),
+            &Patch::Apply(&patch),
+        )
+        .await?;
+    ctx.wrote(&key(vmm), written.resource_version());
+    Ok(())
+}
+
+pub(super) async fn set_finalizer(
+    ctx: &Context,
+    vmm: &VirtualMachineMigration,
+    present: bool,
+) -> Result<()> {
+    let mut finalizers: Vec<String> = vmm
+        .finalizers()
+        .iter()
+        .filter(|f| *f != FINALIZER)
+        .cloned()
+        .collect();
+    if present {
+        finalizers.push(FINALIZER.to_string());
+    }
+    let api: Api<VirtualMachineMigration> =
+        Api::namespaced(ctx.client.clone(), &vmm.namespace().unwrap_or_default());
+    let patch =
+        json!({"metadata": {"finalizers": finalizers, "resourceVersion": vmm.resource_version()}});
+    match api
+        .patch(
+            &vmm.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
+        .await
+    {
+        // Released: the migration is over, and nothing reconciles it against our writes any more.
+        Ok(_) if !present => {
+            ctx.forget(&key(vmm));
+            Ok(())
+        }
+        Ok(written) => {
+            ctx.wrote(&key(vmm), written.resource_version());
+            Ok(())
+        }
+        Err(kube::Error::Api(s)) if s.code == 404 && !present => {
+            ctx.forget(&key(vmm));
+            Ok(())
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+pub(super) async fn event(
+    ctx: &Context,
+    vmm: &VirtualMachineMigration,
+    type_: EventType,
+    reason: &str,
+    note: &str,
+) {
+    let ev = Event {
+        type_,
+        reason: reason.into(),
+        note: Some(note.chars().take(1000).collect()),
+        action: "Reconcile".into(),
+        secondary: None,
+    };
+    if let Err(e) = ctx.recorder.publish(&ev, &vmm.object_ref(&())).await {
+        tracing::warn!(
+            class = "Transient",
+            reason = "EventNotPublished",
+            "publishing an event: {e}"
+        );
+    }
+}
