@@ -11,6 +11,7 @@ use kube::runtime::controller::Action;
 use serde_json::json;
 use tracing::Instrument;
 
+use crate::checkpoint::CHECKPOINTS;
 use crate::context::Context;
 use crate::error::{Failure, Result};
 use stages::Reconcile;
@@ -100,7 +101,7 @@ fn resume_point(phase: Phase, status: &Status) -> Phase {
             .retry
             .as_ref()
             .and_then(|r| r.last_error.as_ref())
-            .map_or(Phase::Discovering, |e| e.phase),
+            .map_or(CHECKPOINTS[0].phase, |e| e.phase),
         other => other,
     }
 }
