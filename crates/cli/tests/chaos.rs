@@ -3,7 +3,7 @@
 //! faults, killed pods and importers) on a 3-disk migration, a deletion while the guest boots (the source
 //! must stay off until the target's VMI is gone) and a bad spec corrected later, each judged against its
 //! fault-free run. The full run is
-//! `ferry lab chaos --workload all --perturbation all --workers 3` (see README).
+//! `ferry lab chaos --workload all --perturbation all --workers 6` (see README).
 #![cfg(feature = "chaos")]
 
 use std::process::Command;
