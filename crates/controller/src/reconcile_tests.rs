@@ -39,6 +39,16 @@ fn migration(status: Value, spec: Value) -> Value {
     object
 }
 
+/// The GET of Provider `apps/vc`, answered with one whose Secret is `vc-creds`.
+fn provider_vc() -> Exchange {
+    Exchange::get("/apis/migration.platform.example/v1alpha1/namespaces/apps/providers/vc").reply(json!({
+        "apiVersion": "migration.platform.example/v1alpha1", "kind": "Provider",
+        "metadata": {"name": "vc", "namespace": "apps", "generation": 1},
+        "spec": {"type": "vsphere", "url": "https://vc.example/sdk", "secretRef": {"name": "vc-creds"},
+            "tls": {"insecureSkipVerify": true}},
+    }))
+}
+
 fn vmm(object: Value) -> VirtualMachineMigration {
     serde_json::from_value(object).expect("a VirtualMachineMigration")
 }
@@ -348,14 +358,7 @@ async fn manual_intervention_still_unresolved_reads_and_writes_nothing() {
         json!({}),
     ));
     let script = vec![
-        Exchange::get("/apis/migration.platform.example/v1alpha1/namespaces/apps/providers/vc").reply(
-            json!({
-                "apiVersion": "migration.platform.example/v1alpha1", "kind": "Provider",
-                "metadata": {"name": "vc", "namespace": "apps", "generation": 1},
-                "spec": {"type": "vsphere", "url": "https://vc.example/sdk", "secretRef": {"name": "vc-creds"},
-                    "tls": {"insecureSkipVerify": true}},
-            }),
-        ),
+        provider_vc(),
         Exchange::get("/api/v1/namespaces/apps/secrets/vc-creds").not_found("secrets", "vc-creds"),
     ];
     let action = ApiServer::new()
@@ -378,14 +381,7 @@ async fn a_missing_provider_secret_stops_for_a_person_with_one_event_and_one_wri
         json!({}),
     ));
     let script = vec![
-        Exchange::get("/apis/migration.platform.example/v1alpha1/namespaces/apps/providers/vc").reply(
-            json!({
-                "apiVersion": "migration.platform.example/v1alpha1", "kind": "Provider",
-                "metadata": {"name": "vc", "namespace": "apps", "generation": 1},
-                "spec": {"type": "vsphere", "url": "https://vc.example/sdk", "secretRef": {"name": "vc-creds"},
-                    "tls": {"insecureSkipVerify": true}},
-            }),
-        ),
+        provider_vc(),
         Exchange::get("/api/v1/namespaces/apps/secrets/vc-creds").not_found("secrets", "vc-creds"),
         Exchange::event(&vmm, "Warning", "ProviderSecretNotFound", move |note| {
             assert_eq!(note, message)
