@@ -43,6 +43,9 @@ pub struct ForeignCondition {
     pub reason: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
+    /// RFC 3339, as Kubernetes writes it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_transition_time: Option<String>,
 }
 
 fn is_true(conditions: &[ForeignCondition], type_: &str) -> bool {
@@ -70,6 +73,21 @@ impl VmSpec {
     }
 }
 
+/// What Ferry and the lab read of a VirtualMachine's status.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct VmStatus {
+    /// For example `Running`, `Stopped`, `CrashLoopBackOff`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub printable_status: Option<String>,
+}
+
+impl VmStatus {
+    pub fn of(vm: &DynamicObject) -> Self {
+        part(vm, "status")
+    }
+}
+
 /// What Ferry and the lab read of a VirtualMachineInstance's status.
 #[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -78,6 +96,11 @@ pub struct VmiStatus {
     pub phase: Option<String>,
     #[serde(default)]
     pub conditions: Vec<ForeignCondition>,
+    /// Filled from the guest agent while it is connected.
+    #[serde(default, rename = "guestOSInfo", skip_serializing_if = "Option::is_none")]
+    pub guest_os_info: Option<GuestOsInfo>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub interfaces: Vec<VmiInterface>,
 }
 
 impl VmiStatus {
@@ -88,6 +111,45 @@ impl VmiStatus {
     pub fn is_true(&self, type_: &str) -> bool {
         is_true(&self.conditions, type_)
     }
+
+    pub fn condition(&self, type_: &str) -> Option<&ForeignCondition> {
+        self.conditions.iter().find(|c| c.type_ == type_)
+    }
+}
+
+/// KubeVirt's `VirtualMachineInstanceGuestOSInfo`, from the agent's `guest-get-osinfo`.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct GuestOsInfo {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pretty_name: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kernel_release: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+}
+
+/// KubeVirt's `VirtualMachineInstanceNetworkInterface`.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct VmiInterface {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mac: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ip_address: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ip_addresses: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub interface_name: Option<String>,
+    /// Who reported it, for example `domain, guest-agent`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub info_source: Option<String>,
 }
 
 /// What Ferry and the lab read of a DataVolume's status.

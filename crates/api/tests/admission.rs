@@ -443,7 +443,37 @@ fn invalid_cases() -> Vec<Invalid> {
             with(m(), "/spec/warm", json!(true)),
             ".spec.warm: field not declared in schema",
         ),
+        create(
+            "unknown device model",
+            with(m(), "/spec/target/devices", json!("VMXNET3")),
+            "Unsupported value: \"VMXNET3\"",
+        ),
+        create(
+            "a required agent with a VM that never starts",
+            with(
+                with(m(), "/spec/target/runStrategy", json!("Halted")),
+                "/spec/guestCheck",
+                json!({"agent": "Required"}),
+            ),
+            "spec.guestCheck.agent Required needs the VM started",
+        ),
+        create(
+            "settle longer than the timeout",
+            with(m(), "/spec/guestCheck", json!({"settleSeconds": 600, "timeoutSeconds": 300})),
+            "guestCheck.settleSeconds must be shorter than guestCheck.timeoutSeconds",
+        ),
+        create(
+            "a guest timeout too short to boot anything",
+            with(m(), "/spec/guestCheck", json!({"timeoutSeconds": 5})),
+            "spec.guestCheck.timeoutSeconds: Invalid value",
+        ),
         // Updates
+        update(
+            "device model is part of the target",
+            m(),
+            with(m(), "/spec/target/devices", json!("Virtio")),
+            "spec.target is immutable",
+        ),
         update(
             "source is immutable",
             m(),
@@ -555,6 +585,15 @@ async fn valid_manifests_are_accepted_with_their_defaults() {
             json!({"uuid": "4206b4a2-1c39-5b7c-4a36-2f0d9b6e1a11"}),
         ),
         with(
+            with(
+                with(migration(), "/metadata/name", json!("virtio-agent")),
+                "/spec/target/devices",
+                json!("Virtio"),
+            ),
+            "/spec/guestCheck",
+            json!({"agent": "Required", "settleSeconds": 30, "timeoutSeconds": 600}),
+        ),
+        with(
             with(migration(), "/metadata/name", json!("by-path")),
             "/spec/source/vm",
             json!({"inventoryPath": "/DC0/vm/DC0_H0_VM0"}),
@@ -597,6 +636,10 @@ async fn valid_manifests_are_accepted_with_their_defaults() {
     let minimal = migrations.get("minimal").await.unwrap();
     assert_eq!(minimal.spec.source.power_off.timeout_seconds, 300);
     assert_eq!(minimal.spec.retry.budget, 3);
+    assert_eq!(minimal.spec.target.devices, None);
+    assert_eq!(minimal.spec.guest_check.agent, None);
+    assert_eq!(minimal.spec.guest_check.settle_seconds, 60);
+    assert_eq!(minimal.spec.guest_check.timeout_seconds, 900);
     assert_eq!(
         minimal.spec.target.run_strategy,
         ferry_api::RunStrategy::Always

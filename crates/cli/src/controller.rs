@@ -2,7 +2,6 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::time::Duration;
 
 use anyhow::{Context, Result};
 use clap::Args;
@@ -32,9 +31,6 @@ pub struct ControllerArgs {
     /// Watch one namespace only.
     #[arg(long)]
     namespace: Option<String>,
-    /// How long a started guest may take to report ready, in seconds.
-    #[arg(long, default_value_t = 900)]
-    guest_ready_timeout: u64,
     /// Reconciles in flight at once (memory and API load stay bounded however many migrations run).
     #[arg(long, default_value_t = 32)]
     max_concurrent_reconciles: u16,
@@ -62,7 +58,6 @@ pub async fn run(args: ControllerArgs) -> Result<()> {
     let options = RunOptions {
         config: Config {
             worker_image: args.worker_image,
-            guest_ready_timeout: Duration::from_secs(args.guest_ready_timeout),
             max_concurrent_reconciles: args.max_concurrent_reconciles.max(1),
             ..Config::default()
         },

@@ -18,8 +18,6 @@ use crate::metrics::Metrics;
 pub struct Config {
     /// The image conversion and verification Jobs run (its entrypoint is `ferry`).
     pub worker_image: String,
-    /// How long a booted guest may take to report ready.
-    pub guest_ready_timeout: Duration,
     /// The longest wait between two attempts of a transient error.
     pub max_backoff: Duration,
     /// Reconciles in flight at once: bounds memory and the load on the API server and vCenter, however many
@@ -33,7 +31,6 @@ impl Default for Config {
     fn default() -> Self {
         Self {
             worker_image: format!("ferry:{}", env!("CARGO_PKG_VERSION")),
-            guest_ready_timeout: Duration::from_secs(900),
             max_backoff: Duration::from_secs(300),
             max_concurrent_reconciles: 32,
             debounce: Duration::from_millis(100),

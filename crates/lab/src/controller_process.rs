@@ -62,7 +62,6 @@ pub fn component(ferry: &Path, kubeconfig: &Path, metrics_port: u16, identity: &
                 // One replica that restarts with the same identity leads again at once; a short lease keeps a
                 // crashed one from blocking another for long.
                 "--lease-seconds=5".into(),
-                "--guest-ready-timeout=300".into(),
             ],
             env: vec![(
                 "RUST_LOG".into(),

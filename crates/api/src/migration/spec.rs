@@ -23,7 +23,9 @@ use crate::{DiskFormat, LocalObjectReference, SecretReference, VirtualMachineMig
     printcolumn(name = "Reason", type_ = "string", json_path = ".status.reason"),
     printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp"),
     validation = Rule::new("has(self.spec.target.name) || self.metadata.name.size() <= 63")
-        .message("metadata.name is longer than 63 characters, so spec.target.name must name the VM (a DNS-1123 label)")
+        .message("metadata.name is longer than 63 characters, so spec.target.name must name the VM (a DNS-1123 label)"),
+    validation = Rule::new("!has(self.spec.guestCheck) || !has(self.spec.guestCheck.agent) || self.spec.guestCheck.agent != 'Required' || !has(self.spec.target.runStrategy) || self.spec.target.runStrategy != 'Halted'")
+        .message("spec.guestCheck.agent Required needs the VM started: with spec.target.runStrategy Halted the guest is never checked")
 )]
 #[serde(rename_all = "camelCase")]
 pub struct VirtualMachineMigrationSpec {
@@ -37,6 +39,9 @@ pub struct VirtualMachineMigrationSpec {
     pub staging: StagingSpec,
     #[serde(default)]
     pub retry: RetrySpec,
+    /// How Ferry decides that the migrated guest came up. It can change while the migration runs.
+    #[serde(default)]
+    pub guest_check: GuestCheckSpec,
     /// Ask for a clean stop: everything created is removed and the source power state restored if asked.
     #[serde(default)]
     #[x_kube(validation = Rule::new("self || !oldSelf").message("spec.cancel cannot go back to false once a migration was cancelled"))]
@@ -138,6 +143,72 @@ pub struct TargetSpec {
     #[schemars(length(max = 64))]
     #[x_kube(merge_strategy = ListMerge::Map(vec!["source".into()]))]
     pub networks: Vec<NetworkMapping>,
+    /// The disk bus and NIC model the guest gets. Unset: `Compatibility`, or `Virtio` when the guest is adapted
+    /// (`conversion.guestAdaptation: VirtV2v`), since only then is it sure to have virtio drivers.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub devices: Option<DeviceModel>,
+}
+
+/// Which devices the KubeVirt VM gives the guest.
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum DeviceModel {
+    /// SATA disks and e1000e NICs: drivers every x86 guest has, so an unadapted guest boots (slower I/O).
+    Compatibility,
+    /// virtio-blk disks and virtio-net NICs: fast, but only for guests that have the virtio drivers in their
+    /// initramfs (Linux) or installed (Windows).
+    Virtio,
+    /// Keep the source's buses: SCSI (LSI Logic, PVSCSI) becomes KubeVirt's `scsi` bus, which is virtio-scsi;
+    /// SATA and IDE become SATA; NVMe becomes virtio; vmxnet3 becomes virtio-net; e1000 and e1000e stay.
+    Source,
+}
+
+/// How the migrated guest is judged. VMware guests run VMware Tools, not the QEMU guest agent, so by default
+/// the agent is a bonus: the VM running steadily for `settleSeconds` is enough, and an answering agent proves
+/// more, sooner.
+#[derive(KubeSchema, Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(
+    validation = Rule::new("self.settleSeconds < self.timeoutSeconds")
+        .message("guestCheck.settleSeconds must be shorter than guestCheck.timeoutSeconds")
+)]
+pub struct GuestCheckSpec {
+    /// Unset: `Optional`, or `Required` when guest adaptation installs the agent.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub agent: Option<GuestAgent>,
+    /// How long the VM must run without a crash or restart when no agent answers.
+    #[serde(default = "default_settle_seconds")]
+    #[schemars(range(min = 10, max = 3600))]
+    pub settle_seconds: i32,
+    /// How long after the VM started the guest may take; then the VM is stopped and kept for a person to look.
+    #[serde(default = "default_guest_timeout")]
+    #[schemars(range(min = 60, max = 86400))]
+    pub timeout_seconds: i32,
+}
+
+impl Default for GuestCheckSpec {
+    fn default() -> Self {
+        Self {
+            agent: None,
+            settle_seconds: default_settle_seconds(),
+            timeout_seconds: default_guest_timeout(),
+        }
+    }
+}
+
+fn default_settle_seconds() -> i32 {
+    60
+}
+
+fn default_guest_timeout() -> i32 {
+    900
+}
+
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum GuestAgent {
+    /// The guest runs qemu-guest-agent: success needs its answer.
+    Required,
+    /// Success on a steady run; the agent's answer, if it comes, is recorded and ends the wait early.
+    Optional,
 }
 
 #[derive(Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, Default, JsonSchema)]

@@ -109,6 +109,9 @@ pub struct VirtualMachineMigrationStatus {
     /// When each checkpoint was entered.
     #[serde(default)]
     pub checkpoints: Vec<CheckpointTime>,
+    /// What the guest check observed on the migrated VM.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub guest: Option<GuestStatus>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub start_time: Option<Time>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -116,6 +119,33 @@ pub struct VirtualMachineMigrationStatus {
     /// Everything the migration created was removed (after a failure or a cancel), and power restored if asked.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub cleaned_up: bool,
+}
+
+/// What was proven about the migrated guest, and how.
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct GuestStatus {
+    /// `AgentAnswered`, `RanSteadily` (no agent, so the guest's own boot was not observed) or `NotProven`.
+    pub evidence: GuestEvidence,
+    /// For people, for example `agent answered: Debian GNU/Linux 12 (bookworm), 10.0.2.2`.
+    pub message: String,
+    /// The OS the guest agent reported.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub os: Option<String>,
+    /// The guest's IP addresses, as its agent reported them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ip_addresses: Vec<String>,
+}
+
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum GuestEvidence {
+    /// The QEMU guest agent inside the guest answered: the OS is up.
+    AgentAnswered,
+    /// The VM ran without a crash or restart for the settle time; nothing inside the guest was observed.
+    RanSteadily,
+    /// The check failed or has not concluded.
+    #[default]
+    NotProven,
 }
 
 #[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
@@ -139,6 +169,12 @@ pub struct SourceVmStatus {
     pub guest_os: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub firmware: Option<Firmware>,
+    /// EFI Secure Boot (`bootOptions.efiSecureBootEnabled`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub secure_boot: bool,
+    /// The disks' device keys in the source's boot order (`bootOptions.bootOrder`); empty when it has none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub boot_order: Vec<i32>,
     /// The datacenter whose datastores hold the disks.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub datacenter: Option<String>,
@@ -166,6 +202,9 @@ pub struct SourceDisk {
     /// `scsi`, `sata`, `ide` or `nvme`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bus: Option<String>,
+    /// The backing's UUID, which the target disk's serial number derives from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uuid: Option<String>,
     /// The vSphere backing type, for example `VirtualDiskFlatVer2BackingInfo`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub backing: Option<String>,

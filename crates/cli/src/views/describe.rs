@@ -116,6 +116,26 @@ pub fn render(vmm: &VirtualMachineMigration, events: &[Event], now: Timestamp) -
             }
         ),
     );
+    let devices = match spec.target.devices {
+        Some(d) => format!("{d:?}"),
+        None if spec.conversion.guest_adaptation == ferry_api::GuestAdaptation::VirtV2v => {
+            "Virtio (default with guest adaptation)".into()
+        }
+        None => "Compatibility (default: SATA disks, e1000e NICs)".into(),
+    };
+    let check = &spec.guest_check;
+    line(
+        &mut out,
+        "Devices:",
+        format!(
+            "{devices}; guest check: agent {}, settle {} s, timeout {} s",
+            check
+                .agent
+                .map_or("Optional (default)".to_string(), |a| format!("{a:?}")),
+            check.settle_seconds,
+            check.timeout_seconds
+        ),
+    );
     line(
         &mut out,
         "Staging:",
@@ -138,6 +158,26 @@ pub fn render(vmm: &VirtualMachineMigration, events: &[Event], now: Timestamp) -
         "Progress:",
         status.progress.clone().unwrap_or_else(|| "-".into()),
     );
+    if let Some(power) = &status.power {
+        let state = |p: Option<ferry_api::PowerState>| p.map_or("unknown".into(), |p| format!("{p:?}"));
+        line(
+            &mut out,
+            "Power:",
+            format!(
+                "source VM {} now, {} before the migration{}",
+                state(power.current),
+                state(power.original),
+                if power.restored { "; restored by Ferry" } else { "" }
+            ),
+        );
+    }
+    if let Some(guest) = &status.guest {
+        line(
+            &mut out,
+            "Guest:",
+            format!("{:?}: {}", guest.evidence, guest.message),
+        );
+    }
 
     if !status.checkpoints.is_empty() {
         out.push_str("\nCheckpoints:\n");
@@ -305,7 +345,15 @@ pub fn next_step(reason: &str, class: ErrorClass, phase: Option<Phase>, name: &s
         Some(Reason::SourcePoweredOn) => "shut the source VM down (powerOff.mode is RequireOff)".into(),
         Some(Reason::SnapshotsPresent) => "delete or consolidate the VM's snapshots in vSphere".into(),
         Some(Reason::Forbidden) => "grant the controller's ServiceAccount the permission (see deploy/rbac)".into(),
-        Some(Reason::GuestNotReady) => format!("open the VM's console (virtctl console {name}): the guest may lack drivers for its disk bus or network"),
+        Some(Reason::GuestNotReady) => {
+            return format!(
+                "the VM is stopped and kept with its disks. Open its console (virtctl console {name}) after \
+                 starting it (virtctl start {name}): the check runs again and the migration resumes if the guest \
+                 comes up. A guest without virtio drivers needs target.devices Compatibility or \
+                 conversion.guestAdaptation VirtV2v in a new migration (delete this one first: it removes the VM \
+                 and its disks)"
+            );
+        }
         _ => match class {
             ErrorClass::BoundedRetryable => "the retry budget is spent: read the Events and the failed Job's or DataVolume's log, fix the cause".into(),
             _ => "read the message above and fix its cause".into(),

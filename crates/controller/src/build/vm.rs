@@ -2,28 +2,111 @@
 //! imported DataVolumes, and its NICs with their MACs on the mapped networks, created with the requested run
 //! strategy (the Starting checkpoint sets it again only if someone changed it).
 
-use ferry_api::{Firmware, RunStrategy, SourceVmStatus, VirtualMachineMigration};
+use ferry_api::{
+    DeviceModel, Firmware, GuestAdaptation, RunStrategy, SourceDisk, SourceVmStatus,
+    VirtualMachineMigration,
+};
 use kube::ResourceExt;
 use kube::api::DynamicObject;
 use serde_json::{Value, json};
 
 use crate::children;
 
-/// KubeVirt's disk bus for a vSphere controller bus: the guest keeps the driver it boots with.
-fn disk_bus(bus: Option<&str>) -> &'static str {
-    match bus {
-        Some("scsi") => "scsi",
-        Some("sata") | Some("ide") => "sata",
-        _ => "virtio",
+/// The devices the guest gets: as asked, else compatibility devices unless guest adaptation gives it virtio
+/// drivers (Forklift's default when it skips conversion, "to ensure bootability").
+pub fn device_model(vmm: &VirtualMachineMigration) -> DeviceModel {
+    vmm.spec
+        .target
+        .devices
+        .unwrap_or(match vmm.spec.conversion.guest_adaptation {
+            GuestAdaptation::VirtV2v => DeviceModel::Virtio,
+            GuestAdaptation::None => DeviceModel::Compatibility,
+        })
+}
+
+/// KubeVirt's disk bus. In `Source` mode SCSI stays SCSI, which in KubeVirt is virtio-scsi: the guest needs that
+/// driver, not its LSI Logic or PVSCSI one.
+fn disk_bus(devices: DeviceModel, source_bus: Option<&str>) -> &'static str {
+    match (devices, source_bus) {
+        (DeviceModel::Compatibility, _) => "sata",
+        (DeviceModel::Virtio, _) => "virtio",
+        (DeviceModel::Source, Some("scsi")) => "scsi",
+        (DeviceModel::Source, Some("sata") | Some("ide")) => "sata",
+        (DeviceModel::Source, _) => "virtio",
     }
 }
 
-/// KubeVirt's NIC model for a vSphere adapter; vmxnet3 has no KubeVirt model, virtio is the fast default.
-fn nic_model(model: Option<&str>) -> &'static str {
-    match model.map(|m| m.to_ascii_lowercase()) {
-        Some(m) if m.ends_with("e1000e") => "e1000e",
-        Some(m) if m.ends_with("e1000") => "e1000",
-        _ => "virtio",
+/// KubeVirt's NIC model; vmxnet3 has none, so `Source` gives it virtio.
+fn nic_model(devices: DeviceModel, source_model: Option<&str>) -> &'static str {
+    match (devices, source_model.map(|m| m.to_ascii_lowercase())) {
+        (DeviceModel::Compatibility, _) => "e1000e",
+        (DeviceModel::Virtio, _) => "virtio",
+        (DeviceModel::Source, Some(m)) if m.ends_with("e1000e") => "e1000e",
+        (DeviceModel::Source, Some(m)) if m.ends_with("e1000") => "e1000",
+        (DeviceModel::Source, _) => "virtio",
+    }
+}
+
+/// (sockets, cores): the source's split when its cores divide its vCPUs, else one core per socket, so the guest
+/// never gets more vCPUs than it had.
+pub fn cpu_topology(cpus: i32, cores_per_socket: i32) -> (i32, i32) {
+    let (cpus, cores) = (cpus.max(1), cores_per_socket.max(1));
+    if cpus % cores == 0 {
+        (cpus / cores, cores)
+    } else {
+        (cpus, 1)
+    }
+}
+
+/// Each disk's `bootOrder`: the source's boot order over its disks when it has one, else the first disk.
+pub fn boot_orders(source: &SourceVmStatus) -> Vec<Option<u32>> {
+    let mut orders = vec![None; source.disks.len()];
+    let mut next = 1;
+    for key in &source.boot_order {
+        if let Some(i) = source.disks.iter().position(|d| d.key == *key)
+            && orders[i].is_none()
+        {
+            orders[i] = Some(next);
+            next += 1;
+        }
+    }
+    if next == 1
+        && let Some(first) = orders.first_mut()
+    {
+        *first = Some(1);
+    }
+    orders
+}
+
+/// A disk's serial: its vSphere UUID without dashes (what a VMware guest sees with `disk.EnableUUID`), else one
+/// derived from the migration, stable across retries. KubeVirt accepts `[A-Za-z0-9_.+-]`, at most 256.
+pub fn disk_serial(vmm: &VirtualMachineMigration, index: usize, disk: &SourceDisk) -> String {
+    let from_uuid: String = disk
+        .uuid
+        .as_deref()
+        .unwrap_or_default()
+        .chars()
+        .filter(char::is_ascii_alphanumeric)
+        .map(|c| c.to_ascii_lowercase())
+        .collect();
+    if from_uuid.is_empty() {
+        let seed = format!("{}/{index}", children::uid(vmm));
+        format!("ferry-{:016x}", ferry_api::names::fnv1a(seed.as_bytes()))
+    } else {
+        from_uuid
+    }
+}
+
+/// The bootloader, and the features it needs: KubeVirt requires SMM for Secure Boot, and defaults an `efi`
+/// without `secureBoot` to on, so it is always said.
+fn firmware(source: &SourceVmStatus) -> (Value, Value) {
+    match source.firmware {
+        Some(Firmware::Efi) if source.secure_boot => (
+            json!({"efi": {"secureBoot": true}}),
+            json!({"smm": {"enabled": true}}),
+        ),
+        Some(Firmware::Efi) => (json!({"efi": {"secureBoot": false}}), json!({})),
+        _ => (json!({"bios": {}}), json!({})),
     }
 }
 
@@ -36,12 +119,16 @@ pub fn run_strategy(strategy: RunStrategy) -> &'static str {
 
 pub fn virtual_machine(vmm: &VirtualMachineMigration, source: &SourceVmStatus) -> DynamicObject {
     let name = children::vm_name(vmm);
+    let devices = device_model(vmm);
+    let boot = boot_orders(source);
     let (mut disks, mut volumes) = (vec![], vec![]);
     for (i, disk) in source.disks.iter().enumerate() {
         let volume = format!("disk-{i}");
-        let mut entry = json!({"name": volume, "disk": {"bus": disk_bus(disk.bus.as_deref())}});
-        if i == 0 {
-            entry["bootOrder"] = json!(1);
+        let bus = disk_bus(devices, disk.bus.as_deref());
+        let serial = disk_serial(vmm, i, disk);
+        let mut entry = json!({"name": volume, "disk": {"bus": bus}, "serial": serial});
+        if let Some(order) = boot[i] {
+            entry["bootOrder"] = json!(order);
         }
         disks.push(entry);
         volumes.push(
@@ -71,19 +158,15 @@ pub fn virtual_machine(vmm: &VirtualMachineMigration, source: &SourceVmStatus) -
             continue;
         };
         let mut interface =
-            json!({"name": net, "macAddress": nic.mac, "model": nic_model(nic.model.as_deref())});
+            json!({"name": net, "macAddress": nic.mac, "model": nic_model(devices, nic.model.as_deref())});
         if let (Some(a), Value::Object(b)) = (interface.as_object_mut(), binding) {
             a.extend(b);
         }
         interfaces.push(interface);
         networks.push(network);
     }
-    let cores = source.cores_per_socket.max(1);
-    let sockets = (source.cpus.max(1) + cores - 1) / cores;
-    let bootloader = match source.firmware {
-        Some(Firmware::Efi) => json!({"efi": {"secureBoot": false}}),
-        _ => json!({"bios": {}}),
-    };
+    let (sockets, cores) = cpu_topology(source.cpus, source.cores_per_socket);
+    let (bootloader, features) = firmware(source);
     let object = json!({
         "apiVersion": "kubevirt.io/v1",
         "kind": "VirtualMachine",
@@ -105,6 +188,7 @@ pub fn virtual_machine(vmm: &VirtualMachineMigration, source: &SourceVmStatus) -
                         "memory": {"guest": format!("{}Mi", source.memory_mib)},
                         "resources": {"requests": {"memory": format!("{}Mi", source.memory_mib)}},
                         "firmware": {"bootloader": bootloader},
+                        "features": features,
                         "devices": {"disks": disks, "interfaces": interfaces},
                     },
                     "networks": networks,
@@ -113,6 +197,12 @@ pub fn virtual_machine(vmm: &VirtualMachineMigration, source: &SourceVmStatus) -
             },
         },
     });
+    let mut object = object;
+    if features.as_object().is_some_and(|f| f.is_empty())
+        && let Some(domain) = object["spec"]["template"]["spec"]["domain"].as_object_mut()
+    {
+        domain.remove("features");
+    }
     serde_json::from_value(object).expect("a VM built from known fields")
 }
 
@@ -131,7 +221,8 @@ mod tests {
         let mut vmm = VirtualMachineMigration::new("web", serde_json::from_value(json!({
             "source": {"providerRef": {"name": "p"}, "vm": {"name": "web"}},
             "target": {"networks": [{"source": "VM Network", "pod": {}}, {"source": "backup", "ignored": {}},
-                                    {"source": "dmz", "multus": {"networkName": "net/dmz"}}]},
+                                    {"source": "dmz", "multus": {"networkName": "net/dmz"}}],
+                       "devices": "Source"},
             "staging": {"url": "s3://b/p"}})).unwrap());
         vmm.metadata.uid = Some("uid-1".into());
         vmm.metadata.namespace = Some("ns".into());
@@ -176,12 +267,19 @@ mod tests {
         assert!(spec["domain"]["firmware"]["bootloader"]["efi"].is_object());
         assert_eq!(
             spec["domain"]["devices"]["disks"][0],
-            json!({"name": "disk-0", "disk": {"bus": "scsi"}, "bootOrder": 1})
+            json!({"name": "disk-0", "disk": {"bus": "scsi"}, "bootOrder": 1, "serial": disk_serial(&vmm, 0, &source.disks[0])})
         );
+        assert!(spec["domain"]["devices"]["disks"][1].get("bootOrder").is_none());
+        assert_eq!(
+            spec["domain"]["firmware"]["bootloader"]["efi"]["secureBoot"],
+            false
+        );
+        assert!(spec["domain"].get("features").is_none());
         assert_eq!(spec["volumes"][1]["dataVolume"]["name"], "web-disk-1");
         let nics = spec["domain"]["devices"]["interfaces"].as_array().unwrap();
         assert_eq!(nics.len(), 2);
         assert_eq!(nics[0]["macAddress"], "00:50:56:00:00:01");
+        assert_eq!(nics[0]["model"], "virtio");
         assert!(nics[0]["masquerade"].is_object());
         assert_eq!(nics[1]["model"], "e1000e");
         assert_eq!(spec["networks"][1]["multus"]["networkName"], "net/dmz");
@@ -190,5 +288,151 @@ mod tests {
             vm.metadata.owner_references.as_ref().unwrap()[0].uid,
             "uid-1"
         );
+    }
+
+    fn migration(extra_spec: Value) -> VirtualMachineMigration {
+        let mut spec = json!({
+            "source": {"providerRef": {"name": "p"}, "vm": {"name": "web"}},
+            "target": {"networks": [{"source": "VM Network", "pod": {}}]},
+            "staging": {"url": "s3://b/p"}});
+        if let (Some(a), Value::Object(b)) = (spec.as_object_mut(), extra_spec) {
+            a.extend(b);
+        }
+        let mut vmm = VirtualMachineMigration::new("web", serde_json::from_value(spec).unwrap());
+        vmm.metadata.uid = Some("uid-1".into());
+        vmm.metadata.namespace = Some("ns".into());
+        vmm
+    }
+
+    fn linux_source() -> SourceVmStatus {
+        SourceVmStatus {
+            cpus: 2,
+            cores_per_socket: 1,
+            memory_mib: 1024,
+            disks: ["data", "root"]
+                .iter()
+                .enumerate()
+                .map(|(i, _)| SourceDisk {
+                    key: 2000 + i as i32,
+                    bus: Some("scsi".into()),
+                    uuid: Some(format!("6000C29a-0000-0000-0000-00000000000{i}")),
+                    ..Default::default()
+                })
+                .collect(),
+            nics: vec![SourceNic {
+                mac: "00:50:56:00:00:01".into(),
+                network: "VM Network".into(),
+                model: Some("vmxnet3".into()),
+            }],
+            ..Default::default()
+        }
+    }
+
+    fn devices_of(vm: &DynamicObject) -> (Vec<String>, Vec<String>) {
+        let devices = &vm.data["spec"]["template"]["spec"]["domain"]["devices"];
+        let strings = |list: &Value, field: &str| {
+            list.as_array()
+                .unwrap()
+                .iter()
+                .map(|d| d.pointer(field).unwrap().as_str().unwrap().to_string())
+                .collect()
+        };
+        (
+            strings(&devices["disks"], "/disk/bus"),
+            strings(&devices["interfaces"], "/model"),
+        )
+    }
+
+    #[test]
+    fn devices_per_mode() {
+        let source = linux_source();
+        let cases = [
+            (json!({}), "sata", "e1000e"),
+            (json!({"conversion": {"guestAdaptation": "VirtV2v"}}), "virtio", "virtio"),
+            (json!({"target": {"networks": [{"source": "VM Network", "pod": {}}], "devices": "Compatibility"},
+                    "conversion": {"guestAdaptation": "VirtV2v"}}), "sata", "e1000e"),
+            (json!({"target": {"networks": [{"source": "VM Network", "pod": {}}], "devices": "Virtio"}}), "virtio", "virtio"),
+            (json!({"target": {"networks": [{"source": "VM Network", "pod": {}}], "devices": "Source"}}), "scsi", "virtio"),
+        ];
+        for (spec, bus, nic) in cases {
+            let vm = virtual_machine(&migration(spec.clone()), &source);
+            assert_eq!(devices_of(&vm), (vec![bus.to_string(); 2], vec![nic.to_string()]), "{spec}");
+        }
+        let mut ide_e1000 = linux_source();
+        ide_e1000.disks[0].bus = Some("ide".into());
+        ide_e1000.disks[1].bus = Some("nvme".into());
+        ide_e1000.nics[0].model = Some("VirtualE1000".into());
+        let source_mode = migration(json!({"target": {"networks": [{"source": "VM Network", "pod": {}}], "devices": "Source"}}));
+        assert_eq!(
+            devices_of(&virtual_machine(&source_mode, &ide_e1000)),
+            (vec!["sata".into(), "virtio".into()], vec!["e1000".into()])
+        );
+    }
+
+    #[test]
+    fn cpu_topology_never_adds_vcpus() {
+        // (vCPUs, cores per socket) -> (sockets, cores)
+        let table = [
+            ((1, 1), (1, 1)),
+            ((4, 2), (2, 2)),
+            ((8, 8), (1, 8)),
+            ((6, 4), (6, 1)),
+            ((6, 3), (2, 3)),
+            ((3, 2), (3, 1)),
+            ((0, 0), (1, 1)),
+        ];
+        for ((cpus, cores), expected) in table {
+            let (sockets, per_socket) = cpu_topology(cpus, cores);
+            assert_eq!((sockets, per_socket), expected, "{cpus} vCPUs, {cores} per socket");
+            assert!(sockets * per_socket <= cpus.max(1));
+        }
+    }
+
+    #[test]
+    fn the_boot_disk_follows_the_source_boot_order() {
+        let mut source = linux_source();
+        assert_eq!(boot_orders(&source), vec![Some(1), None]);
+        source.boot_order = vec![2001];
+        assert_eq!(boot_orders(&source), vec![None, Some(1)]);
+        source.boot_order = vec![9999, 2001, 2000, 2001];
+        assert_eq!(boot_orders(&source), vec![Some(2), Some(1)]);
+        source.boot_order = vec![9999];
+        assert_eq!(boot_orders(&source), vec![Some(1), None]);
+        source.disks.clear();
+        assert!(boot_orders(&source).is_empty());
+    }
+
+    #[test]
+    fn serials_come_from_the_disk_uuid_or_the_migration() {
+        let vmm = migration(json!({}));
+        let source = linux_source();
+        assert_eq!(
+            disk_serial(&vmm, 0, &source.disks[0]),
+            "6000c29a000000000000000000000000"
+        );
+        let anonymous = SourceDisk::default();
+        let derived = disk_serial(&vmm, 1, &anonymous);
+        assert_eq!(derived, disk_serial(&vmm, 1, &anonymous));
+        assert_ne!(derived, disk_serial(&vmm, 2, &anonymous));
+        for serial in [derived, disk_serial(&vmm, 0, &source.disks[0])] {
+            assert!(serial.len() <= 256);
+            assert!(serial.chars().all(|c| c.is_ascii_alphanumeric() || "_.+-".contains(c)));
+        }
+    }
+
+    #[test]
+    fn secure_boot_follows_the_source_with_smm() {
+        let vmm = migration(json!({}));
+        let mut source = linux_source();
+        source.firmware = Some(Firmware::Efi);
+        source.secure_boot = true;
+        let vm = virtual_machine(&vmm, &source);
+        let domain = &vm.data["spec"]["template"]["spec"]["domain"];
+        assert_eq!(domain["firmware"]["bootloader"], json!({"efi": {"secureBoot": true}}));
+        assert_eq!(domain["features"], json!({"smm": {"enabled": true}}));
+        source.firmware = Some(Firmware::Bios);
+        let vm = virtual_machine(&vmm, &source);
+        let domain = &vm.data["spec"]["template"]["spec"]["domain"];
+        assert_eq!(domain["firmware"]["bootloader"], json!({"bios": {}}));
     }
 }

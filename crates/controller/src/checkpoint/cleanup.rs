@@ -61,7 +61,7 @@ async fn remove_staged(step: &Step<'_>) -> Result<()> {
     }
 }
 
-async fn restore_power(step: &mut Step<'_>) -> Result<bool> {
+pub(super) async fn restore_power(step: &mut Step<'_>) -> Result<bool> {
     let Some(recorded) = step.status.power.clone() else {
         return Ok(true);
     };

@@ -58,6 +58,8 @@ pub fn source_status(info: &VmInfo) -> SourceVmStatus {
         instance_uuid: info.instance_uuid.clone(),
         guest_os: info.guest_id.clone(),
         firmware: Some(info.firmware),
+        secure_boot: false, // MERGE: info.secure_boot
+        boot_order: vec![], // MERGE: info.boot_order
         datacenter: Some(info.datacenter.clone()),
         cpus: info.cpus,
         cores_per_socket: info.cores_per_socket,
@@ -72,6 +74,7 @@ pub fn source_status(info: &VmInfo) -> SourceVmStatus {
                 capacity_bytes: d.capacity_bytes,
                 controller: Some(d.controller.clone()),
                 bus: Some(d.bus.clone()),
+                uuid: None, // MERGE: d.uuid
                 backing: Some(d.backing.clone()),
                 thin: d.thin,
                 snapshot_chain: d.parents.len() as i32,

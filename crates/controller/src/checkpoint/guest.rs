@@ -1,61 +1,173 @@
-//! Validating (guest). Desired: the guest booted and answered. Observed: the VMI's Ready and AgentConnected
-//! conditions. Action: none until then; then the hand-over: the VM and its DataVolumes stop being owned by the
-//! migration, and its Jobs and staged images are removed. Recorded: GuestReady, then Ready.
+//! ValidatingGuest. Desired: proof that the migrated guest came up, as much as the guest can give: its QEMU agent
+//! answering, or, from a guest without one, the VM running without a crash or restart for `settleSeconds`.
+//! Observed: the VM and its VMI (phase, Ready and AgentConnected, what the agent reported). Action: on success the
+//! hand-over (the VM and its DataVolumes stop being owned by the migration; Jobs and staged images go); on failure
+//! the VM is stopped and kept with its disks, and the source powered on if asked. Recorded: `status.guest`, then
+//! GuestReady and Ready, or GuestNotReady for a person to look at.
 
 use std::time::Duration;
 
-use ferry_api::foreign::VmiStatus;
-use ferry_api::{Phase, Reason, RunStrategy};
-use kube::api::DynamicObject;
+use ferry_api::foreign::{VmSpec, VmStatus, VmiStatus};
+use ferry_api::{
+    GuestAgent, GuestAdaptation, GuestEvidence, GuestStatus, Phase, Reason, RunStrategy,
+    VirtualMachineMigration,
+};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{DynamicObject, Patch, PatchParams};
 use kube::{Api, ResourceExt};
 
-use super::{Next, Step};
-use crate::build::vmi_resource;
+use super::{Next, Step, cleanup};
+use crate::build::{vm_resource, vmi_resource};
 use crate::children;
 use crate::error::{Failure, Result};
 use crate::owned::Owned;
 
+mod judge;
+
+pub use judge::{Check, Observed, Verdict, judge};
+
 pub async fn run(step: &mut Step<'_>) -> Result<Next> {
-    let ns = step.vmm.namespace().unwrap_or_default();
     let name = children::vm_name(step.vmm);
-    if step.vmm.spec.target.run_strategy != RunStrategy::Halted {
-        let vmi =
-            Api::<DynamicObject>::namespaced_with(step.ctx.client.clone(), &ns, &vmi_resource())
-                .get_opt(&name)
-                .await?;
-        let status = vmi.as_ref().map(VmiStatus::of).unwrap_or_default();
-        let (ready, agent) = (status.is_true("Ready"), status.is_true("AgentConnected"));
-        if !(ready && agent) {
-            let entered = step
-                .status
-                .checkpoints
-                .iter()
-                .find(|c| c.phase == Phase::ValidatingGuest)
-                .map(|c| c.entered.0)
-                .unwrap_or(step.now.0);
-            let waited = step.now.0.duration_since(entered).as_secs().max(0) as u64;
-            if waited > step.ctx.config.guest_ready_timeout.as_secs() {
-                return Err(Failure::permanent(
-                    Reason::GuestNotReady,
-                    format!(
-                        "the guest of {name} did not report ready within {}s (Ready={ready}, AgentConnected={agent}); \
-                         check its console: drivers for the disk bus or the boot firmware may be missing",
-                        step.ctx.config.guest_ready_timeout.as_secs()
-                    ),
-                ));
-            }
-            return Ok(Next::wait(
-                "WaitingForGuest",
-                format!("VMI {name}: Ready={ready}, AgentConnected={agent}"),
-                Duration::from_secs(15),
-            ));
+    if step.vmm.spec.target.run_strategy == RunStrategy::Halted {
+        step.status.guest = Some(GuestStatus {
+            message: "runStrategy Halted: the VM was not started, so the guest was not checked".into(),
+            ..Default::default()
+        });
+        hand_over(step).await?;
+        return Ok(Next::advance(
+            "VMHandedOver",
+            format!("{name} was left Halted as asked and is handed over"),
+        ));
+    }
+    let ns = step.vmm.namespace().unwrap_or_default();
+    let client = step.ctx.client.clone();
+    let vms = Api::<DynamicObject>::namespaced_with(client.clone(), &ns, &vm_resource());
+    let vmis = Api::<DynamicObject>::namespaced_with(client, &ns, &vmi_resource());
+    let vm = vms.get_opt(&name).await?;
+    let vmi = vmis.get_opt(&name).await?;
+    let halted = vm
+        .as_ref()
+        .is_none_or(|vm| VmSpec::of(vm).run_strategy.as_deref() == Some("Halted"));
+    // A check that failed stays failed until a person starts the VM again; its window then starts anew.
+    let failed_at = guest_failure(step.status);
+    if let Some((_, message)) = &failed_at
+        && halted
+    {
+        let message = message.clone();
+        return match contain(step, &vms, vmi.is_some()).await? {
+            Some(wait) => Ok(wait),
+            None => Err(Failure::fixable(Reason::GuestNotReady, message)),
+        };
+    }
+    let entered = step
+        .status
+        .checkpoints
+        .iter()
+        .find(|c| c.phase == Phase::ValidatingGuest)
+        .map_or(step.now.0, |c| c.entered.0);
+    let window_start = match failed_at {
+        Some((at, _)) => vmi
+            .as_ref()
+            .and_then(|v| v.creation_timestamp())
+            .map_or(step.now.0, |created| created.0.max(at)),
+        None => entered,
+    };
+    let observed = Observed::read(vm.as_ref(), vmi.as_ref());
+    let verdict = judge(&check(step.vmm), &observed, window_start, step.now.0);
+    match verdict {
+        Verdict::Proven(guest) => {
+            let message = guest.message.clone();
+            step.status.guest = Some(guest);
+            hand_over(step).await?;
+            Ok(Next::advance(
+                "GuestReady",
+                format!("{name}: {message}; the VM and its disks are handed over"),
+            ))
+        }
+        Verdict::Waiting { reason, message } => {
+            Ok(Next::wait(reason, message, Duration::from_secs(10)))
+        }
+        Verdict::Failed { cause } => {
+            step.status.guest = Some(GuestStatus {
+                evidence: GuestEvidence::NotProven,
+                message: cause.clone(),
+                ..Default::default()
+            });
+            let message = failure_message(step.vmm, &name, &cause, step.status.disks.len());
+            // Stopping takes a moment: later passes finish it (and power the source on) from the recorded error.
+            contain(step, &vms, vmi.is_some()).await?;
+            Err(Failure::fixable(Reason::GuestNotReady, message))
         }
     }
-    hand_over(step).await?;
-    Ok(Next::advance(
-        "GuestReady",
-        format!("the guest of {name} booted and answered; the VM and its disks are handed over"),
-    ))
+}
+
+/// What the spec asks of the guest check, with the defaults resolved.
+fn check(vmm: &VirtualMachineMigration) -> Check {
+    let spec = &vmm.spec.guest_check;
+    let adapted = vmm.spec.conversion.guest_adaptation == GuestAdaptation::VirtV2v;
+    Check {
+        agent_required: spec.agent.unwrap_or(if adapted {
+            GuestAgent::Required
+        } else {
+            GuestAgent::Optional
+        }) == GuestAgent::Required,
+        settle: Duration::from_secs(spec.settle_seconds.max(0) as u64),
+        timeout: Duration::from_secs(spec.timeout_seconds.max(0) as u64),
+    }
+}
+
+/// When and why the guest check last failed, if it is the error on record.
+fn guest_failure(status: &ferry_api::VirtualMachineMigrationStatus) -> Option<(Timestamp, String)> {
+    let error = status.retry.as_ref()?.last_error.as_ref()?;
+    (error.phase == Phase::ValidatingGuest && error.reason == Reason::GuestNotReady.as_str())
+        .then(|| (error.time.0, error.message.clone()))
+}
+
+/// What went wrong, what Ferry did about it and what a person can do, in one message that stays the same on
+/// every later pass (so it is recorded once).
+fn failure_message(vmm: &VirtualMachineMigration, name: &str, cause: &str, disks: usize) -> String {
+    let source = if vmm.spec.source.restore_power_state {
+        "the source VM is powered on again once the target has stopped (restorePowerState)"
+    } else {
+        "the source VM stays powered off (restorePowerState is false): power it on in vSphere if you need it"
+    };
+    format!(
+        "{cause}. VirtualMachine {name} is stopped (runStrategy Halted) and kept with its {disks} DataVolume(s); \
+         nothing was deleted, and {source}. Look at its console (virtctl console {name}): a guest without virtio \
+         drivers needs target.devices Compatibility or conversion.guestAdaptation VirtV2v. Start the VM \
+         (virtctl start {name}) to check it again, or delete this migration to remove the VM and its disks"
+    )
+}
+
+/// Stops the target and, once its instance is gone, powers the source on if asked. `Some` while the instance
+/// is still going away.
+async fn contain(
+    step: &mut Step<'_>,
+    vms: &Api<DynamicObject>,
+    instance_exists: bool,
+) -> Result<Option<Next>> {
+    let name = children::vm_name(step.vmm);
+    if let Some(vm) = vms.get_opt(&name).await?
+        && VmSpec::of(&vm).run_strategy.as_deref() != Some("Halted")
+    {
+        let patch = serde_json::json!({"spec": {"runStrategy": "Halted"}});
+        vms.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await?;
+        return Ok(Some(stopping(&name)));
+    }
+    if instance_exists {
+        return Ok(Some(stopping(&name)));
+    }
+    cleanup::restore_power(step).await?;
+    Ok(None)
+}
+
+fn stopping(name: &str) -> Next {
+    Next::wait(
+        "StoppingTarget",
+        format!("stopping VirtualMachine {name} after a failed guest check"),
+        Duration::from_secs(2),
+    )
 }
 
 /// Idempotent: what is already handed over or removed is skipped.
@@ -68,4 +180,54 @@ async fn hand_over(step: &Step<'_>) -> Result<()> {
         staging.delete(&object).await?;
     }
     Ok(())
+}
+
+impl Observed {
+    fn read(vm: Option<&DynamicObject>, vmi: Option<&DynamicObject>) -> Self {
+        let status = vmi.map(VmiStatus::of).unwrap_or_default();
+        let since = |type_: &str| {
+            status
+                .condition(type_)
+                .filter(|c| c.status == "True")
+                .map(|c| {
+                    c.last_transition_time
+                        .as_deref()
+                        .and_then(|t| t.parse::<Timestamp>().ok())
+                        .or_else(|| vmi.and_then(|v| v.creation_timestamp()).map(|t| t.0))
+                        .unwrap_or(Timestamp::UNIX_EPOCH)
+                })
+        };
+        Observed {
+            vm_exists: vm.is_some(),
+            vm_status: vm.and_then(|vm| VmStatus::of(vm).printable_status),
+            vmi_phase: vmi.map(|_| status.phase.clone().unwrap_or_else(|| "Pending".into())),
+            ready_since: since("Ready"),
+            agent_connected: status.is_true("AgentConnected"),
+            os: status
+                .guest_os_info
+                .as_ref()
+                .and_then(|os| os.pretty_name.clone().or(os.name.clone())),
+            ip_addresses: status
+                .interfaces
+                .iter()
+                .flat_map(|i| {
+                    if i.ip_addresses.is_empty() {
+                        i.ip_address.iter().cloned().collect()
+                    } else {
+                        i.ip_addresses.clone()
+                    }
+                })
+                .collect(),
+            conditions: status
+                .conditions
+                .iter()
+                .map(|c| match &c.reason {
+                    Some(reason) if !reason.is_empty() => {
+                        format!("{}={} ({reason})", c.type_, c.status)
+                    }
+                    _ => format!("{}={}", c.type_, c.status),
+                })
+                .collect(),
+        }
+    }
 }

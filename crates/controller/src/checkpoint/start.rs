@@ -1,5 +1,6 @@
-//! Starting. Desired: the VMI Running (or the VM left Halted when `runStrategy: Halted`). Observed: the VM's run
-//! strategy and the VMI's phase. Action: set the run strategy. Recorded: VMStarted.
+//! Starting. Desired: the VMI Running or Failed (the guest check judges it), or the VM left Halted when
+//! `runStrategy: Halted`. Observed: the VM's run strategy and the VMI's phase. Action: set the run strategy.
+//! Recorded: VMStarted.
 
 use std::time::Duration;
 
@@ -51,9 +52,10 @@ pub async fn run(step: &mut Step<'_>) -> Result<Next> {
             "VMIRunning",
             format!("VirtualMachineInstance {} is Running", vm.name_any()),
         )),
-        "Failed" => Err(Failure::permanent(
-            Reason::VMIFailed,
-            format!("VirtualMachineInstance {name} failed to start; see its events"),
+        // The guest check stops and keeps the VM: a failed start never costs the copy.
+        "Failed" => Ok(Next::advance(
+            "VMIFailed",
+            format!("VirtualMachineInstance {name} failed to start; the guest check follows up"),
         )),
         other => Ok(Next::wait(
             "VMStarting",

@@ -1,0 +1,303 @@
+//! The guest check's decision, pure: what the VM and its instance show, against what the guest can offer.
+
+use std::time::Duration;
+
+use ferry_api::{GuestEvidence, GuestStatus};
+use k8s_openapi::jiff::Timestamp;
+
+/// What the migration asks of the guest.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Check {
+    /// The guest runs qemu-guest-agent, so only its answer proves the guest up.
+    pub agent_required: bool,
+    /// Without an agent: how long the instance must run without a crash or restart.
+    pub settle: Duration,
+    /// From the check's start (or a person's restart) to giving up.
+    pub timeout: Duration,
+}
+
+/// What the VM and its instance show now.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Observed {
+    pub vm_exists: bool,
+    /// The VM's `printableStatus`, for example `CrashLoopBackOff`.
+    pub vm_status: Option<String>,
+    /// The VMI's phase; `None` when there is no VMI.
+    pub vmi_phase: Option<String>,
+    /// Since when the VMI's `Ready` condition is True (the domain runs).
+    pub ready_since: Option<Timestamp>,
+    pub agent_connected: bool,
+    pub os: Option<String>,
+    pub ip_addresses: Vec<String>,
+    /// The VMI's conditions, as `Type=Status (Reason)`.
+    pub conditions: Vec<String>,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum Verdict {
+    Proven(GuestStatus),
+    Waiting {
+        reason: &'static str,
+        message: String,
+    },
+    Failed {
+        cause: String,
+    },
+}
+
+pub fn judge(check: &Check, observed: &Observed, window_start: Timestamp, now: Timestamp) -> Verdict {
+    let running = observed.vmi_phase.as_deref() == Some("Running");
+    let state = observed.summary();
+    if running && observed.agent_connected {
+        return Verdict::Proven(agent_answered(observed));
+    }
+    if !observed.vm_exists {
+        return failed("the VirtualMachine was deleted before the guest proved itself".into());
+    }
+    match observed.vmi_phase.as_deref() {
+        Some("Failed") => {
+            return failed(format!(
+                "the VM's instance failed: the domain crashed or could not start ({state})"
+            ));
+        }
+        Some("Succeeded") => {
+            return failed(format!("the guest powered itself off ({state})"));
+        }
+        _ => {}
+    }
+    if observed.vm_status.as_deref() == Some("CrashLoopBackOff") {
+        return failed(format!(
+            "the VM is in CrashLoopBackOff: its instance keeps failing ({state})"
+        ));
+    }
+    let steady_since = observed.ready_since.filter(|_| running);
+    if !check.agent_required
+        && let Some(since) = steady_since
+    {
+        let steady = seconds_between(since, now);
+        if steady >= check.settle.as_secs() {
+            return Verdict::Proven(GuestStatus {
+                evidence: GuestEvidence::RanSteadily,
+                message: format!(
+                    "ran for {steady} s without a crash or restart; no guest agent answered, so the guest's own \
+                     boot was not observed"
+                ),
+                ..Default::default()
+            });
+        }
+    }
+    let timeout = check.timeout.as_secs();
+    if seconds_between(window_start, now) > timeout {
+        return failed(if check.agent_required {
+            format!("the guest agent did not answer within {timeout} s ({state})")
+        } else {
+            format!(
+                "the VM did not run steadily for {} s within {timeout} s ({state})",
+                check.settle.as_secs()
+            )
+        });
+    }
+    // Messages name fixed times, not counters, so waiting writes nothing new.
+    let deadline = window_start + Duration::from_secs(timeout);
+    match (check.agent_required, steady_since) {
+        (true, _) => Verdict::Waiting {
+            reason: "WaitingForAgent",
+            message: format!(
+                "waiting for the guest agent to answer until {} ({state})",
+                clock(deadline)
+            ),
+        },
+        (false, Some(since)) => Verdict::Waiting {
+            reason: "SettlingGuest",
+            message: format!(
+                "running since {}; proven once it runs until {} without a crash, or its agent answers",
+                clock(since),
+                clock(since + check.settle)
+            ),
+        },
+        (false, None) => Verdict::Waiting {
+            reason: "WaitingForGuest",
+            message: format!("waiting for the VM to run, until {} ({state})", clock(deadline)),
+        },
+    }
+}
+
+fn failed(cause: String) -> Verdict {
+    Verdict::Failed { cause }
+}
+
+fn agent_answered(observed: &Observed) -> GuestStatus {
+    let os = observed.os.as_deref().unwrap_or("an unnamed OS");
+    let ips = if observed.ip_addresses.is_empty() {
+        "no IP address".to_string()
+    } else {
+        observed.ip_addresses.join(", ")
+    };
+    GuestStatus {
+        evidence: GuestEvidence::AgentAnswered,
+        message: format!("guest agent answered: {os}, {ips}"),
+        os: observed.os.clone(),
+        ip_addresses: observed.ip_addresses.clone(),
+    }
+}
+
+fn seconds_between(from: Timestamp, to: Timestamp) -> u64 {
+    from.duration_until(to).as_secs().max(0) as u64
+}
+
+/// `14:02:11 UTC`.
+fn clock(t: Timestamp) -> String {
+    t.strftime("%H:%M:%S UTC").to_string()
+}
+
+impl Observed {
+    /// For example `VMI Running; Ready=True, AgentConnected=False`.
+    pub fn summary(&self) -> String {
+        match &self.vmi_phase {
+            None => "no VMI".into(),
+            Some(phase) if self.conditions.is_empty() => format!("VMI {phase}"),
+            Some(phase) => format!("VMI {phase}; {}", self.conditions.join(", ")),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const START: i64 = 1_700_000_000;
+
+    fn at(seconds: i64) -> Timestamp {
+        Timestamp::from_second(START + seconds).unwrap()
+    }
+
+    fn check(agent_required: bool) -> Check {
+        Check {
+            agent_required,
+            settle: Duration::from_secs(60),
+            timeout: Duration::from_secs(900),
+        }
+    }
+
+    fn running_since(seconds: i64) -> Observed {
+        Observed {
+            vm_exists: true,
+            vm_status: Some("Running".into()),
+            vmi_phase: Some("Running".into()),
+            ready_since: Some(at(seconds)),
+            conditions: vec!["Ready=True".into()],
+            ..Default::default()
+        }
+    }
+
+    fn evidence(verdict: &Verdict) -> Option<GuestEvidence> {
+        match verdict {
+            Verdict::Proven(guest) => Some(guest.evidence),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn without_an_agent_a_steady_run_is_enough_and_says_what_was_not_seen() {
+        let observed = running_since(10);
+        let waiting = judge(&check(false), &observed, at(0), at(30));
+        assert!(matches!(waiting, Verdict::Waiting { reason: "SettlingGuest", .. }));
+        let proven = judge(&check(false), &observed, at(0), at(71));
+        assert_eq!(evidence(&proven), Some(GuestEvidence::RanSteadily));
+        let Verdict::Proven(guest) = proven else { unreachable!() };
+        assert!(guest.message.contains("ran for 61 s"), "{}", guest.message);
+        assert!(guest.message.contains("not observed"));
+    }
+
+    #[test]
+    fn an_answering_agent_proves_more_and_sooner() {
+        let mut observed = running_since(10);
+        observed.agent_connected = true;
+        observed.os = Some("Debian GNU/Linux 12 (bookworm)".into());
+        observed.ip_addresses = vec!["10.0.2.2".into()];
+        for required in [true, false] {
+            let Verdict::Proven(guest) = judge(&check(required), &observed, at(0), at(12)) else {
+                panic!("the agent's answer proves the guest");
+            };
+            assert_eq!(guest.evidence, GuestEvidence::AgentAnswered);
+            assert_eq!(
+                guest.message,
+                "guest agent answered: Debian GNU/Linux 12 (bookworm), 10.0.2.2"
+            );
+        }
+    }
+
+    #[test]
+    fn a_required_agent_is_waited_for_then_the_check_fails() {
+        let observed = running_since(10);
+        let waiting = judge(&check(true), &observed, at(0), at(600));
+        assert!(matches!(waiting, Verdict::Waiting { reason: "WaitingForAgent", .. }));
+        let Verdict::Failed { cause } = judge(&check(true), &observed, at(0), at(901)) else {
+            panic!("a silent agent fails the check after the timeout");
+        };
+        assert!(cause.contains("did not answer within 900 s"), "{cause}");
+        assert!(cause.contains("VMI Running; Ready=True"), "{cause}");
+    }
+
+    #[test]
+    fn waiting_messages_do_not_change_while_nothing_does() {
+        let observed = running_since(10);
+        for required in [true, false] {
+            let a = judge(&check(required), &observed, at(0), at(20));
+            let b = judge(&check(required), &observed, at(0), at(40));
+            assert_eq!(a, b);
+        }
+    }
+
+    #[test]
+    fn crashes_restarts_and_shutdowns_fail_at_once() {
+        let mut crashed = running_since(10);
+        crashed.vmi_phase = Some("Failed".into());
+        let mut off = running_since(10);
+        off.vmi_phase = Some("Succeeded".into());
+        let mut looping = running_since(10);
+        looping.vmi_phase = Some("Scheduling".into());
+        looping.vm_status = Some("CrashLoopBackOff".into());
+        let gone = Observed::default();
+        for (observed, words) in [
+            (crashed, "instance failed"),
+            (off, "powered itself off"),
+            (looping, "CrashLoopBackOff"),
+            (gone, "deleted"),
+        ] {
+            let Verdict::Failed { cause } = judge(&check(false), &observed, at(0), at(20)) else {
+                panic!("{words}: expected a failure");
+            };
+            assert!(cause.contains(words), "{cause}");
+        }
+    }
+
+    #[test]
+    fn a_restarted_instance_settles_from_its_own_start() {
+        // The instance came back at 500 s: 550 s is only 50 s of steady running.
+        let observed = running_since(500);
+        assert!(matches!(
+            judge(&check(false), &observed, at(0), at(550)),
+            Verdict::Waiting { .. }
+        ));
+        assert_eq!(
+            evidence(&judge(&check(false), &observed, at(0), at(561))),
+            Some(GuestEvidence::RanSteadily)
+        );
+    }
+
+    #[test]
+    fn a_vm_that_never_runs_fails_after_the_timeout() {
+        let mut pending = running_since(0);
+        pending.vmi_phase = Some("Scheduling".into());
+        pending.ready_since = None;
+        assert!(matches!(
+            judge(&check(false), &pending, at(0), at(100)),
+            Verdict::Waiting { reason: "WaitingForGuest", .. }
+        ));
+        let Verdict::Failed { cause } = judge(&check(false), &pending, at(0), at(901)) else {
+            panic!("expected a failure");
+        };
+        assert!(cause.contains("did not run steadily for 60 s within 900 s"), "{cause}");
+    }
+}
