@@ -102,25 +102,27 @@ impl Vmdk {
 }
 
 /// `<stem>.vmdk` and `<stem>-flat.vmdk` in `cache`, converted from `raw` unless an earlier conversion of the
-/// same raw file (path, size, modification time) is there. The raw file is left as it is.
+/// same raw file is there, unchanged. The raw file is left as it is.
 fn flat_vmdk_once(raw: &Path, cache: &Path, stem: &str) -> Result<Vmdk> {
     let meta = std::fs::metadata(raw).with_context(|| format!("reading {}", raw.display()))?;
-    let source = format!(
-        "{}\n{}\n{}.{}\n",
-        raw.display(),
-        meta.len(),
-        meta.mtime(),
-        meta.mtime_nsec()
-    );
     let vmdk = Vmdk {
         descriptor: cache.join(format!("{stem}.vmdk")),
         extent: cache.join(format!("{stem}-flat.vmdk")),
     };
+    // The raw file and the extent as they were (path, size, modification time): the extent is linked into
+    // vcsim's datastore, and anything writing there would change it.
     let stamp = cache.join(format!("{stem}.source"));
-    let converted = vmdk.descriptor.exists()
-        && vmdk.extent.exists()
-        && std::fs::read_to_string(&stamp).ok().as_deref() == Some(source.as_str());
-    if converted {
+    let state = || -> Option<String> {
+        let extent = std::fs::metadata(&vmdk.extent).ok()?;
+        vmdk.descriptor.exists().then_some(())?;
+        Some(format!(
+            "{}\n{}\n{}",
+            raw.display(),
+            identity(&meta),
+            identity(&extent)
+        ))
+    };
+    if state().is_some() && std::fs::read_to_string(&stamp).ok() == state() {
         return Ok(vmdk);
     }
     for stale in [&stamp, &vmdk.descriptor, &vmdk.extent] {
@@ -142,8 +144,12 @@ fn flat_vmdk_once(raw: &Path, cache: &Path, stem: &str) -> Result<Vmdk> {
     }
     // The checksum is the caller's to know; nothing here reads it.
     crate::disks::raw_to_flat_vmdk(&own, stem, String::new(), meta.len())?;
-    std::fs::write(&stamp, source)?;
+    std::fs::write(&stamp, state().context("the conversion left no VMDK")?)?;
     Ok(vmdk)
+}
+
+fn identity(meta: &std::fs::Metadata) -> String {
+    format!("{} {}.{}", meta.len(), meta.mtime(), meta.mtime_nsec())
 }
 
 fn remove_if_present(path: &Path) -> Result<()> {
@@ -158,6 +164,35 @@ fn remove_if_present(path: &Path) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_raw_image_is_converted_once_and_again_when_it_or_its_vmdk_changes() {
+        use std::os::unix::fs::MetadataExt;
+        let dir = tempfile::tempdir().unwrap();
+        let (raw, cache) = (dir.path().join("root.raw"), dir.path().join("cache"));
+        std::fs::create_dir_all(&cache).unwrap();
+        let sha = crate::disks::write_pattern(&raw, 1 << 20, 1).unwrap();
+        let inode = |p: &Path| std::fs::metadata(p).unwrap().ino();
+
+        let first = flat_vmdk_once(&raw, &cache, "vm").unwrap();
+        assert_eq!(crate::disks::sha256_file(&first.extent).unwrap(), sha);
+        assert!(raw.exists(), "the raw image is kept");
+        let converted = inode(&first.extent);
+        assert_eq!(
+            inode(&flat_vmdk_once(&raw, &cache, "vm").unwrap().extent),
+            converted
+        );
+
+        // Written through a link in vcsim's datastore: converted again.
+        std::fs::write(&first.extent, b"overwritten").unwrap();
+        let again = flat_vmdk_once(&raw, &cache, "vm").unwrap();
+        assert_eq!(crate::disks::sha256_file(&again.extent).unwrap(), sha);
+
+        // A rebuilt raw image: converted again, with its new bytes.
+        let sha = crate::disks::write_pattern(&raw, 2 << 20, 2).unwrap();
+        let rebuilt = flat_vmdk_once(&raw, &cache, "vm").unwrap();
+        assert_eq!(crate::disks::sha256_file(&rebuilt.extent).unwrap(), sha);
+    }
 
     #[test]
     fn shapes_vsphere_would_refuse_are_refused() {
