@@ -52,7 +52,8 @@ pub async fn provision_vm(
     let vm = create_vm(session, spec).await?;
     let controller_key = controller_key(session, &vm, "ParaVirtualSCSIController", 0).await?;
     let mut boot = None;
-    for (unit, disk) in (0..).zip(disks) {
+    // SCSI unit 7 is the controller's own.
+    for (unit, disk) in (0..).filter(|u| *u != 7).zip(disks) {
         let slot = DiskSlot {
             controller_key,
             unit,
