@@ -8,6 +8,7 @@ pub mod crds;
 pub mod demo;
 pub mod disks;
 pub mod lab;
+pub mod linux_vms;
 pub mod minio;
 pub mod pki;
 pub mod probe;

@@ -53,6 +53,11 @@ pub struct VmInfo {
     pub instance_uuid: Option<String>,
     pub guest_id: Option<String>,
     pub firmware: Firmware,
+    /// `config.bootOptions.efiSecureBootEnabled`; unset on BIOS VMs and on EFI VMs that never had it set.
+    pub efi_secure_boot: Option<bool>,
+    /// The disk keys of `config.bootOptions.bootOrder`, in order (other bootable devices left out); empty when
+    /// the VM has no explicit boot order.
+    pub boot_order: Vec<i32>,
     pub cpus: i32,
     pub cores_per_socket: i32,
     pub memory_mib: i64,
@@ -75,6 +80,9 @@ pub struct DiskInfo {
     pub bus: String,
     /// The controller's device type, for example `ParaVirtualSCSIController`.
     pub controller: String,
+    /// The controller's model: `pvscsi`, `lsilogic`, `lsilogic-sas`, `buslogic`, `ahci`, `ide`, `nvme`, or
+    /// `unknown`.
+    pub controller_model: String,
     pub controller_key: i32,
     pub unit_number: i32,
     pub capacity_bytes: i64,
@@ -84,6 +92,8 @@ pub struct DiskInfo {
     pub backing: String,
     pub thin: bool,
     pub disk_mode: String,
+    /// The backing's `uuid` (the guest sees it as the disk's serial on VMware); absent for backings without one.
+    pub uuid: Option<String>,
     /// Files of the snapshot chain below this disk, newest first; empty without snapshots.
     pub parents: Vec<String>,
 }
@@ -238,12 +248,13 @@ pub async fn find_vm(session: &Session, selector: &VmSelector) -> Result<MoRef> 
     }
 }
 
-const DESCRIBE_PROPS: [&str; 15] = [
+const DESCRIBE_PROPS: [&str; 16] = [
     "name",
     "config.uuid",
     "config.instanceUuid",
     "config.guestId",
     "config.firmware",
+    "config.bootOptions",
     "config.hardware.numCPU",
     "config.hardware.numCoresPerSocket",
     "config.hardware.memoryMB",
@@ -281,6 +292,7 @@ pub async fn describe_vm(session: &Session, vm: &MoRef) -> Result<VmInfo> {
         .unwrap_or_default();
     let mut disks = parse_disks(&devices);
     let mut nics = parse_nics(&devices);
+    let boot = parse_boot_options(o.prop("config.bootOptions"));
     resolve_names(session, &mut disks, &mut nics).await?;
     let invalid = |what: &str| Error::InvalidResponse {
         method: "RetrievePropertiesEx".into(),
@@ -297,6 +309,8 @@ pub async fn describe_vm(session: &Session, vm: &MoRef) -> Result<VmInfo> {
         } else {
             Firmware::Bios
         },
+        efi_secure_boot: boot.efi_secure_boot,
+        boot_order: boot.disk_order,
         cpus: o.int("config.hardware.numCPU").unwrap_or(1) as i32,
         cores_per_socket: o
             .int("config.hardware.numCoresPerSocket")
@@ -362,6 +376,7 @@ fn parse_disks(devices: &[&Element]) -> Vec<DiskInfo> {
                     .unwrap_or_default()
                     .to_string(),
                 bus: bus_of(&controller).to_string(),
+                controller_model: controller_model(&controller).to_string(),
                 controller,
                 controller_key: controller_key as i32,
                 unit_number: int(d, "unitNumber").unwrap_or(0) as i32,
@@ -376,6 +391,11 @@ fn parse_disks(devices: &[&Element]) -> Vec<DiskInfo> {
                     .and_then(|b| b.text_at(&["diskMode"]))
                     .unwrap_or_default()
                     .to_string(),
+                uuid: backing
+                    .and_then(|b| b.text_at(&["uuid"]))
+                    .map(str::trim)
+                    .filter(|u| !u.is_empty())
+                    .map(String::from),
                 parents,
             }
         })
@@ -389,6 +409,49 @@ fn bus_of(controller: &str) -> &'static str {
         "VirtualNVMEController" => "nvme",
         c if c.contains("SCSI") || c.contains("LsiLogic") || c.contains("BusLogic") => "scsi",
         _ => "unknown",
+    }
+}
+
+/// vSphere's concrete controller types, by the names KubeVirt and virt-v2v users know them.
+fn controller_model(controller: &str) -> &'static str {
+    match controller {
+        "ParaVirtualSCSIController" => "pvscsi",
+        "VirtualLsiLogicController" => "lsilogic",
+        "VirtualLsiLogicSASController" => "lsilogic-sas",
+        "VirtualBusLogicController" => "buslogic",
+        "VirtualAHCIController" => "ahci",
+        "VirtualIDEController" => "ide",
+        "VirtualNVMEController" => "nvme",
+        _ => "unknown",
+    }
+}
+
+/// What `config.bootOptions` says about booting.
+#[derive(Debug, Default, PartialEq)]
+struct BootOptions {
+    efi_secure_boot: Option<bool>,
+    disk_order: Vec<i32>,
+}
+
+fn parse_boot_options(options: Option<&Element>) -> BootOptions {
+    let Some(options) = options else {
+        return BootOptions::default();
+    };
+    BootOptions {
+        efi_secure_boot: match options.text_at(&["efiSecureBootEnabled"]).map(str::trim) {
+            Some("true") => Some(true),
+            Some("false") => Some(false),
+            _ => None,
+        },
+        // CD-ROM, floppy and network entries do not name a disk.
+        disk_order: options
+            .children_named("bootOrder")
+            .filter(|b| {
+                b.xsi_type.as_deref() == Some("VirtualMachineBootOptionsBootableDiskDevice")
+            })
+            .filter_map(|b| int(b, "deviceKey"))
+            .map(|k| k as i32)
+            .collect(),
     }
 }
 
@@ -524,3 +587,6 @@ mod name_index_tests {
         ));
     }
 }
+
+#[cfg(test)]
+mod parse_tests;
