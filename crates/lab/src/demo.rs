@@ -139,6 +139,9 @@ pub async fn apply(client: &Client, ns: &str, manifest: Value) -> Result<()> {
     Ok(())
 }
 
+/// How long a lab guest without an agent must run to pass the guest check.
+pub const LAB_SETTLE_SECONDS: i32 = 2;
+
 /// A migration of the lab VM `vm` with every vcsim network on the pod network, staged in the lab's MinIO.
 pub fn migration(state: &LabState, ns: &str, name: &str, vm: &str) -> Value {
     let staging = state.staging.clone().expect("the lab has a staging store");
@@ -153,6 +156,8 @@ pub fn migration(state: &LabState, ns: &str, name: &str, vm: &str) -> Value {
             "source": {"providerRef": {"name": PROVIDER}, "vm": {"name": vm}, "restorePowerState": true},
             "target": {"networks": networks},
             "staging": {"url": staging.url("migrations"), "endpoint": staging.endpoint, "secretRef": {"name": STAGING_SECRET}},
+            // The demo disks' boot sectors have no agent; a lab guest that runs this long has printed its line.
+            "guestCheck": {"settleSeconds": LAB_SETTLE_SECONDS},
         },
     })
 }

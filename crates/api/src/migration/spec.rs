@@ -177,7 +177,7 @@ pub struct GuestCheckSpec {
     pub agent: Option<GuestAgent>,
     /// How long the VM must run without a crash or restart when no agent answers.
     #[serde(default = "default_settle_seconds")]
-    #[schemars(range(min = 10, max = 3600))]
+    #[schemars(range(min = 1, max = 3600))]
     pub settle_seconds: i32,
     /// How long after the VM started the guest may take; then the VM is stopped and kept for a person to look.
     #[serde(default = "default_guest_timeout")]

@@ -58,8 +58,8 @@ pub fn source_status(info: &VmInfo) -> SourceVmStatus {
         instance_uuid: info.instance_uuid.clone(),
         guest_os: info.guest_id.clone(),
         firmware: Some(info.firmware),
-        secure_boot: false, // MERGE: info.secure_boot
-        boot_order: vec![], // MERGE: info.boot_order
+        secure_boot: info.efi_secure_boot.unwrap_or(false),
+        boot_order: info.boot_order.clone(),
         datacenter: Some(info.datacenter.clone()),
         cpus: info.cpus,
         cores_per_socket: info.cores_per_socket,
@@ -74,7 +74,7 @@ pub fn source_status(info: &VmInfo) -> SourceVmStatus {
                 capacity_bytes: d.capacity_bytes,
                 controller: Some(d.controller.clone()),
                 bus: Some(d.bus.clone()),
-                uuid: None, // MERGE: d.uuid
+                uuid: d.uuid.clone(),
                 backing: Some(d.backing.clone()),
                 thin: d.thin,
                 snapshot_chain: d.parents.len() as i32,

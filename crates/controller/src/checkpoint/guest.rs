@@ -84,9 +84,11 @@ pub async fn run(step: &mut Step<'_>) -> Result<Next> {
                 format!("{name}: {message}; the VM and its disks are handed over"),
             ))
         }
-        Verdict::Waiting { reason, message } => {
-            Ok(Next::wait(reason, message, Duration::from_secs(10)))
-        }
+        Verdict::Waiting {
+            reason,
+            message,
+            recheck,
+        } => Ok(Next::wait(reason, message, recheck)),
         Verdict::Failed { cause } => {
             step.status.guest = Some(GuestStatus {
                 evidence: GuestEvidence::NotProven,

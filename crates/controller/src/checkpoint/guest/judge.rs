@@ -39,6 +39,8 @@ pub enum Verdict {
     Waiting {
         reason: &'static str,
         message: String,
+        /// When to look again: nothing here is watched, so this is how soon a change is seen.
+        recheck: Duration,
     },
     Failed {
         cause: String,
@@ -101,6 +103,7 @@ pub fn judge(check: &Check, observed: &Observed, window_start: Timestamp, now: T
     let deadline = window_start + Duration::from_secs(timeout);
     match (check.agent_required, steady_since) {
         (true, _) => Verdict::Waiting {
+            recheck: Duration::from_secs(5),
             reason: "WaitingForAgent",
             message: format!(
                 "waiting for the guest agent to answer until {} ({state})",
@@ -108,6 +111,11 @@ pub fn judge(check: &Check, observed: &Observed, window_start: Timestamp, now: T
             ),
         },
         (false, Some(since)) => Verdict::Waiting {
+            // Just after the settle time ends, or sooner to catch an agent that answers.
+            recheck: check
+                .settle
+                .saturating_sub(Duration::from_secs(seconds_between(since, now)))
+                .clamp(Duration::from_secs(1), Duration::from_secs(5)),
             reason: "SettlingGuest",
             message: format!(
                 "running since {}; proven once it runs until {} without a crash, or its agent answers",
@@ -116,6 +124,7 @@ pub fn judge(check: &Check, observed: &Observed, window_start: Timestamp, now: T
             ),
         },
         (false, None) => Verdict::Waiting {
+            recheck: Duration::from_secs(5),
             reason: "WaitingForGuest",
             message: format!("waiting for the VM to run, until {} ({state})", clock(deadline)),
         },
@@ -243,9 +252,11 @@ mod tests {
     fn waiting_messages_do_not_change_while_nothing_does() {
         let observed = running_since(10);
         for required in [true, false] {
-            let a = judge(&check(required), &observed, at(0), at(20));
-            let b = judge(&check(required), &observed, at(0), at(40));
-            assert_eq!(a, b);
+            let message = |now| match judge(&check(required), &observed, at(0), at(now)) {
+                Verdict::Waiting { message, .. } => message,
+                other => panic!("{other:?}"),
+            };
+            assert_eq!(message(20), message(40));
         }
     }
 
