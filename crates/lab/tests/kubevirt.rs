@@ -51,21 +51,21 @@ fn condition(vmi: &DynamicObject, type_: &str) -> Option<String> {
         .and_then(|c| c["status"].as_str().map(str::to_string))
 }
 
-/// Deletes the PVs when the test ends, passed or not.
-struct Volumes(Client, Vec<String>);
+/// Deletes the PVs when the test ends, passed or not. With kubectl: a client cannot be used from `drop`,
+/// its connection lives on the test's runtime.
+struct Volumes(&'static TestLab, Vec<String>);
 
 impl Drop for Volumes {
     fn drop(&mut self) {
-        let (client, names) = (self.0.clone(), std::mem::take(&mut self.1));
-        let _ = std::thread::spawn(move || {
-            tokio::runtime::Runtime::new().unwrap().block_on(async {
-                let pvs: Api<PersistentVolume> = Api::all(client);
-                for name in names {
-                    let _ = pvs.delete(&name, &DeleteParams::default()).await;
-                }
-            })
-        })
-        .join();
+        if !self.1.is_empty() {
+            let _ = self
+                .0
+                .kubectl()
+                .args(["delete", "pv", "--ignore-not-found", "--wait=false"])
+                .args(&self.1)
+                .stdout(std::process::Stdio::null())
+                .status();
+        }
     }
 }
 
@@ -87,7 +87,7 @@ async fn a_vm_runs_its_domain_restarts_after_a_crash_and_halting_stops_it() {
     std::fs::create_dir_all(&data_dir).unwrap();
     let marker = format!("{READY_MARKER} kubevirt-test");
     ferry_lab::bootdisk::make_boot_disk(&boot_dir.join("disk.img"), 8 << 20, &marker).unwrap();
-    let mut volumes = Volumes(client.clone(), vec![]);
+    let mut volumes = Volumes(lab, vec![]);
     volumes
         .1
         .push(volume(&client, ns.name(), "boot", &boot_dir).await);
@@ -112,9 +112,13 @@ async fn a_vm_runs_its_domain_restarts_after_a_crash_and_halting_stops_it() {
         json!({"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine", "metadata": {"name": "demo"},
                "spec": {"runStrategy": strategy, "template": template}})
     };
-    vms.patch("demo", &PatchParams::apply("test"), &Patch::Apply(&vm("Always")))
-        .await
-        .unwrap();
+    vms.patch(
+        "demo",
+        &PatchParams::apply("test"),
+        &Patch::Apply(&vm("Always")),
+    )
+    .await
+    .unwrap();
 
     // The data disk's claim does not exist yet: the VMI waits, saying so.
     let waiting = eventually("VMI Scheduling", Duration::from_secs(30), || async {
@@ -125,7 +129,9 @@ async fn a_vm_runs_its_domain_restarts_after_a_crash_and_halting_stops_it() {
     })
     .await;
     assert!(
-        waiting.data["status"]["conditions"].to_string().contains("PVC data does not exist yet"),
+        waiting.data["status"]["conditions"]
+            .to_string()
+            .contains("PVC data does not exist yet"),
         "{}",
         waiting.data["status"]
     );
@@ -197,7 +203,13 @@ async fn a_vm_runs_its_domain_restarts_after_a_crash_and_halting_stops_it() {
         })
         .map(|e| e.file_name().to_string_lossy().to_string())
         .expect("the QEMU process");
-    assert!(Command::new("kill").args(["-KILL", &pid]).status().unwrap().success());
+    assert!(
+        Command::new("kill")
+            .args(["-KILL", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
     eventually("a new VMI Running", Duration::from_secs(90), || async {
         vmis.get_opt("demo").await.unwrap().filter(|v| {
             v.uid().as_deref() != Some(first_uid.as_str()) && v.data["status"]["phase"] == "Running"
@@ -206,9 +218,13 @@ async fn a_vm_runs_its_domain_restarts_after_a_crash_and_halting_stops_it() {
     .await;
 
     // Halting deletes the VMI, and the stand-in stops QEMU before letting it go.
-    vms.patch("demo", &PatchParams::apply("test"), &Patch::Apply(&vm("Halted")))
-        .await
-        .unwrap();
+    vms.patch(
+        "demo",
+        &PatchParams::apply("test"),
+        &Patch::Apply(&vm("Halted")),
+    )
+    .await
+    .unwrap();
     eventually("VMI gone", Duration::from_secs(60), || async {
         vmis.get_opt("demo").await.unwrap().is_none().then_some(())
     })
@@ -234,19 +250,16 @@ async fn efi_secure_boot_runs_ovmf_and_a_refused_spec_backs_off() {
     let dir = work.path().join("blank");
     std::fs::create_dir_all(&dir).unwrap();
     ferry_lab::disks::write_pattern(&dir.join("disk.img"), 1 << 20, 1).unwrap();
-    let _volumes = Volumes(
-        client.clone(),
-        vec![volume(&client, ns.name(), "blank", &dir).await],
-    );
+    let _volumes = Volumes(lab, vec![volume(&client, ns.name(), "blank", &dir).await]);
     let state = work.path().join("guests");
     let standin = start_standin(&client, ns.name(), &state);
     let vms =
         Api::<DynamicObject>::namespaced_with(client.clone(), ns.name(), &kubevirt::vm_resource());
     let vmis =
         Api::<DynamicObject>::namespaced_with(client.clone(), ns.name(), &kubevirt::vmi_resource());
-    let vm = |name: &str, domain: Value| {
+    let vm = |name: &str, strategy: &str, domain: Value| {
         json!({"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine", "metadata": {"name": name},
-               "spec": {"runStrategy": "Always", "template": {"spec": {
+               "spec": {"runStrategy": strategy, "template": {"spec": {
                    "domain": domain,
                    "volumes": [{"name": "blank", "persistentVolumeClaim": {"claimName": "blank"}}]}}}})
     };
@@ -254,11 +267,14 @@ async fn efi_secure_boot_runs_ovmf_and_a_refused_spec_backs_off() {
     // efi without secureBoot means Secure Boot in KubeVirt, which needs SMM.
     let secure = vm(
         "secure",
+        "Always",
         json!({"devices": disks, "memory": {"guest": "128Mi"}, "features": {"smm": {}},
                "firmware": {"bootloader": {"efi": {}}}}),
     );
     let refused = vm(
         "refused",
+        // Once: the failed VMI stays to be read (Always would replace it after the backoff).
+        "Once",
         json!({"devices": disks, "memory": {"guest": "128Mi"}, "firmware": {"bootloader": {"efi": {}}}}),
     );
     for (name, object) in [("secure", &secure), ("refused", &refused)] {
@@ -266,12 +282,16 @@ async fn efi_secure_boot_runs_ovmf_and_a_refused_spec_backs_off() {
             .await
             .unwrap();
     }
-    eventually("the Secure Boot domain runs", Duration::from_secs(60), || async {
-        vmis.get_opt("secure")
-            .await
-            .unwrap()
-            .filter(|v| condition(v, "Ready").as_deref() == Some("True"))
-    })
+    eventually(
+        "the Secure Boot domain runs",
+        Duration::from_secs(60),
+        || async {
+            vmis.get_opt("secure")
+                .await
+                .unwrap()
+                .filter(|v| condition(v, "Ready").as_deref() == Some("True"))
+        },
+    )
     .await;
     let qemu = ferry_testkit::processes_mentioning(&state);
     assert_eq!(qemu.len(), 1, "{qemu:?}");
@@ -298,7 +318,9 @@ async fn efi_secure_boot_runs_ovmf_and_a_refused_spec_backs_off() {
     })
     .await;
     assert!(
-        failed.data["status"]["conditions"].to_string().contains("SMM"),
+        failed.data["status"]["conditions"]
+            .to_string()
+            .contains("SMM"),
         "{}",
         failed.data["status"]
     );
@@ -375,19 +397,35 @@ async fn the_agent_client_talks_to_a_real_qemu_ga() {
     assert!(os.kernel_release.is_some() && os.machine.as_deref() == Some("x86_64"));
     let interfaces = agent.network_interfaces().await.unwrap();
     let lo = interfaces.iter().find(|i| i.name == "lo").expect("lo");
-    assert!(lo.ip_addresses.iter().any(|a| a.ip_address == "127.0.0.1" && a.prefix == 8));
-    let error = agent.execute("guest-no-such-command", None).await.unwrap_err();
-    assert!(error.to_string().contains("guest-no-such-command"), "{error}");
+    assert!(
+        lo.ip_addresses
+            .iter()
+            .any(|a| a.ip_address == "127.0.0.1" && a.prefix == 8)
+    );
+    let error = agent
+        .execute("guest-no-such-command", None)
+        .await
+        .unwrap_err();
+    assert!(
+        error.to_string().contains("guest-no-such-command"),
+        "{error}"
+    );
     drop(agent);
 
     // A new connection resynchronises past whatever an abandoned one left unread.
     let mut abandoned = Agent::connect(&host.socket, timeout).await.unwrap();
     let _ = abandoned.execute("guest-get-time", None).await.unwrap();
     drop(abandoned);
-    let report = agent::poll(&host.socket, timeout).await.expect("the agent answers");
+    let report = agent::poll(&host.socket, timeout)
+        .await
+        .expect("the agent answers");
     assert_eq!(report.os, os);
     assert!(report.interfaces.iter().any(|i| i.name == "lo"));
 
     drop(host);
-    assert!(agent::poll(&dir.path().join("qga.sock"), Duration::from_millis(500)).await.is_none());
+    assert!(
+        agent::poll(&dir.path().join("qga.sock"), Duration::from_millis(500))
+            .await
+            .is_none()
+    );
 }

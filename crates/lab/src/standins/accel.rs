@@ -79,11 +79,7 @@ fn boot_probe(dir: &Path) -> anyhow::Result<bool> {
         .to_vec(),
         env: vec![],
     };
-    let record = process::start(
-        &spec,
-        &dir.join("probe.log"),
-        Lifetime::TiedToThisProcess,
-    )?;
+    let record = process::start(&spec, &dir.join("probe.log"), Lifetime::TiedToThisProcess)?;
     let deadline = Instant::now() + PROBE_TIMEOUT;
     let booted = loop {
         let text = std::fs::read(&serial).unwrap_or_default();

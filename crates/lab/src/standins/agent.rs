@@ -91,9 +91,9 @@ impl Agent {
         };
         let id = random_id();
         let mut request = vec![DELIMITER];
-        request.extend(
-            serde_json::to_vec(&json!({"execute": "guest-sync-delimited", "arguments": {"id": id}}))?,
-        );
+        request.extend(serde_json::to_vec(
+            &json!({"execute": "guest-sync-delimited", "arguments": {"id": id}}),
+        )?);
         request.push(b'\n');
         agent.send(&request).await?;
         let deadline = tokio::time::Instant::now() + timeout;

@@ -39,7 +39,11 @@ pub struct Disk {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Network {
     /// The pod network (masquerade or bridge binding): QEMU user networking shaped like KubeVirt's masquerade.
-    Pod { gateway: String, guest: String, cidr: String },
+    Pod {
+        gateway: String,
+        guest: String,
+        cidr: String,
+    },
     /// A Multus network; the lab has none, so the NIC sits on a segment of its own.
     Isolated,
 }
@@ -60,7 +64,9 @@ pub struct Nic {
 pub enum Firmware {
     /// SeaBIOS, QEMU's default.
     Bios,
-    Efi { secure_boot: bool },
+    Efi {
+        secure_boot: bool,
+    },
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -258,7 +264,11 @@ fn disks(spec: &Value) -> Result<Vec<Disk>, String> {
             "virtio" => Bus::Virtio,
             "scsi" => Bus::Scsi,
             "sata" | "" => Bus::Sata,
-            other => return Err(format!("disk {name}: bus {other:?} is not supported on q35")),
+            other => {
+                return Err(format!(
+                    "disk {name}: bus {other:?} is not supported on q35"
+                ));
+            }
         };
         let volume = volumes
             .iter()
@@ -328,7 +338,10 @@ fn nics(spec: &Value, vmi_uid: &str) -> Result<Vec<Nic>, String> {
         .unwrap_or_default();
     let mut networks = spec["networks"].as_array().cloned().unwrap_or_default();
     // `autoattachPodInterface`: a VMI without interfaces or networks gets one on the pod network (bridge binding).
-    if interfaces.is_empty() && networks.is_empty() && spec["domain"]["devices"]["autoattachPodInterface"] != false {
+    if interfaces.is_empty()
+        && networks.is_empty()
+        && spec["domain"]["devices"]["autoattachPodInterface"] != false
+    {
         interfaces.push(serde_json::json!({"name": "default", "bridge": {}}));
         networks.push(serde_json::json!({"name": "default", "pod": {}}));
     }
@@ -353,7 +366,8 @@ fn nics(spec: &Value, vmi_uid: &str) -> Result<Vec<Nic>, String> {
         } else {
             Network::Isolated
         };
-        if network != Network::Isolated && nics.iter().any(|n: &Nic| n.network != Network::Isolated) {
+        if network != Network::Isolated && nics.iter().any(|n: &Nic| n.network != Network::Isolated)
+        {
             return Err("more than one interface on the pod network".into());
         }
         nics.push(Nic {
@@ -378,7 +392,11 @@ impl Domain {
         // Every q35 flavour (`pc-q35-rhel9.6.0`, ...) is the lab QEMU's q35.
         let machine = match str_at(&domain["machine"], "type").unwrap_or("q35") {
             m if m == "q35" || m.starts_with("pc-q35") => "q35",
-            other => return Err(format!("machine type {other:?} is not supported (q35 only)")),
+            other => {
+                return Err(format!(
+                    "machine type {other:?} is not supported (q35 only)"
+                ));
+            }
         };
         Ok(Self {
             machine,
@@ -614,11 +632,19 @@ mod tests {
             Ok(954)
         );
         assert_eq!(
-            memory(json!({"memory": {"guest": "256Mi"}, "resources": {"requests": {"memory": "1Gi"}}})),
+            memory(
+                json!({"memory": {"guest": "256Mi"}, "resources": {"requests": {"memory": "1Gi"}}})
+            ),
             Ok(256)
         );
-        assert_eq!(memory(json!({"memory": {"guest": "16Gi"}})), Ok(MAX_MEMORY_MIB));
-        assert_eq!(memory(json!({"memory": {"guest": "1Mi"}})), Ok(MIN_MEMORY_MIB));
+        assert_eq!(
+            memory(json!({"memory": {"guest": "16Gi"}})),
+            Ok(MAX_MEMORY_MIB)
+        );
+        assert_eq!(
+            memory(json!({"memory": {"guest": "1Mi"}})),
+            Ok(MIN_MEMORY_MIB)
+        );
         assert!(memory(json!({})).unwrap_err().contains("no memory"));
         assert!(memory(json!({"memory": {"guest": "lots"}})).is_err());
     }
@@ -641,27 +667,37 @@ mod tests {
         );
         let domain = Domain::from_vmi(&spec, "uid-1").unwrap();
         assert_eq!(
-            domain.disks.iter().map(|d| d.claim.as_str()).collect::<Vec<_>>(),
+            domain
+                .disks
+                .iter()
+                .map(|d| d.claim.as_str())
+                .collect::<Vec<_>>(),
             ["dv-root", "pvc-data", "dv-fast", "dv-old", "dv-plain"]
         );
         assert_eq!(domain.disks[4].bus, Bus::Sata, "an empty bus is SATA");
         let args = args_of(&domain);
         let devices = values(&args, "-device");
         assert_eq!(
-            devices.iter().filter(|d| d.starts_with("virtio-scsi-pci")).count(),
+            devices
+                .iter()
+                .filter(|d| d.starts_with("virtio-scsi-pci"))
+                .count(),
             1,
             "one virtio-scsi controller for all SCSI disks"
         );
         assert!(devices.contains(
             &"scsi-hd,bus=scsi0.0,channel=0,scsi-id=0,lun=0,drive=drive-ua-root,id=ua-root,serial=6000c29,,a,bootindex=1"
         ));
-        assert!(devices.contains(&"scsi-hd,bus=scsi0.0,channel=0,scsi-id=1,lun=0,drive=drive-ua-data,id=ua-data"));
+        assert!(devices.contains(
+            &"scsi-hd,bus=scsi0.0,channel=0,scsi-id=1,lun=0,drive=drive-ua-data,id=ua-data"
+        ));
         assert!(devices.contains(&"virtio-blk-pci,drive=drive-ua-fast,id=ua-fast,serial=v1"));
         assert!(devices.contains(&"ide-hd,bus=ide.0,drive=drive-ua-old,id=ua-old,bootindex=2"));
         assert!(devices.contains(&"ide-hd,bus=ide.1,drive=drive-ua-plain,id=ua-plain"));
-        assert!(values(&args, "-drive").contains(
-            &"if=none,id=drive-ua-root,file=/v/root.img,format=raw,discard=unmap"
-        ));
+        assert!(
+            values(&args, "-drive")
+                .contains(&"if=none,id=drive-ua-root,file=/v/root.img,format=raw,discard=unmap")
+        );
     }
 
     #[test]
@@ -681,10 +717,15 @@ mod tests {
         assert!(with(json!({"name": "d", "disk": {"bus": "ide"}}), dv.clone()).contains("ide"));
         assert!(with(json!({"name": "d", "cdrom": {}}), dv).contains("cdrom"));
         assert!(
-            with(json!({"name": "d", "disk": {}}), json!({"name": "d", "containerDisk": {}}))
-                .contains("dataVolume")
+            with(
+                json!({"name": "d", "disk": {}}),
+                json!({"name": "d", "containerDisk": {}})
+            )
+            .contains("dataVolume")
         );
-        assert!(with(json!({"name": "d", "disk": {}}), json!({"name": "other"})).contains("no volume"));
+        assert!(
+            with(json!({"name": "d", "disk": {}}), json!({"name": "other"})).contains("no volume")
+        );
     }
 
     #[test]
@@ -700,10 +741,17 @@ mod tests {
         assert_eq!(domain.nics[0].device, "e1000e");
         assert_eq!(domain.nics[0].mac, "00:50:56:ab:cd:ef");
         assert!(domain.nics[0].masquerade);
-        assert_eq!(domain.nics[1].device, "virtio-net-pci", "virtio is the default model");
+        assert_eq!(
+            domain.nics[1].device, "virtio-net-pci",
+            "virtio is the default model"
+        );
         assert_eq!(domain.nics[1].mac, generated_mac("uid-7", "dmz"));
         assert!(domain.nics[1].mac.starts_with("52:54:00:"));
-        assert_ne!(generated_mac("uid-8", "dmz"), domain.nics[1].mac, "a new VMI, a new MAC");
+        assert_ne!(
+            generated_mac("uid-8", "dmz"),
+            domain.nics[1].mac,
+            "a new VMI, a new MAC"
+        );
         let args = args_of(&domain);
         assert_eq!(
             values(&args, "-netdev"),
@@ -714,9 +762,15 @@ mod tests {
         );
         let devices = values(&args, "-device");
         assert!(devices.contains(&"e1000e,netdev=net0,id=ua-pod,mac=00:50:56:ab:cd:ef,romfile="));
-        assert!(devices.contains(
-            &format!("virtio-net-pci,netdev=net1,id=ua-dmz,mac={},bootindex=3", domain.nics[1].mac).as_str()
-        ));
+        assert!(
+            devices.contains(
+                &format!(
+                    "virtio-net-pci,netdev=net1,id=ua-dmz,mac={},bootindex=3",
+                    domain.nics[1].mac
+                )
+                .as_str()
+            )
+        );
 
         let custom = vmi(
             json!({"memory": {"guest": "64Mi"}, "devices": {"interfaces": [{"name": "p", "masquerade": {}}]}}),
@@ -737,19 +791,30 @@ mod tests {
             json!([]),
             json!([{"name": "p", "pod": {}}]),
         );
-        assert!(Domain::from_vmi(&unknown, "u").unwrap_err().contains("vmxnet3"));
+        assert!(
+            Domain::from_vmi(&unknown, "u")
+                .unwrap_err()
+                .contains("vmxnet3")
+        );
         let orphan = vmi(
             json!({"memory": {"guest": "64Mi"}, "devices": {"interfaces": [{"name": "p", "masquerade": {}}]}}),
             json!([]),
             json!([]),
         );
-        assert!(Domain::from_vmi(&orphan, "u").unwrap_err().contains("network p"));
+        assert!(
+            Domain::from_vmi(&orphan, "u")
+                .unwrap_err()
+                .contains("network p")
+        );
     }
 
     #[test]
     fn a_vmi_without_interfaces_gets_the_pod_network() {
-        let domain =
-            Domain::from_vmi(&vmi(json!({"memory": {"guest": "64Mi"}}), json!([]), json!([])), "u").unwrap();
+        let domain = Domain::from_vmi(
+            &vmi(json!({"memory": {"guest": "64Mi"}}), json!([]), json!([])),
+            "u",
+        )
+        .unwrap();
         assert_eq!(domain.nics.len(), 1);
         assert_eq!(domain.nics[0].name, "default");
         assert!(matches!(domain.nics[0].network, Network::Pod { .. }));
@@ -780,7 +845,9 @@ mod tests {
         assert!(!args.iter().any(|a| a.contains("property=secure")));
 
         // KubeVirt: efi without secureBoot means Secure Boot, which its admission refuses without SMM.
-        let refused = domain_with(json!({"memory": {"guest": "64Mi"}, "firmware": {"bootloader": {"efi": {}}}}));
+        let refused = domain_with(
+            json!({"memory": {"guest": "64Mi"}, "firmware": {"bootloader": {"efi": {}}}}),
+        );
         assert!(refused.unwrap_err().contains("SMM"));
         let secure = domain_with(json!({"memory": {"guest": "64Mi"}, "features": {"smm": {}},
             "firmware": {"bootloader": {"efi": {}}}}))
@@ -790,14 +857,22 @@ mod tests {
         assert_eq!(values(&args, "-machine"), ["q35,accel=tcg,smm=on"]);
         assert!(values(&args, "-global").contains(&"driver=cfi.pflash01,property=secure,value=on"));
         assert!(values(&args, "-drive")[0].ends_with("OVMF_CODE_4M.secboot.fd"));
-        assert_eq!(Ovmf::files(true).1, Path::new("/usr/share/OVMF/OVMF_VARS_4M.ms.fd"));
+        assert_eq!(
+            Ovmf::files(true).1,
+            Path::new("/usr/share/OVMF/OVMF_VARS_4M.ms.fd")
+        );
         assert!(
-            domain_with(json!({"memory": {"guest": "64Mi"}, "machine": {"type": "pc-i440fx-2.12"}})).is_err()
+            domain_with(
+                json!({"memory": {"guest": "64Mi"}, "machine": {"type": "pc-i440fx-2.12"}})
+            )
+            .is_err()
         );
         assert_eq!(
-            domain_with(json!({"memory": {"guest": "64Mi"}, "machine": {"type": "pc-q35-rhel9.6.0"}}))
-                .unwrap()
-                .machine,
+            domain_with(
+                json!({"memory": {"guest": "64Mi"}, "machine": {"type": "pc-q35-rhel9.6.0"}})
+            )
+            .unwrap()
+            .machine,
             "q35"
         );
     }
@@ -819,9 +894,16 @@ mod tests {
         assert!(values(&args, "-device").contains(
             &"virtserialport,bus=virtio-serial0.0,nr=1,chardev=charchannel0,id=channel0,name=org.qemu.guest_agent.0"
         ));
-        assert!(values(&args, "-chardev").contains(&"socket,id=charchannel0,path=/s/qga,server=on,wait=off"));
+        assert!(
+            values(&args, "-chardev")
+                .contains(&"socket,id=charchannel0,path=/s/qga,server=on,wait=off")
+        );
         assert!(args.contains(&"-no-shutdown".to_string()));
-        let bad = vmi(json!({"memory": {"guest": "64Mi"}, "cpu": {"cores": 0}}), json!([]), json!([]));
+        let bad = vmi(
+            json!({"memory": {"guest": "64Mi"}, "cpu": {"cores": 0}}),
+            json!([]),
+            json!([]),
+        );
         assert!(Domain::from_vmi(&bad, "u").is_err());
     }
 }

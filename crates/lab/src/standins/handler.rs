@@ -71,7 +71,9 @@ enum Phase {
     /// Waiting for a volume: why.
     Scheduling(String),
     Scheduled,
-    Running { paused: bool },
+    Running {
+        paused: bool,
+    },
     Succeeded,
     /// Why, as a condition reason and message.
     Failed(&'static str, String),
@@ -146,7 +148,14 @@ async fn run_guest(
         _ => None,
     };
     let nics = domain.as_ref().map(|d| d.nics.as_slice()).unwrap_or(&[]);
-    let status = vmi_status(vmi, &phase, ctx.boot, nics, agent.as_ref(), Timestamp::now());
+    let status = vmi_status(
+        vmi,
+        &phase,
+        ctx.boot,
+        nics,
+        agent.as_ref(),
+        Timestamp::now(),
+    );
     let mut annotations = vmi.annotations().clone();
     if let Some(line) = ctx.guests.serial_line(&key, READY_MARKER) {
         annotations.insert(MARKER_ANNOTATION.to_string(), line);
@@ -154,10 +163,9 @@ async fn run_guest(
     if vmi.data["status"] != status || vmi.annotations() != &annotations {
         // A merge patch: fields of the old status that are gone are written as null.
         let mut patch_status = status.clone();
-        if let (Some(old), Some(new)) = (
-            vmi.data["status"].as_object(),
-            patch_status.as_object_mut(),
-        ) {
+        if let (Some(old), Some(new)) =
+            (vmi.data["status"].as_object(), patch_status.as_object_mut())
+        {
             for key in old.keys() {
                 new.entry(key.clone()).or_insert(Value::Null);
             }
@@ -194,11 +202,7 @@ async fn start(
         .await
         .map_err(|e| Error::Guest(e.to_string()))?;
     let files = ctx.guests.files(key);
-    let name = format!(
-        "{}_{}",
-        vmi.namespace().unwrap_or_default(),
-        vmi.name_any()
-    );
+    let name = format!("{}_{}", vmi.namespace().unwrap_or_default(), vmi.name_any());
     let args = domain
         .qemu_args(&Launch {
             name: &name,
@@ -370,8 +374,12 @@ fn vmi_status(
         transitions.push(json!({"phase": phase.name(), "phaseTransitionTimestamp": now}));
     }
     status.insert("phaseTransitionTimestamps".into(), json!(transitions));
-    let defined = !matches!(phase, Phase::Scheduling(_))
-        && !(matches!(phase, Phase::Failed(..)) && old["nodeName"].is_null());
+    // The domain exists from Scheduled on; a VMI refused before that never had one.
+    let defined = match phase {
+        Phase::Scheduling(_) => false,
+        Phase::Failed(..) => !old["nodeName"].is_null(),
+        _ => true,
+    };
     if defined {
         status.insert("nodeName".into(), json!(NODE));
         if !bench {
@@ -541,8 +549,10 @@ mod tests {
         ];
         assert_eq!(
             interfaces_status(std::slice::from_ref(&nic), None),
-            [json!({"name": "nic-0", "mac": "00:50:56:01:02:03", "infoSource": "domain",
-                    "queueCount": 1, "linkState": "up"})]
+            [
+                json!({"name": "nic-0", "mac": "00:50:56:01:02:03", "infoSource": "domain",
+                    "queueCount": 1, "linkState": "up"})
+            ]
         );
         assert_eq!(
             interfaces_status(&[nic], Some(&agent)),
@@ -577,8 +587,10 @@ mod tests {
     }
 
     fn stored(status: Value) -> DynamicObject {
-        serde_json::from_value(json!({"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
-            "metadata": {"name": "v", "uid": "u"}, "status": status}))
+        serde_json::from_value(
+            json!({"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
+            "metadata": {"name": "v", "uid": "u"}, "status": status}),
+        )
         .unwrap()
     }
 
@@ -586,13 +598,25 @@ mod tests {
     fn ready_means_running_and_agent_connected_needs_an_answer() {
         let now: Timestamp = "2026-01-01T00:00:00Z".parse().unwrap();
         let vmi = stored(json!({"phase": "Scheduled"}));
-        let running = vmi_status(&vmi, &Phase::Running { paused: false }, Boot::Qemu, &[], None, now);
+        let running = vmi_status(
+            &vmi,
+            &Phase::Running { paused: false },
+            Boot::Qemu,
+            &[],
+            None,
+            now,
+        );
         let types = |s: &Value| -> Vec<(String, String)> {
             s["conditions"]
                 .as_array()
                 .unwrap()
                 .iter()
-                .map(|c| (c["type"].as_str().unwrap().into(), c["status"].as_str().unwrap().into()))
+                .map(|c| {
+                    (
+                        c["type"].as_str().unwrap().into(),
+                        c["status"].as_str().unwrap().into(),
+                    )
+                })
                 .collect()
         };
         assert_eq!(types(&running), [("Ready".into(), "True".into())]);
@@ -618,16 +642,29 @@ mod tests {
         );
         assert_eq!(
             types(&answered),
-            [("Ready".into(), "True".into()), ("AgentConnected".into(), "True".into())]
+            [
+                ("Ready".into(), "True".into()),
+                ("AgentConnected".into(), "True".into())
+            ]
         );
         assert_eq!(answered["guestOSInfo"]["name"], "Debian GNU/Linux");
         assert_eq!(
-            answered["phaseTransitionTimestamps"].as_array().unwrap().len(),
+            answered["phaseTransitionTimestamps"]
+                .as_array()
+                .unwrap()
+                .len(),
             1,
             "no new transition while the phase stays"
         );
         // The agent went away: the condition goes, the OS stays.
-        let away = vmi_status(&stored(answered), &Phase::Running { paused: false }, Boot::Qemu, &[], None, now);
+        let away = vmi_status(
+            &stored(answered),
+            &Phase::Running { paused: false },
+            Boot::Qemu,
+            &[],
+            None,
+            now,
+        );
         assert_eq!(types(&away), [("Ready".into(), "True".into())]);
         assert_eq!(away["guestOSInfo"]["name"], "Debian GNU/Linux");
 
@@ -641,7 +678,10 @@ mod tests {
         );
         assert_eq!(
             types(&failed),
-            [("Ready".into(), "False".into()), ("Synchronized".into(), "False".into())]
+            [
+                ("Ready".into(), "False".into()),
+                ("Synchronized".into(), "False".into())
+            ]
         );
         assert_eq!(failed["conditions"][1]["message"], "QEMU exited");
         let waiting = vmi_status(
@@ -652,7 +692,10 @@ mod tests {
             None,
             now,
         );
-        assert_eq!(waiting["conditions"][0]["message"], "PVC boot is not bound yet");
+        assert_eq!(
+            waiting["conditions"][0]["message"],
+            "PVC boot is not bound yet"
+        );
         assert!(waiting.get("nodeName").is_none());
     }
 }

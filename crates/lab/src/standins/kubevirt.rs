@@ -128,7 +128,10 @@ fn error_policy(_obj: Arc<DynamicObject>, error: &Error, _ctx: Arc<KubeVirt>) ->
 
 /// `spec.runStrategy`, or the deprecated `spec.running`; neither means Halted.
 fn run_strategy(vm: &DynamicObject) -> String {
-    match (vm.data["spec"]["runStrategy"].as_str(), &vm.data["spec"]["running"]) {
+    match (
+        vm.data["spec"]["runStrategy"].as_str(),
+        &vm.data["spec"]["running"],
+    ) {
         (Some(s), _) => s.to_string(),
         (None, Value::Bool(true)) => "Always".into(),
         _ => "Halted".into(),
@@ -233,7 +236,9 @@ pub fn sync_start_failure(
 pub enum Step {
     Create,
     /// Delete the VMI; `restart` records a start request (RerunOnFailure after a failure).
-    Delete { restart: bool },
+    Delete {
+        restart: bool,
+    },
     /// Start again once the crash-loop backoff is over.
     WaitForBackoff(Duration),
     Nothing,
@@ -433,7 +438,10 @@ mod tests {
             decide("Always", Some(&succeeded), false, true, none),
             Step::Delete { restart: false }
         );
-        assert_eq!(decide("Always", Some(&running), false, true, none), Step::Nothing);
+        assert_eq!(
+            decide("Always", Some(&running), false, true, none),
+            Step::Nothing
+        );
         let wait = Duration::from_secs(12);
         assert_eq!(
             decide("Always", None, false, true, wait),
@@ -448,12 +456,24 @@ mod tests {
             decide("RerunOnFailure", Some(&succeeded), false, true, none),
             Step::Delete { restart: false }
         );
-        assert_eq!(decide("RerunOnFailure", None, true, true, none), Step::Create);
-        assert_eq!(decide("RerunOnFailure", None, false, true, none), Step::Nothing);
-        assert_eq!(decide("RerunOnFailure", None, false, false, none), Step::Create);
+        assert_eq!(
+            decide("RerunOnFailure", None, true, true, none),
+            Step::Create
+        );
+        assert_eq!(
+            decide("RerunOnFailure", None, false, true, none),
+            Step::Nothing
+        );
+        assert_eq!(
+            decide("RerunOnFailure", None, false, false, none),
+            Step::Create
+        );
         assert_eq!(decide("Once", None, false, false, none), Step::Create);
         assert_eq!(decide("Once", None, false, true, none), Step::Nothing);
-        assert_eq!(decide("Once", Some(&failed), false, true, none), Step::Nothing);
+        assert_eq!(
+            decide("Once", Some(&failed), false, true, none),
+            Step::Nothing
+        );
         assert_eq!(
             decide("Halted", Some(&running), false, true, none),
             Step::Delete { restart: false }
@@ -461,8 +481,14 @@ mod tests {
         assert_eq!(decide("Halted", None, false, true, none), Step::Nothing);
         let mut going = running.clone();
         going.deleting = true;
-        assert_eq!(decide("Halted", Some(&going), false, true, none), Step::Nothing);
-        assert_eq!(decide("Always", Some(&going), false, true, none), Step::Nothing);
+        assert_eq!(
+            decide("Halted", Some(&going), false, true, none),
+            Step::Nothing
+        );
+        assert_eq!(
+            decide("Always", Some(&going), false, true, none),
+            Step::Nothing
+        );
     }
 
     #[test]
@@ -479,8 +505,12 @@ mod tests {
         );
         let mut next = vmi("Failed", false);
         next.uid = "uid-2".into();
-        let second = sync_start_failure(Some(first.clone()), Some(&next), "Always", now, 0.0).unwrap();
-        assert_eq!((second.count, second.last_failed_uid.as_str()), (2, "uid-2"));
+        let second =
+            sync_start_failure(Some(first.clone()), Some(&next), "Always", now, 0.0).unwrap();
+        assert_eq!(
+            (second.count, second.last_failed_uid.as_str()),
+            (2, "uid-2")
+        );
         assert_eq!(second.retry_after, now + SignedDuration::from_secs(40));
         assert_eq!(
             sync_start_failure(Some(second.clone()), None, "Always", now, 0.0),
@@ -488,7 +518,13 @@ mod tests {
             "kept while no VMI exists"
         );
         assert_eq!(
-            sync_start_failure(Some(second.clone()), Some(&vmi("Failed", true)), "Always", now, 0.0),
+            sync_start_failure(
+                Some(second.clone()),
+                Some(&vmi("Failed", true)),
+                "Always",
+                now,
+                0.0
+            ),
             None,
             "a VMI that ran clears it"
         );
@@ -512,11 +548,26 @@ mod tests {
         let running = vmi("Running", true);
         let scheduling = vmi("Scheduling", false);
         let failed = vmi("Failed", false);
-        assert_eq!(printable_status(true, "Always", Some(&running), false, None), "Terminating");
-        assert_eq!(printable_status(false, "Always", Some(&running), false, None), "Running");
-        assert_eq!(printable_status(false, "Halted", Some(&running), false, None), "Stopping");
-        assert_eq!(printable_status(false, "Always", Some(&scheduling), true, None), "Starting");
-        assert_eq!(printable_status(false, "Always", None, true, Some(&failure)), "Starting");
+        assert_eq!(
+            printable_status(true, "Always", Some(&running), false, None),
+            "Terminating"
+        );
+        assert_eq!(
+            printable_status(false, "Always", Some(&running), false, None),
+            "Running"
+        );
+        assert_eq!(
+            printable_status(false, "Halted", Some(&running), false, None),
+            "Stopping"
+        );
+        assert_eq!(
+            printable_status(false, "Always", Some(&scheduling), true, None),
+            "Starting"
+        );
+        assert_eq!(
+            printable_status(false, "Always", None, true, Some(&failure)),
+            "Starting"
+        );
         assert_eq!(
             printable_status(false, "Always", Some(&failed), false, Some(&failure)),
             "CrashLoopBackOff"
@@ -525,8 +576,17 @@ mod tests {
             printable_status(false, "Always", None, false, Some(&failure)),
             "CrashLoopBackOff"
         );
-        assert_eq!(printable_status(false, "Halted", None, false, Some(&failure)), "Stopped");
-        assert_eq!(printable_status(false, "Always", Some(&failed), false, None), "Stopped");
-        assert_eq!(printable_status(false, "Halted", None, false, None), "Stopped");
+        assert_eq!(
+            printable_status(false, "Halted", None, false, Some(&failure)),
+            "Stopped"
+        );
+        assert_eq!(
+            printable_status(false, "Always", Some(&failed), false, None),
+            "Stopped"
+        );
+        assert_eq!(
+            printable_status(false, "Halted", None, false, None),
+            "Stopped"
+        );
     }
 }

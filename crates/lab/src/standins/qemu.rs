@@ -101,10 +101,7 @@ impl Guests {
             && !files.efi_vars.exists()
         {
             std::fs::copy(template, &files.efi_vars).with_context(|| {
-                format!(
-                    "copying {} (Debian's ovmf package)",
-                    template.display()
-                )
+                format!("copying {} (Debian's ovmf package)", template.display())
             })?;
         }
         let spec = ProcessSpec {
