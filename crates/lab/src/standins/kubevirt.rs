@@ -1,32 +1,35 @@
-//! The KubeVirt stand-in: VirtualMachines get VirtualMachineInstances per `runStrategy`, and each VMI really
-//! boots its first disk in QEMU. When the guest prints the ready marker on COM1, the VMI's `AgentConnected` and
-//! `Ready` conditions turn True. Only what virt-controller and virt-handler would do, nothing Ferry-specific.
+//! The KubeVirt stand-in. virt-controller's part (here): a VirtualMachine gets VirtualMachineInstances as its
+//! `runStrategy` says, a VMI that failed before it ever ran counts as a start failure with KubeVirt's crash-loop
+//! backoff, and `printableStatus` follows. virt-handler's and virt-launcher's part (`handler.rs`): each VMI runs
+//! as a QEMU domain shaped by its spec (`domain.rs`); `Ready` means the domain runs, `AgentConnected` that the
+//! guest's own qemu-guest-agent answered. Only what KubeVirt would do, nothing Ferry-specific.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use ferry_api::foreign::{VmSpec, VmiStatus};
+use ferry_api::foreign::VmiStatus;
 pub use ferry_api::foreign::{vm_resource, vmi_resource};
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
-use k8s_openapi::jiff::Timestamp;
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::api::{DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
 use kube::core::ApiResource;
 use kube::runtime::controller::{Action, Controller};
-use kube::runtime::finalizer::{Event, finalizer};
 use kube::runtime::watcher;
 use kube::{Api, Client, Resource, ResourceExt};
 use serde_json::{Value, json};
 
-use super::qemu::{Guests, Machine};
+use super::handler;
+use super::qemu::Guests;
 
-/// What a guest prints on COM1 once it is up; the lab's demo disks print it from their boot sector.
+/// What the lab's demo disks print on COM1 once booted; recorded on the VMI for people and tests, never a
+/// condition.
 pub const READY_MARKER: &str = "FERRY-GUEST-READY";
 /// The serial line with the marker, recorded on the VMI for people and tests to read.
 pub const MARKER_ANNOTATION: &str = "lab.ferry.dev/serial-marker";
-const FINALIZER: &str = "lab.ferry.dev/stop-qemu";
-const MANAGER: &str = "kubevirt-standin";
+pub(super) const MANAGER: &str = "kubevirt-standin";
 pub const NODE: &str = "lab-node";
+/// virt-controller's longest crash-loop backoff.
+const MAX_BACKOFF_SECONDS: i64 = 300;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -39,10 +42,11 @@ pub enum Error {
 /// How the stand-in's virt-handler runs a VMI.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Boot {
-    /// Boot its first disk in QEMU; Ready once the guest prints the marker.
+    /// Run the VMI's domain in QEMU, as virt-launcher would.
     Qemu,
-    /// For `ferry bench controlplane` only: Running and Ready as soon as its first disk is imported, with no
-    /// QEMU, so a thousand migrations do not start a thousand guests. Marked by the `NoBootBenchmark` reason.
+    /// For `ferry bench controlplane` only: Running, Ready and AgentConnected as soon as its volumes are
+    /// imported, with no QEMU, so a thousand migrations do not start a thousand guests. Marked by the
+    /// `NoBootBenchmark` reason.
     ReportReadyWithoutBooting,
 }
 
@@ -50,10 +54,11 @@ pub enum Boot {
 pub const NO_BOOT_REASON: &str = "NoBootBenchmark";
 
 /// What the KubeVirt stand-in's reconciles share.
-struct KubeVirt {
-    client: Client,
-    guests: Guests,
-    boot: Boot,
+pub(super) struct KubeVirt {
+    pub(super) client: Client,
+    pub(super) guests: Guests,
+    pub(super) boot: Boot,
+    pub(super) state_dir: std::path::PathBuf,
 }
 
 /// Runs both controllers until `shutdown` resolves. `namespace: None` serves every namespace.
@@ -64,11 +69,18 @@ pub async fn run(
     boot: Boot,
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) -> anyhow::Result<()> {
+    let guests = Guests::new(state_dir)?;
     let ctx = Arc::new(KubeVirt {
         client: client.clone(),
-        guests: Guests::new(state_dir)?,
+        state_dir: state_dir.canonicalize()?,
+        guests,
         boot,
     });
+    if boot == Boot::Qemu {
+        // Probe KVM while the controllers start; the first guest waits for the answer.
+        let scratch = ctx.state_dir.clone();
+        tokio::task::spawn_blocking(move || super::accel::detect(&scratch));
+    }
     let api = |r: &ApiResource| match namespace {
         Some(ns) => Api::<DynamicObject>::namespaced_with(client.clone(), ns, r),
         None => Api::<DynamicObject>::all_with(client.clone(), r),
@@ -99,7 +111,7 @@ pub async fn run(
     .graceful_shutdown_on(async move {
         let _ = rx_vmi.wait_for(|s| *s).await;
     })
-    .run(reconcile_vmi, error_policy, ctx.clone())
+    .run(handler::reconcile_vmi, error_policy, ctx.clone())
     .for_each(|_| async {});
     tokio::spawn(async move {
         shutdown.await;
@@ -114,62 +126,280 @@ fn error_policy(_obj: Arc<DynamicObject>, error: &Error, _ctx: Arc<KubeVirt>) ->
     Action::requeue(Duration::from_secs(2))
 }
 
+/// `spec.runStrategy`, or the deprecated `spec.running`; neither means Halted.
 fn run_strategy(vm: &DynamicObject) -> String {
-    VmSpec::of(vm)
-        .run_strategy
-        .unwrap_or_else(|| "Halted".into())
+    match (
+        vm.data["spec"]["runStrategy"].as_str(),
+        &vm.data["spec"]["running"],
+    ) {
+        (Some(s), _) => s.to_string(),
+        (None, Value::Bool(true)) => "Always".into(),
+        _ => "Halted".into(),
+    }
 }
 
-/// virt-controller's part: a VMI exists exactly when the run strategy says the VM runs.
+/// What virt-controller reads of a VMI.
+#[derive(Clone, Debug, PartialEq)]
+pub struct VmiView {
+    pub uid: String,
+    pub phase: String,
+    pub deleting: bool,
+    /// It reached Running once (`phaseTransitionTimestamps`).
+    pub ever_running: bool,
+}
+
+impl VmiView {
+    fn of(vmi: &DynamicObject) -> Self {
+        let status = &vmi.data["status"];
+        Self {
+            uid: vmi.uid().unwrap_or_default(),
+            phase: VmiStatus::of(vmi).phase.unwrap_or_default(),
+            deleting: vmi.metadata.deletion_timestamp.is_some(),
+            ever_running: status["phaseTransitionTimestamps"]
+                .as_array()
+                .is_some_and(|ts| ts.iter().any(|t| t["phase"] == "Running")),
+        }
+    }
+
+    pub fn is_final(&self) -> bool {
+        matches!(self.phase.as_str(), "Succeeded" | "Failed")
+    }
+}
+
+/// `status.startFailure`: consecutive VMIs that failed before they ran.
+#[derive(Clone, Debug, PartialEq)]
+pub struct StartFailure {
+    pub count: u32,
+    pub last_failed_uid: String,
+    pub retry_after: Timestamp,
+}
+
+impl StartFailure {
+    fn of(vm: &DynamicObject) -> Option<Self> {
+        let f = &vm.data["status"]["startFailure"];
+        Some(Self {
+            count: u32::try_from(f["consecutiveFailCount"].as_u64()?).ok()?,
+            last_failed_uid: f["lastFailedVMIUID"].as_str()?.to_string(),
+            retry_after: f["retryAfterTimestamp"].as_str()?.parse().ok()?,
+        })
+    }
+
+    fn to_json(&self) -> Value {
+        json!({"consecutiveFailCount": self.count, "lastFailedVMIUID": self.last_failed_uid,
+               "retryAfterTimestamp": self.retry_after.to_string()})
+    }
+}
+
+fn restarts_failed(strategy: &str) -> bool {
+    matches!(strategy, "Always" | "RerunOnFailure" | "Once")
+}
+
+/// virt-controller's backoff after `count` start failures: 10 s × count², plus up to half again at random
+/// (`jitter` in 0..1) so failing VMs spread out, at most five minutes.
+pub fn backoff_seconds(count: u32, jitter: f64) -> i64 {
+    let delay = 10 * i64::from(count.max(1)).pow(2);
+    let spread = ((delay / 2 + 1) as f64 * jitter.clamp(0.0, 0.999)) as i64;
+    (delay + spread).min(MAX_BACKOFF_SECONDS)
+}
+
+/// The start failure after seeing `vmi`: cleared once a VMI ran (or nothing restarts it), counted once per
+/// VMI that ended without ever running.
+pub fn sync_start_failure(
+    previous: Option<StartFailure>,
+    vmi: Option<&VmiView>,
+    strategy: &str,
+    now: Timestamp,
+    jitter: f64,
+) -> Option<StartFailure> {
+    if vmi.is_some_and(|v| v.ever_running) || !restarts_failed(strategy) {
+        return None;
+    }
+    let Some(vmi) = vmi.filter(|v| v.is_final()) else {
+        return previous;
+    };
+    if previous
+        .as_ref()
+        .is_some_and(|p| p.last_failed_uid == vmi.uid)
+    {
+        return previous;
+    }
+    let count = previous.map_or(1, |p| p.count + 1);
+    Some(StartFailure {
+        count,
+        last_failed_uid: vmi.uid.clone(),
+        retry_after: now + SignedDuration::from_secs(backoff_seconds(count, jitter)),
+    })
+}
+
+/// What virt-controller does next for a VM.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Step {
+    Create,
+    /// Delete the VMI; `restart` records a start request (RerunOnFailure after a failure).
+    Delete {
+        restart: bool,
+    },
+    /// Start again once the crash-loop backoff is over.
+    WaitForBackoff(Duration),
+    Nothing,
+}
+
+/// The run strategy's decision. `applied`: the VM's status already shows this strategy (so RerunOnFailure and
+/// Once have started their VMI); `start_requested`: a start request is pending.
+pub fn decide(
+    strategy: &str,
+    vmi: Option<&VmiView>,
+    start_requested: bool,
+    applied: bool,
+    backoff_left: Duration,
+) -> Step {
+    let start = || {
+        if backoff_left.is_zero() {
+            Step::Create
+        } else {
+            Step::WaitForBackoff(backoff_left)
+        }
+    };
+    let live = vmi.filter(|v| !v.deleting);
+    match strategy {
+        "Always" => match (vmi, live) {
+            (_, Some(v)) if v.is_final() => Step::Delete { restart: false },
+            (None, _) => start(),
+            _ => Step::Nothing,
+        },
+        "RerunOnFailure" => match (vmi, live) {
+            (_, Some(v)) if v.phase == "Failed" => Step::Delete { restart: true },
+            (_, Some(v)) if v.phase == "Succeeded" => Step::Delete { restart: false },
+            (None, _) if start_requested || !applied => start(),
+            _ => Step::Nothing,
+        },
+        "Once" => match vmi {
+            None if !applied => start(),
+            _ => Step::Nothing,
+        },
+        "Halted" => match live {
+            Some(_) => Step::Delete { restart: false },
+            None => Step::Nothing,
+        },
+        // Manual: started and stopped through the API's subresources, which the lab does not serve.
+        _ => Step::Nothing,
+    }
+}
+
+/// `status.printableStatus`, KubeVirt's order of checks for what the lab can show.
+pub fn printable_status(
+    vm_deleting: bool,
+    strategy: &str,
+    vmi: Option<&VmiView>,
+    creating: bool,
+    start_failure: Option<&StartFailure>,
+) -> &'static str {
+    let crash_loop =
+        !creating && restarts_failed(strategy) && start_failure.is_some_and(|f| f.count > 0);
+    if vm_deleting {
+        return "Terminating";
+    }
+    match vmi {
+        Some(v) if !v.is_final() && (v.deleting || strategy == "Halted") => "Stopping",
+        Some(v) if v.phase == "Running" => "Running",
+        Some(v) if !v.is_final() => "Starting",
+        None if creating => "Starting",
+        _ if crash_loop => "CrashLoopBackOff",
+        _ => "Stopped",
+    }
+}
+
+/// The VMI virt-controller creates from the VM's template.
+fn new_vmi(vm: &DynamicObject) -> DynamicObject {
+    let owner = vm
+        .controller_owner_ref(&vm_resource())
+        .expect("a stored VM has a uid");
+    let template = &vm.data["spec"]["template"];
+    let mut new = DynamicObject::new(&vm.name_any(), &vmi_resource())
+        .within(&vm.namespace().unwrap_or_default());
+    new.metadata.labels = serde_json::from_value(template["metadata"]["labels"].clone()).ok();
+    new.metadata.annotations =
+        serde_json::from_value(template["metadata"]["annotations"].clone()).ok();
+    new.metadata.owner_references = Some(vec![owner]);
+    new.data = json!({"spec": template["spec"].clone()});
+    new
+}
+
+/// virt-controller's part: a VMI exists as the run strategy says; the VM's status tells how it goes.
 async fn reconcile_vm(vm: Arc<DynamicObject>, ctx: Arc<KubeVirt>) -> Result<Action, Error> {
     let ns = vm.namespace().unwrap_or_default();
     let name = vm.name_any();
     let vmis = Api::<DynamicObject>::namespaced_with(ctx.client.clone(), &ns, &vmi_resource());
     let vms = Api::<DynamicObject>::namespaced_with(ctx.client.clone(), &ns, &vm_resource());
+    let strategy = run_strategy(&vm);
+    let vm_deleting = vm.metadata.deletion_timestamp.is_some();
     let mut vmi = vmis.get_opt(&name).await?;
-    let wants_running = matches!(
-        run_strategy(&vm).as_str(),
-        "Always" | "RerunOnFailure" | "Once"
-    );
-    if vm.metadata.deletion_timestamp.is_some() {
-        return Ok(Action::await_change());
-    }
-    match (&vmi, wants_running) {
-        (None, true) => {
-            let owner = vm
-                .controller_owner_ref(&vm_resource())
-                .expect("a stored VM has a uid");
-            let template = &vm.data["spec"]["template"];
-            let mut new = DynamicObject::new(&name, &vmi_resource()).within(&ns);
-            new.metadata.labels =
-                serde_json::from_value(template["metadata"]["labels"].clone()).ok();
-            new.metadata.owner_references = Some(vec![owner]);
-            new.data = json!({"spec": template["spec"].clone()});
-            vmi = Some(vmis.create(&PostParams::default(), &new).await?);
-        }
-        (Some(existing), false) if existing.metadata.deletion_timestamp.is_none() => {
-            vmis.delete(&name, &DeleteParams::default()).await?;
-        }
-        _ => {}
-    }
-    let vmi_status = vmi.as_ref().map(VmiStatus::of).unwrap_or_default();
-    let vmi_ready = vmi_status.is_true("Ready");
-    let vmi_phase = vmi_status.phase.as_deref().unwrap_or("");
-    let printable = match (wants_running, &vmi) {
-        (false, None) => "Stopped",
-        (false, Some(_)) => "Stopping",
-        (true, Some(_)) if vmi_phase == "Running" => "Running",
-        (true, _) => "Starting",
+    let view = vmi.as_ref().map(VmiView::of);
+    let now = Timestamp::now();
+    let jitter = (super::agent::random_id() % 1000) as f64 / 1000.0;
+    let start_failure =
+        sync_start_failure(StartFailure::of(&vm), view.as_ref(), &strategy, now, jitter);
+    let backoff_left = start_failure
+        .as_ref()
+        .map(|f| f.retry_after.duration_since(now))
+        .filter(|d| d.is_positive())
+        .and_then(|d| Duration::try_from(d).ok())
+        .unwrap_or_default();
+    let status = &vm.data["status"];
+    let mut start_requested = status["stateChangeRequests"]
+        .as_array()
+        .is_some_and(|rs| rs.iter().any(|r| r["action"] == "Start"));
+    let applied = status["runStrategy"] == strategy.as_str();
+    let step = if vm_deleting {
+        Step::Nothing
+    } else {
+        decide(
+            &strategy,
+            view.as_ref(),
+            start_requested,
+            applied,
+            backoff_left,
+        )
     };
-    let status = json!({
+    let mut creating = false;
+    let mut requeue = Duration::from_secs(30);
+    match &step {
+        Step::Create => {
+            vmi = Some(vmis.create(&PostParams::default(), &new_vmi(&vm)).await?);
+            start_requested = false;
+            creating = true;
+        }
+        Step::Delete { restart } => {
+            vmis.delete(&name, &DeleteParams::default()).await?;
+            start_requested |= *restart;
+            requeue = Duration::from_secs(1);
+        }
+        Step::WaitForBackoff(left) => requeue = *left,
+        Step::Nothing => {}
+    }
+    let view = vmi.as_ref().map(VmiView::of);
+    let printable = printable_status(
+        vm_deleting,
+        &strategy,
+        view.as_ref(),
+        creating,
+        start_failure.as_ref(),
+    );
+    let mut new_status = json!({
         "printableStatus": printable,
-        "ready": vmi_ready,
+        "ready": vmi.as_ref().is_some_and(|v| VmiStatus::of(v).is_true("Ready")),
         "created": vmi.is_some(),
-        "runStrategy": run_strategy(&vm),
+        "runStrategy": strategy,
     });
-    if vm.data["status"] != status {
+    if let Some(failure) = &start_failure {
+        new_status["startFailure"] = failure.to_json();
+    }
+    if start_requested {
+        new_status["stateChangeRequests"] = json!([{"action": "Start"}]);
+    }
+    if vm.data["status"] != new_status {
         let patch =
-            json!({"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine", "status": status});
+            json!({"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine", "status": new_status});
         vms.patch_status(
             &name,
             &PatchParams::apply(MANAGER).force(),
@@ -177,192 +407,186 @@ async fn reconcile_vm(vm: Arc<DynamicObject>, ctx: Arc<KubeVirt>) -> Result<Acti
         )
         .await?;
     }
-    Ok(Action::requeue(Duration::from_secs(30)))
+    Ok(Action::requeue(requeue))
 }
 
-fn guest_key(vmi: &DynamicObject) -> String {
-    format!(
-        "{}_{}_{}",
-        vmi.namespace().unwrap_or_default(),
-        vmi.name_any(),
-        vmi.uid().unwrap_or_default()
-    )
-}
+#[cfg(test)]
+mod tests {
+    use super::*;
 
-/// virt-handler's part: boot the guest, follow its serial port, report phases and conditions.
-async fn reconcile_vmi(vmi: Arc<DynamicObject>, ctx: Arc<KubeVirt>) -> Result<Action, Error> {
-    let ns = vmi.namespace().unwrap_or_default();
-    let vmis = Api::<DynamicObject>::namespaced_with(ctx.client.clone(), &ns, &vmi_resource());
-    finalizer(&vmis, FINALIZER, vmi, |event| async {
-        match event {
-            Event::Apply(vmi) => run_guest(&vmi, &ctx, &vmis).await,
-            Event::Cleanup(vmi) => {
-                ctx.guests
-                    .stop(&guest_key(&vmi))
-                    .map_err(|e| Error::Guest(format!("{e:#}")))?;
-                Ok(Action::await_change())
-            }
+    fn vmi(phase: &str, ever_running: bool) -> VmiView {
+        VmiView {
+            uid: format!("uid-{phase}"),
+            phase: phase.into(),
+            deleting: false,
+            ever_running,
         }
-    })
-    .await
-    .map_err(|e| match e {
-        kube::runtime::finalizer::Error::ApplyFailed(e)
-        | kube::runtime::finalizer::Error::CleanupFailed(e) => e,
-        other => Error::Guest(other.to_string()),
-    })
-}
-
-async fn run_guest(
-    vmi: &DynamicObject,
-    ctx: &KubeVirt,
-    vmis: &Api<DynamicObject>,
-) -> Result<Action, Error> {
-    let key = guest_key(vmi);
-    let (phase, reason, requeue) = match boot_disk(vmi, ctx).await? {
-        Err(waiting) => ("Scheduling", waiting, Duration::from_secs(2)),
-        Ok(_) if ctx.boot == Boot::ReportReadyWithoutBooting => {
-            ("Running", String::new(), Duration::from_secs(30))
-        }
-        Ok(disk) => {
-            let machine = Machine {
-                disk: &disk,
-                memory_mib: memory_mib(vmi),
-                cpus: 1,
-            };
-            ctx.guests
-                .start(&key, &machine)
-                .map_err(|e| Error::Guest(format!("{e:#}")))?;
-            ("Running", String::new(), Duration::from_millis(500))
-        }
-    };
-    let marker = ctx.guests.serial_line(&key, READY_MARKER);
-    let booted = marker.is_some() || ctx.boot == Boot::ReportReadyWithoutBooting;
-    let ready = phase == "Running" && booted;
-    let (ready_reason, agent_reason) = match ctx.boot {
-        Boot::Qemu => ("GuestReady", "GuestMarkerSeen"),
-        Boot::ReportReadyWithoutBooting => (NO_BOOT_REASON, NO_BOOT_REASON),
-    };
-    let now = Timestamp::now().to_string();
-    let condition = |type_: &str, ok: bool, why: &str| {
-        let earlier = vmi.data["status"]["conditions"].as_array().and_then(|cs| {
-            cs.iter()
-                .find(|c| c["type"] == type_ && c["status"] == if ok { "True" } else { "False" })
-                .cloned()
-        });
-        earlier.unwrap_or_else(|| {
-            json!({"type": type_, "status": if ok { "True" } else { "False" }, "reason": why, "lastTransitionTime": now, "lastProbeTime": null})
-        })
-    };
-    let waiting_reason = if phase == "Running" {
-        "GuestNotReady"
-    } else {
-        "DiskNotReady"
-    };
-    let status = json!({
-        "phase": phase,
-        "nodeName": NODE,
-        "reason": reason,
-        "conditions": [
-            condition("Ready", ready, if ready { ready_reason } else { waiting_reason }),
-            condition("AgentConnected", ready, if ready { agent_reason } else { waiting_reason }),
-        ],
-    });
-    let mut annotations = vmi.annotations().clone();
-    if let Some(line) = &marker {
-        annotations.insert(MARKER_ANNOTATION.to_string(), line.clone());
     }
-    if vmi.data["status"] != status || vmi.annotations() != &annotations {
-        let patch = json!({"metadata": {"annotations": annotations}, "status": status});
-        vmis.patch(
-            &vmi.name_any(),
-            &PatchParams::default(),
-            &Patch::Merge(&patch),
-        )
-        .await?;
+
+    #[test]
+    fn run_strategies_create_and_delete_as_kubevirt() {
+        let none = Duration::ZERO;
+        let failed = vmi("Failed", true);
+        let succeeded = vmi("Succeeded", true);
+        let running = vmi("Running", true);
+        assert_eq!(decide("Always", None, false, true, none), Step::Create);
+        assert_eq!(
+            decide("Always", Some(&failed), false, true, none),
+            Step::Delete { restart: false }
+        );
+        assert_eq!(
+            decide("Always", Some(&succeeded), false, true, none),
+            Step::Delete { restart: false }
+        );
+        assert_eq!(
+            decide("Always", Some(&running), false, true, none),
+            Step::Nothing
+        );
+        let wait = Duration::from_secs(12);
+        assert_eq!(
+            decide("Always", None, false, true, wait),
+            Step::WaitForBackoff(wait)
+        );
+        // RerunOnFailure: a new VMI after a failure, none after a clean shutdown.
+        assert_eq!(
+            decide("RerunOnFailure", Some(&failed), false, true, none),
+            Step::Delete { restart: true }
+        );
+        assert_eq!(
+            decide("RerunOnFailure", Some(&succeeded), false, true, none),
+            Step::Delete { restart: false }
+        );
+        assert_eq!(
+            decide("RerunOnFailure", None, true, true, none),
+            Step::Create
+        );
+        assert_eq!(
+            decide("RerunOnFailure", None, false, true, none),
+            Step::Nothing
+        );
+        assert_eq!(
+            decide("RerunOnFailure", None, false, false, none),
+            Step::Create
+        );
+        assert_eq!(decide("Once", None, false, false, none), Step::Create);
+        assert_eq!(decide("Once", None, false, true, none), Step::Nothing);
+        assert_eq!(
+            decide("Once", Some(&failed), false, true, none),
+            Step::Nothing
+        );
+        assert_eq!(
+            decide("Halted", Some(&running), false, true, none),
+            Step::Delete { restart: false }
+        );
+        assert_eq!(decide("Halted", None, false, true, none), Step::Nothing);
+        let mut going = running.clone();
+        going.deleting = true;
+        assert_eq!(
+            decide("Halted", Some(&going), false, true, none),
+            Step::Nothing
+        );
+        assert_eq!(
+            decide("Always", Some(&going), false, true, none),
+            Step::Nothing
+        );
     }
-    Ok(if ready {
-        Action::requeue(Duration::from_secs(30))
-    } else {
-        Action::requeue(requeue)
-    })
-}
 
-/// The first disk's image: its volume's PVC, bound to a hostPath PV holding `disk.img` (CDI's layout).
-async fn boot_disk(
-    vmi: &DynamicObject,
-    ctx: &KubeVirt,
-) -> Result<Result<std::path::PathBuf, String>, Error> {
-    let spec = &vmi.data["spec"];
-    let first_disk = spec["domain"]["devices"]["disks"][0]["name"]
-        .as_str()
-        .unwrap_or_default();
-    let volume = spec["volumes"]
-        .as_array()
-        .and_then(|vs| vs.iter().find(|v| v["name"] == first_disk))
-        .cloned()
-        .unwrap_or(Value::Null);
-    let claim = volume["dataVolume"]["name"]
-        .as_str()
-        .or(volume["persistentVolumeClaim"]["claimName"].as_str());
-    let Some(claim) = claim else {
-        return Ok(Err(format!(
-            "the first disk {first_disk:?} has no dataVolume or persistentVolumeClaim volume"
-        )));
-    };
-    let ns = vmi.namespace().unwrap_or_default();
-    let Some(pvc) = Api::<PersistentVolumeClaim>::namespaced(ctx.client.clone(), &ns)
-        .get_opt(claim)
-        .await?
-    else {
-        return Ok(Err(format!("PVC {claim} does not exist yet")));
-    };
-    let Some(pv_name) = pvc
-        .spec
-        .and_then(|s| s.volume_name)
-        .filter(|n| !n.is_empty())
-    else {
-        return Ok(Err(format!("PVC {claim} is not bound yet")));
-    };
-    let pv = Api::<PersistentVolume>::all(ctx.client.clone())
-        .get(&pv_name)
-        .await?;
-    let Some(path) = pv
-        .spec
-        .and_then(|s| s.host_path)
-        .map(|h| std::path::PathBuf::from(h.path))
-    else {
-        return Ok(Err(format!("PV {pv_name} is not a hostPath volume")));
-    };
-    let image = if path.is_dir() {
-        path.join("disk.img")
-    } else {
-        path
-    };
-    Ok(if image.exists() {
-        Ok(image)
-    } else {
-        Err(format!("{} does not exist yet", image.display()))
-    })
-}
+    #[test]
+    fn vmis_that_never_ran_back_off_and_a_run_clears_the_count() {
+        let now: Timestamp = "2026-01-01T00:00:00Z".parse().unwrap();
+        let early = vmi("Failed", false);
+        let first = sync_start_failure(None, Some(&early), "Always", now, 0.0).unwrap();
+        assert_eq!(first.count, 1);
+        assert_eq!(first.retry_after, now + SignedDuration::from_secs(10));
+        // The same VMI is counted once.
+        assert_eq!(
+            sync_start_failure(Some(first.clone()), Some(&early), "Always", now, 0.5),
+            Some(first.clone())
+        );
+        let mut next = vmi("Failed", false);
+        next.uid = "uid-2".into();
+        let second =
+            sync_start_failure(Some(first.clone()), Some(&next), "Always", now, 0.0).unwrap();
+        assert_eq!(
+            (second.count, second.last_failed_uid.as_str()),
+            (2, "uid-2")
+        );
+        assert_eq!(second.retry_after, now + SignedDuration::from_secs(40));
+        assert_eq!(
+            sync_start_failure(Some(second.clone()), None, "Always", now, 0.0),
+            Some(second.clone()),
+            "kept while no VMI exists"
+        );
+        assert_eq!(
+            sync_start_failure(
+                Some(second.clone()),
+                Some(&vmi("Failed", true)),
+                "Always",
+                now,
+                0.0
+            ),
+            None,
+            "a VMI that ran clears it"
+        );
+        assert_eq!(
+            sync_start_failure(Some(second), None, "Halted", now, 0.0),
+            None
+        );
+        assert_eq!(backoff_seconds(1, 0.0), 10);
+        assert_eq!(backoff_seconds(1, 0.999), 15);
+        assert_eq!(backoff_seconds(3, 0.0), 90);
+        assert_eq!(backoff_seconds(9, 0.5), MAX_BACKOFF_SECONDS);
+    }
 
-fn memory_mib(vmi: &DynamicObject) -> u64 {
-    let domain = &vmi.data["spec"]["domain"];
-    let quantity = domain["memory"]["guest"]
-        .as_str()
-        .or(domain["resources"]["requests"]["memory"].as_str())
-        .unwrap_or("64Mi");
-    let (number, unit) = quantity.split_at(
-        quantity
-            .find(|c: char| !c.is_ascii_digit())
-            .unwrap_or(quantity.len()),
-    );
-    let n: u64 = number.parse().unwrap_or(64);
-    let mib = match unit {
-        "Gi" => n * 1024,
-        "Mi" => n,
-        "G" => n * 1000 * 1000 * 1000 / (1 << 20),
-        "M" => n * 1000 * 1000 / (1 << 20),
-        _ => n / (1 << 20),
-    };
-    mib.clamp(16, 2048)
+    #[test]
+    fn printable_status_follows_the_vmi_and_the_backoff() {
+        let failure = StartFailure {
+            count: 2,
+            last_failed_uid: "x".into(),
+            retry_after: Timestamp::now(),
+        };
+        let running = vmi("Running", true);
+        let scheduling = vmi("Scheduling", false);
+        let failed = vmi("Failed", false);
+        assert_eq!(
+            printable_status(true, "Always", Some(&running), false, None),
+            "Terminating"
+        );
+        assert_eq!(
+            printable_status(false, "Always", Some(&running), false, None),
+            "Running"
+        );
+        assert_eq!(
+            printable_status(false, "Halted", Some(&running), false, None),
+            "Stopping"
+        );
+        assert_eq!(
+            printable_status(false, "Always", Some(&scheduling), true, None),
+            "Starting"
+        );
+        assert_eq!(
+            printable_status(false, "Always", None, true, Some(&failure)),
+            "Starting"
+        );
+        assert_eq!(
+            printable_status(false, "Always", Some(&failed), false, Some(&failure)),
+            "CrashLoopBackOff"
+        );
+        assert_eq!(
+            printable_status(false, "Always", None, false, Some(&failure)),
+            "CrashLoopBackOff"
+        );
+        assert_eq!(
+            printable_status(false, "Halted", None, false, Some(&failure)),
+            "Stopped"
+        );
+        assert_eq!(
+            printable_status(false, "Always", Some(&failed), false, None),
+            "Stopped"
+        );
+        assert_eq!(
+            printable_status(false, "Halted", None, false, None),
+            "Stopped"
+        );
+    }
 }

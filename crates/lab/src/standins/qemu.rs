@@ -1,22 +1,49 @@
-//! QEMU guests of the KubeVirt stand-in: one software-emulated machine per VMI, its serial port in a file.
+//! QEMU domains of the KubeVirt stand-in: one process per VMI, tied to the stand-in, with its files in the
+//! state dir: COM1 in a file, the guest agent's and the QMP sockets, the OVMF variable store. QMP's
+//! `query-status` says whether the domain runs or the guest powered it off (`-no-shutdown` keeps it there).
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, anyhow, bail};
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::net::UnixStream;
 
 use crate::process::{self, Lifetime, ProcessRecord, ProcessSpec};
 
-/// Guests live under `state_dir`, one `<key>.json` (process record) and `<key>.serial` (COM1) each.
+/// A unix socket path longer than this cannot be bound.
+const MAX_SOCKET_PATH: usize = 107;
+
+/// Guests live under `state_dir`, each file named after the guest's key.
 pub struct Guests {
     state_dir: PathBuf,
 }
 
-/// What a guest needs to boot.
-pub struct Machine<'a> {
-    pub disk: &'a Path,
-    pub memory_mib: u64,
-    pub cpus: u32,
+/// The files of one guest.
+pub struct GuestFiles {
+    pub serial_log: PathBuf,
+    pub agent_socket: PathBuf,
+    pub qmp_socket: PathBuf,
+    pub efi_vars: PathBuf,
+    log: PathBuf,
+    record: PathBuf,
+}
+
+/// What the stand-in knows of a domain.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum DomainState {
+    /// Never started here (or already cleaned up).
+    Absent,
+    /// The process runs but QMP does not say `running` yet.
+    Starting,
+    Running,
+    Paused(String),
+    /// The guest powered off (or rebooted with `rebootPolicy: Terminate`).
+    ShutDown,
+    /// The process is gone without the guest shutting down: a crash, a kill, or a start that failed.
+    Crashed(String),
 }
 
 impl Guests {
@@ -27,16 +54,26 @@ impl Guests {
         })
     }
 
-    pub fn serial_log(&self, key: &str) -> PathBuf {
-        self.state_dir.join(format!("{key}.serial"))
+    pub fn files(&self, key: &str) -> GuestFiles {
+        // Sockets get a short name: a unix socket path has at most 107 bytes, and keys carry a uid.
+        let short = crate::disks::hex(&Sha256::digest(key.as_bytes())[..6]);
+        let at = |name: String| self.state_dir.join(name);
+        GuestFiles {
+            serial_log: at(format!("{key}.serial")),
+            agent_socket: at(format!("{short}.qga")),
+            qmp_socket: at(format!("{short}.qmp")),
+            efi_vars: at(format!("{key}_VARS.fd")),
+            log: at(format!("{key}.qemu.log")),
+            record: at(format!("{key}.json")),
+        }
     }
 
-    fn record_path(&self, key: &str) -> PathBuf {
-        self.state_dir.join(format!("{key}.json"))
+    pub fn serial_log(&self, key: &str) -> PathBuf {
+        self.files(key).serial_log
     }
 
     fn record(&self, key: &str) -> Option<ProcessRecord> {
-        serde_json::from_slice(&std::fs::read(self.record_path(key)).ok()?).ok()
+        serde_json::from_slice(&std::fs::read(self.files(key).record).ok()?).ok()
     }
 
     pub fn is_running(&self, key: &str) -> bool {
@@ -44,55 +81,96 @@ impl Guests {
             .is_some_and(|r| r.is_alive(&self.serial_log(key)))
     }
 
-    /// Boots the disk, unless this guest already runs. The guest dies with the stand-in.
-    pub fn start(&self, key: &str, machine: &Machine<'_>) -> Result<()> {
+    /// Starts QEMU with `args` unless this guest already runs; `efi_vars` is the template of the guest's own
+    /// variable store, copied once (it keeps the guest's boot entries across restarts of the same VMI).
+    pub fn start(&self, key: &str, args: Vec<String>, efi_vars: Option<&Path>) -> Result<()> {
         if self.is_running(key) {
             return Ok(());
         }
-        let serial = self.serial_log(key);
+        let files = self.files(key);
+        for socket in [&files.agent_socket, &files.qmp_socket] {
+            if socket.as_os_str().len() > MAX_SOCKET_PATH {
+                bail!(
+                    "{} is too long for a unix socket: use a shorter state dir",
+                    socket.display()
+                );
+            }
+            let _ = std::fs::remove_file(socket);
+        }
+        if let Some(template) = efi_vars
+            && !files.efi_vars.exists()
+        {
+            std::fs::copy(template, &files.efi_vars).with_context(|| {
+                format!("copying {} (Debian's ovmf package)", template.display())
+            })?;
+        }
         let spec = ProcessSpec {
             name: format!("qemu-{key}"),
             program: PathBuf::from("qemu-system-x86_64"),
-            args: vec![
-                "-machine".into(),
-                "accel=tcg".into(),
-                "-m".into(),
-                machine.memory_mib.to_string(),
-                "-smp".into(),
-                machine.cpus.to_string(),
-                "-display".into(),
-                "none".into(),
-                "-monitor".into(),
-                "none".into(),
-                "-no-reboot".into(),
-                "-drive".into(),
-                format!("file={},format=raw,if=ide", machine.disk.display()),
-                "-serial".into(),
-                format!("file:{}", serial.display()),
-            ],
+            args,
             env: vec![],
         };
-        let record = process::start(
-            &spec,
-            &self.state_dir.join(format!("{key}.qemu.log")),
-            Lifetime::TiedToThisProcess,
-        )
-        .context("starting qemu-system-x86_64 (Debian qemu-system-x86)")?;
-        std::fs::write(self.record_path(key), serde_json::to_vec(&record)?)?;
+        let record = process::start(&spec, &files.log, Lifetime::TiedToThisProcess)
+            .context("starting qemu-system-x86_64 (Debian qemu-system-x86)")?;
+        std::fs::write(&files.record, serde_json::to_vec(&record)?)?;
         Ok(())
     }
 
-    /// Stops the guest and forgets it; a guest already gone is fine.
-    pub fn stop(&self, key: &str) -> Result<()> {
+    /// The domain's state: the process, then QMP.
+    pub async fn state(&self, key: &str) -> DomainState {
+        let Some(record) = self.record(key) else {
+            return DomainState::Absent;
+        };
+        let files = self.files(key);
+        if !record.is_alive(&files.serial_log) {
+            return DomainState::Crashed(self.exit_message(key));
+        }
+        match query_status(&files.qmp_socket, Duration::from_secs(2)).await {
+            Ok(status) => match status.as_str() {
+                "running" => DomainState::Running,
+                "shutdown" => DomainState::ShutDown,
+                "guest-panicked" | "internal-error" | "io-error" => {
+                    DomainState::Crashed(format!("the domain stopped: {status}"))
+                }
+                "prelaunch" | "inmigrate" => DomainState::Starting,
+                other => DomainState::Paused(other.to_string()),
+            },
+            // Right after the start QMP may not listen yet.
+            Err(_) => DomainState::Starting,
+        }
+    }
+
+    /// What QEMU said last, for a crashed domain's message.
+    fn exit_message(&self, key: &str) -> String {
+        let log = std::fs::read(self.files(key).log).unwrap_or_default();
+        let log = String::from_utf8_lossy(&log);
+        match log.lines().rev().find(|l| !l.trim().is_empty()) {
+            Some(line) => format!("QEMU exited: {}", line.trim()),
+            None => "QEMU exited".to_string(),
+        }
+    }
+
+    /// Stops the process; its files stay (the console is read after the guest is gone).
+    pub fn halt(&self, key: &str) -> Result<()> {
         if let Some(record) = self.record(key)
             && record.is_alive(&self.serial_log(key))
         {
             process::stop(&record, Duration::from_secs(5))?;
         }
+        Ok(())
+    }
+
+    /// Stops the guest and removes its files; a guest already gone is fine.
+    pub fn stop(&self, key: &str) -> Result<()> {
+        self.halt(key)?;
+        let f = self.files(key);
         for path in [
-            self.record_path(key),
-            self.serial_log(key),
-            self.state_dir.join(format!("{key}.qemu.log")),
+            f.record,
+            f.serial_log,
+            f.log,
+            f.agent_socket,
+            f.qmp_socket,
+            f.efi_vars,
         ] {
             let _ = std::fs::remove_file(path);
         }
@@ -106,5 +184,45 @@ impl Guests {
             .lines()
             .find(|l| l.contains(pattern))
             .map(|l| l.trim().to_string())
+    }
+}
+
+/// QMP: the greeting, `qmp_capabilities`, then `query-status`'s `status` (events in between are skipped).
+async fn query_status(socket: &Path, timeout: Duration) -> Result<String> {
+    let exchange = async {
+        let mut stream = BufReader::new(UnixStream::connect(socket).await?);
+        let mut greeting = String::new();
+        stream.read_line(&mut greeting).await?;
+        stream
+            .get_mut()
+            .write_all(b"{\"execute\":\"qmp_capabilities\"}\n")
+            .await?;
+        qmp_answer(&mut stream).await?;
+        stream
+            .get_mut()
+            .write_all(b"{\"execute\":\"query-status\"}\n")
+            .await?;
+        let status = qmp_answer(&mut stream).await?;
+        status["return"]["status"]
+            .as_str()
+            .map(str::to_string)
+            .ok_or_else(|| anyhow!("query-status: {status}"))
+    };
+    tokio::time::timeout(timeout, exchange)
+        .await
+        .map_err(|_| anyhow!("QMP did not answer in time"))?
+}
+
+/// The next answer (`return` or `error`) on a QMP connection.
+async fn qmp_answer(stream: &mut BufReader<UnixStream>) -> Result<Value> {
+    loop {
+        let mut line = String::new();
+        if stream.read_line(&mut line).await? == 0 {
+            bail!("QMP closed the connection");
+        }
+        let value: Value = serde_json::from_str(&line)?;
+        if value.get("return").is_some() || value.get("error").is_some() {
+            return Ok(value);
+        }
     }
 }
