@@ -199,3 +199,39 @@ pub async fn writes_in(ns: &str) -> usize {
         .filter(|r| r.is_write() && r.namespace == ns)
         .count()
 }
+
+/// The image file behind a DataVolume: its PVC's hostPath PV holds `disk.img` (CDI's layout in the lab).
+pub async fn volume_image(client: &Client, ns: &str, dv: &str) -> std::path::PathBuf {
+    use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
+    let pvc = Api::<PersistentVolumeClaim>::namespaced(client.clone(), ns)
+        .get(dv)
+        .await
+        .unwrap();
+    let pv_name = pvc.spec.and_then(|s| s.volume_name).expect("a bound PVC");
+    let pv = Api::<PersistentVolume>::all(client.clone())
+        .get(&pv_name)
+        .await
+        .unwrap();
+    let path = std::path::PathBuf::from(pv.spec.unwrap().host_path.unwrap().path);
+    if path.is_dir() {
+        path.join("disk.img")
+    } else {
+        path
+    }
+}
+
+/// The serial console of the lab guest that ran `vm` in `ns` (the KubeVirt stand-in keeps it after the VMI).
+pub async fn guest_console(_client: &Client, ns: &str, vm: &str) -> String {
+    let dir = lab().await.dir().join("standin-kubevirt");
+    let prefix = format!("{ns}_{vm}_");
+    std::fs::read_dir(&dir)
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| {
+            let name = e.file_name().to_string_lossy().to_string();
+            name.starts_with(&prefix) && name.ends_with(".serial")
+        })
+        .map(|e| String::from_utf8_lossy(&std::fs::read(e.path()).unwrap_or_default()).to_string())
+        .collect::<Vec<_>>()
+        .join("\n")
+}

@@ -160,13 +160,13 @@ impl Guests {
         Ok(())
     }
 
-    /// Stops the guest and removes its files; a guest already gone is fine.
+    /// Stops the guest and removes its files but its console, which stays for people to read why a guest did
+    /// not come up (it goes with the lab's directory); a guest already gone is fine.
     pub fn stop(&self, key: &str) -> Result<()> {
         self.halt(key)?;
         let f = self.files(key);
         for path in [
             f.record,
-            f.serial_log,
             f.log,
             f.agent_socket,
             f.qmp_socket,
