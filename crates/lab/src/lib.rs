@@ -7,6 +7,7 @@ pub mod controller_process;
 pub mod crds;
 pub mod demo;
 pub mod disks;
+pub mod guest_image;
 pub mod lab;
 pub mod linux_vms;
 pub mod minio;
