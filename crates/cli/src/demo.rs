@@ -14,7 +14,11 @@ use kube::{Api, ResourceExt};
 use crate::views::{bytes, phase_name};
 
 pub const NAMESPACE: &str = "ferry-demo";
-const DEFAULT_VMS: [&str; 2] = ["DC0_H0_VM0", "DC0_H0_VM1"];
+const DEFAULT_VMS: [&str; 3] = [
+    "DC0_H0_VM0",
+    "DC0_H0_VM1",
+    ferry_lab::linux_vms::LINUX_BIOS_VM,
+];
 
 pub async fn run(dir: PathBuf, vms: Vec<String>) -> Result<()> {
     let started = Instant::now();
@@ -24,7 +28,7 @@ pub async fn run(dir: PathBuf, vms: Vec<String>) -> Result<()> {
         vms
     };
     println!(
-        "starting the lab in {} (first run: about 10 s) ...",
+        "starting the lab in {} (the first run builds the Debian guest images: minutes) ...",
         dir.display()
     );
     let state = ferry_lab::up(&crate::lab::options(dir)?)
@@ -210,5 +214,11 @@ async fn summary(client: &kube::Client, vm: &str, m: &VirtualMachineMigration) -
         Some(line) => format!("  guest: {line:?} on the migrated VM's serial console\n"),
         None => "  guest: no marker seen\n".to_string(),
     });
+    if let Some(guest) = &status.guest {
+        out.push_str(&format!(
+            "  guest check: {:?}: {}\n",
+            guest.evidence, guest.message
+        ));
+    }
     out
 }

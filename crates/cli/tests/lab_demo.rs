@@ -78,10 +78,24 @@ async fn the_demo_migrates_both_vms_and_get_describe_and_watch_show_them() {
             )),
             "{out}"
         );
+        assert!(
+            out.contains("guest check: RanSteadily: ran for "),
+            "{out}"
+        );
     }
     assert!(out.contains(
         "checksum: 3 of 3 disk(s) read back from their volumes with the source's sha256 (match)"
     ));
+    // The Debian VM: its own report on the console, and its agent's answer as the proof.
+    assert!(
+        out.contains("ferry-linux-bios -> ferry-demo/ferry-linux-bios: Succeeded in"),
+        "{out}"
+    );
+    assert!(out.contains("\"FERRY-GUEST-READY ferry-linux-bios kernel="), "{out}");
+    assert!(
+        out.contains("guest check: AgentAnswered: guest agent answered: Debian GNU/Linux 12"),
+        "{out}"
+    );
     assert!(
         out.contains("checkpoints: Discovering +0.0s, Validating"),
         "{out}"

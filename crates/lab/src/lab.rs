@@ -27,7 +27,8 @@ pub struct LabOptions {
     pub lifetime: Lifetime,
     /// The `ferry` binary that runs the node agent, CDI and KubeVirt stand-ins; None starts none.
     pub standins: Option<PathBuf>,
-    /// Replace the empty disks of vcsim's demo VMs with bootable VMDKs.
+    /// Replace the empty disks of vcsim's demo VMs with bootable VMDKs, and add the Linux VMs (Debian 12, BIOS and
+    /// EFI), building their images first if the recipe changed.
     pub demo_vms: bool,
     /// Run Ferry's controller (the `standins` binary) as the deploy/ ServiceAccount. Tests that run their own
     /// leave it out.
@@ -204,6 +205,7 @@ async fn start_all(state: &mut LabState, options: &LabOptions) -> Result<()> {
         crate::demo::seed_demo_vms(&endpoint, &dir)
             .await
             .context("seeding the demo VMs")?;
+        crate::linux_vms::seed_lab_linux_vms(&endpoint, &dir).await?;
     }
     state.vcsim = Some(endpoint);
     state.save()?;

@@ -18,6 +18,45 @@ pub const HOST: &str = "DC0_H0";
 pub const DATASTORE: &str = "LocalDS_0";
 pub const NETWORK: &str = "DC0_DVPG0";
 pub const GUEST_ID: &str = "debian12_64Guest";
+/// The lab's Linux VMs, named as their guests' hostnames.
+pub const LINUX_BIOS_VM: &str = "ferry-linux-bios";
+pub const LINUX_EFI_VM: &str = "ferry-linux-efi";
+
+/// Seeds the lab's two Linux VMs from the cached Debian images (built first if the recipe changed): a BIOS VM
+/// with 2 vCPUs as one socket of 2 cores, and an EFI VM with Secure Boot on, both 1 GiB of memory.
+pub async fn seed_lab_linux_vms(endpoint: &VcsimEndpoint, dir: &Path) -> Result<()> {
+    let images = tokio::task::spawn_blocking(|| crate::guest_image::ensure_guest_images(None))
+        .await?
+        .context("building the lab's Debian guest images")?;
+    let seeds = [
+        LinuxVmSeed {
+            name: LINUX_BIOS_VM.into(),
+            firmware: Firmware::Bios,
+            secure_boot: false,
+            cpus: 2,
+            cores_per_socket: 2,
+            memory_mib: 1024,
+            root_raw: images.bios.root.clone(),
+            data_raw: images.data.clone(),
+        },
+        LinuxVmSeed {
+            name: LINUX_EFI_VM.into(),
+            firmware: Firmware::Efi,
+            secure_boot: true,
+            cpus: 2,
+            cores_per_socket: 1,
+            memory_mib: 1024,
+            root_raw: images.efi.root.clone(),
+            data_raw: images.data.clone(),
+        },
+    ];
+    for seed in &seeds {
+        seed_linux_vm(endpoint, dir, seed)
+            .await
+            .with_context(|| format!("seeding {}", seed.name))?;
+    }
+    Ok(())
+}
 
 /// A Linux VM to seed: its shape and the raw images of its two disks.
 #[derive(Clone, Debug, PartialEq, Eq)]
