@@ -4,7 +4,10 @@ use anyhow::{Context, Result};
 use ferry_api::Phase;
 use ferry_controller::surface::CHECKPOINTS;
 
+/// What `all` runs: the workloads on the demo VMs, seconds per trial.
 pub const WORKLOADS: [&str; 5] = ["happy-1", "happy-3", "cancel", "delete", "bad-spec"];
+/// Asked for by name only: minutes per trial.
+pub const REAL_GUEST_WORKLOADS: [&str; 1] = ["linux"];
 
 /// What the person does once the migration holds before a checkpoint.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -28,7 +31,8 @@ pub const MISSPELLED_SECRET: &str = "staging-credentails";
 
 impl Workload {
     /// `happy-1`, `happy-3`, `cancel[@Checkpoint]` (default Importing), `delete[@Checkpoint]` (default
-    /// CreatingVM), or `bad-spec`.
+    /// CreatingVM), `bad-spec`, or `linux` (the Debian BIOS VM, whose guest agent must answer: a 1 GiB disk and a
+    /// real boot per trial, so minutes each).
     pub fn parse(name: &str) -> Result<Self> {
         let (base, at) = match name.split_once('@') {
             Some((base, at)) => (base, Some(at)),
@@ -53,6 +57,7 @@ impl Workload {
         Ok(match base {
             "happy-1" if at.is_none() => workload("DC0_H0_VM0", None, false),
             "happy-3" if at.is_none() => workload("DC0_H0_VM1", None, false),
+            "linux" if at.is_none() => workload(ferry_lab::linux_vms::LINUX_BIOS_VM, None, false),
             "bad-spec" if at.is_none() => workload("DC0_C0_RP0_VM0", None, false).with_bad_spec(),
             "cancel" => workload(
                 "DC0_C0_RP0_VM0",
@@ -65,7 +70,7 @@ impl Workload {
                 false,
             ),
             _ => anyhow::bail!(
-                "unknown workload {name}: one of {WORKLOADS:?} (cancel and delete take @Checkpoint), or all"
+                "unknown workload {name}: one of {WORKLOADS:?} or {REAL_GUEST_WORKLOADS:?} (cancel and delete take @Checkpoint), or all"
             ),
         })
     }
@@ -105,5 +110,6 @@ mod tests {
         assert!(Workload::parse("cancel@Sometime").is_err());
         assert!(Workload::parse("happy-1@Importing").is_err());
         assert!(Workload::parse("happy-2").is_err());
+        assert_eq!(Workload::parse("linux").unwrap().vm, "ferry-linux-bios");
     }
 }
