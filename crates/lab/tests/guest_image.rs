@@ -30,40 +30,25 @@ fn images() -> GuestImages {
     images
 }
 
-/// `-accel kvm -cpu max` when a boot sector prints its marker that way within seconds, else TCG.
-fn accel() -> &'static [&'static str] {
+/// `-accel kvm -cpu max` when the BIOS guest's kernel starts that way within seconds, else TCG. (A boot sector is
+/// not enough of a probe: on some hosts KVM runs real mode but the kernel hangs right after GRUB.)
+fn accel(images: &GuestImages) -> &'static [&'static str] {
     static ACCEL: OnceLock<&'static [&'static str]> = OnceLock::new();
     ACCEL.get_or_init(|| {
-        let dir = tempfile::tempdir().unwrap();
-        let disk = dir.path().join("probe.img");
-        ferry_lab::bootdisk::make_boot_disk(&disk, 1 << 20, "FERRY-KVM-PROBE").unwrap();
-        let serial = dir.path().join("serial.log");
-        let kvm: &'static [&'static str] = &["-accel", "kvm", "-cpu", "max"];
-        let mut cmd = Command::new("qemu-system-x86_64");
-        cmd.args(kvm).args([
-            "-machine",
-            "pc",
-            "-m",
-            "32",
-            "-display",
-            "none",
-            "-nodefaults",
-        ]);
-        cmd.arg("-drive")
-            .arg(format!("file={},format=raw,if=ide", disk.display()));
-        let vm = Vm::spawn(cmd, dir, serial);
-        let works = vm
-            .wait_for(Duration::from_secs(15), |s| s.contains("FERRY-KVM-PROBE"))
+        const KVM: &[&str] = &["-accel", "kvm", "-cpu", "max"];
+        let mut probe = start(&images.bios, images, KVM, pc, pvscsi);
+        let works = probe
+            .wait_for(Duration::from_secs(20), |s| s.contains("Linux version"))
             .is_ok();
         eprintln!(
             "KVM {}",
             if works {
                 "works: using it"
             } else {
-                "does not work here: using TCG"
+                "does not boot Linux here: using TCG"
             }
         );
-        if works { kvm } else { &["-accel", "tcg"] }
+        if works { KVM } else { &["-accel", "tcg"] }
     })
 }
 
@@ -92,12 +77,17 @@ impl Vm {
         }
     }
 
-    /// Polls the serial console until `done` holds; the console's text either way.
-    fn wait_for(&self, limit: Duration, done: impl Fn(&str) -> bool) -> Result<String, String> {
+    /// Polls the serial console until `done` holds; the console's text either way (Err when QEMU exited or the
+    /// limit passed first).
+    fn wait_for(&mut self, limit: Duration, done: impl Fn(&str) -> bool) -> Result<String, String> {
         loop {
+            let exited = self.child.try_wait().ok().flatten();
             let text = std::fs::read_to_string(&self.serial).unwrap_or_default();
             if done(&text) {
                 return Ok(text);
+            }
+            if let Some(status) = exited {
+                return Err(format!("{text}\n[QEMU exited: {status}]"));
             }
             if self.started.elapsed() > limit {
                 return Err(text);
@@ -135,11 +125,21 @@ fn boot(
     machine: impl Fn(&Path) -> Vec<String>,
     disks: impl Fn(&Path, &Path) -> Vec<String>,
 ) -> Vm {
+    start(guest, images, accel(images), machine, disks)
+}
+
+fn start(
+    guest: &GuestImage,
+    images: &GuestImages,
+    accel: &[&str],
+    machine: impl Fn(&Path) -> Vec<String>,
+    disks: impl Fn(&Path, &Path) -> Vec<String>,
+) -> Vm {
     let dir = tempfile::tempdir().unwrap();
     let root = overlay(&guest.root, dir.path(), "root");
     let data = overlay(&images.data, dir.path(), "data");
     let mut cmd = Command::new("qemu-system-x86_64");
-    cmd.args(accel()).args(machine(dir.path()));
+    cmd.args(accel).args(machine(dir.path()));
     cmd.args(["-m", "1024", "-display", "none", "-nodefaults"]);
     cmd.args(disks(&root, &data));
     cmd.args([
@@ -234,7 +234,7 @@ fn assert_ready(line: &str, guest: &GuestImage, images: &GuestImages) {
 fn the_bios_guest_boots_on_vmware_hardware_and_reports_its_disks_and_network() {
     let images = images();
     let _one = ONE_VM.lock().unwrap_or_else(|e| e.into_inner());
-    let vm = boot(&images.bios, &images, pc, pvscsi);
+    let mut vm = boot(&images.bios, &images, pc, pvscsi);
     let console = vm
         .wait_for(BOOT_LIMIT, |s| s.contains(READY))
         .unwrap_or_else(|s| panic!("no {READY} line:\n{}", tail(&s)));
@@ -265,7 +265,7 @@ fn the_efi_guest_boots_with_secure_boot_on_vmware_devices() {
             format!("if=pflash,format=raw,unit=1,file={}", vars.display()),
         ]
     };
-    let vm = boot(&images.efi, &images, machine, sata_root_pvscsi_data);
+    let mut vm = boot(&images.efi, &images, machine, sata_root_pvscsi_data);
     let console = vm
         .wait_for(BOOT_LIMIT, |s| s.contains(READY))
         .unwrap_or_else(|s| panic!("no {READY} line:\n{}", tail(&s)));
@@ -294,7 +294,7 @@ fn the_bios_guest_on_virtio_disks_stops_in_its_initramfs() {
             format!("if=virtio,format=qcow2,file={}", data.display()),
         ]
     };
-    let vm = boot(&images.bios, &images, pc, virtio);
+    let mut vm = boot(&images.bios, &images, pc, virtio);
     let gave_up = |s: &str| s.contains("Gave up waiting for root") || s.contains("ALERT!");
     let console = vm
         .wait_for(BOOT_LIMIT, |s| gave_up(s) || s.contains(READY))
