@@ -10,6 +10,7 @@ declare -A need=(
   [qemu-img]=qemu-utils [qemu-system-x86_64]=qemu-system-x86 [bwrap]=bubblewrap [flock]=util-linux [curl]=curl
   [mmdebstrap]=mmdebstrap [/usr/sbin/mkfs.ext4]=e2fsprogs [/usr/sbin/mkfs.vfat]=dosfstools [/usr/sbin/sfdisk]=fdisk
   [mcopy]=mtools [openssl]=openssl [/usr/share/OVMF/OVMF_CODE_4M.secboot.fd]=ovmf
+  [/usr/sbin/qemu-ga]=qemu-guest-agent
 )
 missing=()
 for bin in "${!need[@]}"; do

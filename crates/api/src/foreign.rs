@@ -97,7 +97,11 @@ pub struct VmiStatus {
     #[serde(default)]
     pub conditions: Vec<ForeignCondition>,
     /// Filled from the guest agent while it is connected.
-    #[serde(default, rename = "guestOSInfo", skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        rename = "guestOSInfo",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub guest_os_info: Option<GuestOsInfo>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub interfaces: Vec<VmiInterface>,

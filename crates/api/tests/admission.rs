@@ -459,7 +459,11 @@ fn invalid_cases() -> Vec<Invalid> {
         ),
         create(
             "settle longer than the timeout",
-            with(m(), "/spec/guestCheck", json!({"settleSeconds": 600, "timeoutSeconds": 300})),
+            with(
+                m(),
+                "/spec/guestCheck",
+                json!({"settleSeconds": 600, "timeoutSeconds": 300}),
+            ),
             "guestCheck.settleSeconds must be shorter than guestCheck.timeoutSeconds",
         ),
         create(

@@ -78,10 +78,7 @@ async fn the_demo_migrates_both_vms_and_get_describe_and_watch_show_them() {
             )),
             "{out}"
         );
-        assert!(
-            out.contains("guest check: RanSteadily: ran for "),
-            "{out}"
-        );
+        assert!(out.contains("guest check: RanSteadily: ran for "), "{out}");
     }
     assert!(out.contains(
         "checksum: 3 of 3 disk(s) read back from their volumes with the source's sha256 (match)"
@@ -91,7 +88,10 @@ async fn the_demo_migrates_both_vms_and_get_describe_and_watch_show_them() {
         out.contains("ferry-linux-bios -> ferry-demo/ferry-linux-bios: Succeeded in"),
         "{out}"
     );
-    assert!(out.contains("\"FERRY-GUEST-READY ferry-linux-bios kernel="), "{out}");
+    assert!(
+        out.contains("\"FERRY-GUEST-READY ferry-linux-bios kernel="),
+        "{out}"
+    );
     assert!(
         out.contains("guest check: AgentAnswered: guest agent answered: Debian GNU/Linux 12"),
         "{out}"

@@ -85,11 +85,18 @@ async fn assert_booted_with_agent(
     let guest = status.guest.clone().expect("status.guest");
     assert_eq!(guest.evidence, GuestEvidence::AgentAnswered, "{guest:?}");
     assert!(
-        guest.os.as_deref().unwrap_or_default().contains("Debian GNU/Linux 12"),
+        guest
+            .os
+            .as_deref()
+            .unwrap_or_default()
+            .contains("Debian GNU/Linux 12"),
         "{guest:?}"
     );
     assert!(
-        guest.ip_addresses.iter().any(|ip| ip.starts_with("10.0.2.")),
+        guest
+            .ip_addresses
+            .iter()
+            .any(|ip| ip.starts_with("10.0.2.")),
         "{guest:?}"
     );
     // The VMI's agent view, as KubeVirt fills it.
@@ -109,13 +116,24 @@ async fn assert_booted_with_agent(
     let payload = ferry_lab::guest_image::ensure_guest_images(None)
         .expect("the lab's guest images (cached)")
         .data_payload_sha256;
-    let line = ferry_testkit::eventually("the guest's report line", Duration::from_secs(120), || async {
-        let line = report_line(client, ns, &name).await;
-        line.contains("FERRY-GUEST-READY").then_some(line)
-    })
+    let line = ferry_testkit::eventually(
+        "the guest's report line",
+        Duration::from_secs(120),
+        || async {
+            let line = report_line(client, ns, &name).await;
+            line.contains("FERRY-GUEST-READY").then_some(line)
+        },
+    )
     .await;
-    assert!(line.contains(&format!("FERRY-GUEST-READY {hostname}")), "{line}");
-    assert_eq!(field(&line, "data-sha256"), Some(payload.as_str()), "{line}");
+    assert!(
+        line.contains(&format!("FERRY-GUEST-READY {hostname}")),
+        "{line}"
+    );
+    assert_eq!(
+        field(&line, "data-sha256"),
+        Some(payload.as_str()),
+        "{line}"
+    );
     assert!(
         field(&line, "ip").is_some_and(|ip| ip.starts_with("10.0.2.")),
         "{line}"
@@ -158,7 +176,15 @@ async fn an_efi_linux_vm_boots_with_secure_boot_as_its_source_had() {
     set_source_power(LINUX_EFI_VM, true).await;
     migrate(&client, ns.name(), "efi", LINUX_EFI_VM, json!({})).await;
     let done = wait_for_phase(&client, ns.name(), "efi", Phase::Succeeded, LINUX_TIMEOUT).await;
-    assert!(done.status.as_ref().unwrap().source.as_ref().unwrap().secure_boot);
+    assert!(
+        done.status
+            .as_ref()
+            .unwrap()
+            .source
+            .as_ref()
+            .unwrap()
+            .secure_boot
+    );
     let vm = vm_api(&client, ns.name()).get("efi").await.unwrap();
     let domain = &vm.data["spec"]["template"]["spec"]["domain"];
     assert_eq!(
@@ -199,7 +225,10 @@ async fn a_guest_without_virtio_drivers_fails_its_check_and_keeps_its_copy() {
     let status = stopped.status.clone().unwrap();
     let error = status.retry.as_ref().unwrap().last_error.clone().unwrap();
     assert_eq!(error.reason, "GuestNotReady", "{error:?}");
-    assert!(error.message.contains("did not answer within 120 s"), "{error:?}");
+    assert!(
+        error.message.contains("did not answer within 120 s"),
+        "{error:?}"
+    );
     assert!(error.message.contains("nothing was deleted"), "{error:?}");
     assert_eq!(
         status.guest.as_ref().map(|g| g.evidence),
@@ -208,22 +237,42 @@ async fn a_guest_without_virtio_drivers_fails_its_check_and_keeps_its_copy() {
 
     // The VM is stopped and kept, its instance gone, and the source runs again (restorePowerState).
     let uid = stopped.uid().unwrap();
-    let vm = ferry_testkit::eventually("the VM halted and its instance gone", Duration::from_secs(120), || async {
-        let vm = vm_api(&client, ns.name()).get("virtio").await.ok()?;
-        let gone = vmi_api(&client, ns.name()).get_opt("virtio").await.ok()?.is_none();
-        (gone && vm.data["spec"]["runStrategy"] == "Halted").then_some(vm)
-    })
+    let vm = ferry_testkit::eventually(
+        "the VM halted and its instance gone",
+        Duration::from_secs(120),
+        || async {
+            let vm = vm_api(&client, ns.name()).get("virtio").await.ok()?;
+            let gone = vmi_api(&client, ns.name())
+                .get_opt("virtio")
+                .await
+                .ok()?
+                .is_none();
+            (gone && vm.data["spec"]["runStrategy"] == "Halted").then_some(vm)
+        },
+    )
     .await;
-    assert_eq!(vm.labels().get("migration.platform.example/uid"), Some(&uid));
-    ferry_testkit::eventually("the source powered on again", Duration::from_secs(120), || async {
-        (source_power(LINUX_BIOS_VM).await == PowerState::PoweredOn).then_some(())
-    })
+    assert_eq!(
+        vm.labels().get("migration.platform.example/uid"),
+        Some(&uid)
+    );
+    ferry_testkit::eventually(
+        "the source powered on again",
+        Duration::from_secs(120),
+        || async { (source_power(LINUX_BIOS_VM).await == PowerState::PoweredOn).then_some(()) },
+    )
     .await;
-    let dvs = labelled(&client, ns.name(), &resource("cdi.kubevirt.io", "v1beta1", "DataVolume"), &uid).await;
+    let dvs = labelled(
+        &client,
+        ns.name(),
+        &resource("cdi.kubevirt.io", "v1beta1", "DataVolume"),
+        &uid,
+    )
+    .await;
     assert_eq!(dvs.len(), 2, "{dvs:?}");
     // Each volume still holds exactly the source disk.
     for disk in &status.disks {
-        let image = support::volume_image(&client, ns.name(), disk.data_volume.as_deref().unwrap()).await;
+        let image =
+            support::volume_image(&client, ns.name(), disk.data_volume.as_deref().unwrap()).await;
         let sha = ferry_testkit::disks::sha256_file(&image);
         assert_eq!(Some(&sha), disk.sha256.as_ref(), "disk {}", disk.index);
     }
@@ -248,17 +297,36 @@ async fn a_guest_without_virtio_drivers_fails_its_check_and_keeps_its_copy() {
         "target.devices Compatibility",
         "virtctl start virtio",
     ] {
-        assert!(describe.contains(words), "describe lacks {words:?}:\n{describe}");
+        assert!(
+            describe.contains(words),
+            "describe lacks {words:?}:\n{describe}"
+        );
     }
     // Deleting the migration still removes everything.
     migrations(&client, ns.name())
         .delete("virtio", &Default::default())
         .await
         .unwrap();
-    ferry_testkit::eventually("the migration's VM and disks removed", Duration::from_secs(120), || async {
-        let vms = labelled(&client, ns.name(), &resource("kubevirt.io", "v1", "VirtualMachine"), &uid).await;
-        let dvs = labelled(&client, ns.name(), &resource("cdi.kubevirt.io", "v1beta1", "DataVolume"), &uid).await;
-        (vms.is_empty() && dvs.is_empty()).then_some(())
-    })
+    ferry_testkit::eventually(
+        "the migration's VM and disks removed",
+        Duration::from_secs(120),
+        || async {
+            let vms = labelled(
+                &client,
+                ns.name(),
+                &resource("kubevirt.io", "v1", "VirtualMachine"),
+                &uid,
+            )
+            .await;
+            let dvs = labelled(
+                &client,
+                ns.name(),
+                &resource("cdi.kubevirt.io", "v1beta1", "DataVolume"),
+                &uid,
+            )
+            .await;
+            (vms.is_empty() && dvs.is_empty()).then_some(())
+        },
+    )
     .await;
 }

@@ -97,6 +97,19 @@ async fn migrate_and_hand_over(vm: &str, name: &str, disks: usize, quiet_check: 
         marker.contains(&format!("FERRY-GUEST-READY {vm}")),
         "marker: {marker:?}"
     );
+    // A boot sector has no guest agent: the check passed on a steady run and says what it did not see.
+    let guest = status.guest.clone().expect("status.guest");
+    assert_eq!(
+        guest.evidence,
+        ferry_api::GuestEvidence::RanSteadily,
+        "{guest:?}"
+    );
+    assert!(
+        guest
+            .message
+            .contains("no guest agent answered, so the guest's own boot was not observed"),
+        "{guest:?}"
+    );
 
     {
         let controller = controller().await.lock().await;

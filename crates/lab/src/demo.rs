@@ -142,7 +142,12 @@ pub async fn apply(client: &Client, ns: &str, manifest: Value) -> Result<()> {
 /// The lab's Linux guests run qemu-guest-agent, so its answer is the proof asked for; the demo disks' boot
 /// sectors have none, and one that runs this long has printed its line.
 fn guest_check(vm: &str) -> Value {
-    if [crate::linux_vms::LINUX_BIOS_VM, crate::linux_vms::LINUX_EFI_VM].contains(&vm) {
+    if [
+        crate::linux_vms::LINUX_BIOS_VM,
+        crate::linux_vms::LINUX_EFI_VM,
+    ]
+    .contains(&vm)
+    {
         json!({"agent": "Required"})
     } else {
         json!({"settleSeconds": LAB_SETTLE_SECONDS})

@@ -74,6 +74,12 @@ fn cache_root_from(
         .or_else(|| home.map(|h| h.join(".cache/ferry/guests")))
 }
 
+/// The cached images for this recipe, if they were built; never builds.
+pub fn cached_guest_images() -> Option<GuestImages> {
+    let dir = default_cache_root().ok()?.join(recipe_hash());
+    load(&dir, &recipe_hash()).ok().flatten()
+}
+
 /// Returns the cached images for this recipe, building them first if needed. Concurrent callers (parallel test
 /// binaries) wait on a file lock for one builder; a build goes to a temporary directory renamed into place.
 pub fn ensure_guest_images(cache_root: Option<&Path>) -> Result<GuestImages> {

@@ -159,7 +159,8 @@ pub fn render(vmm: &VirtualMachineMigration, events: &[Event], now: Timestamp) -
         status.progress.clone().unwrap_or_else(|| "-".into()),
     );
     if let Some(power) = &status.power {
-        let state = |p: Option<ferry_api::PowerState>| p.map_or("unknown".into(), |p| format!("{p:?}"));
+        let state =
+            |p: Option<ferry_api::PowerState>| p.map_or("unknown".into(), |p| format!("{p:?}"));
         line(
             &mut out,
             "Power:",
@@ -167,7 +168,11 @@ pub fn render(vmm: &VirtualMachineMigration, events: &[Event], now: Timestamp) -
                 "source VM {} now, {} before the migration{}",
                 state(power.current),
                 state(power.original),
-                if power.restored { "; restored by Ferry" } else { "" }
+                if power.restored {
+                    "; restored by Ferry"
+                } else {
+                    ""
+                }
             ),
         );
     }

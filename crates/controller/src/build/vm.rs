@@ -157,8 +157,7 @@ pub fn virtual_machine(vmm: &VirtualMachineMigration, source: &SourceVmStatus) -
         } else {
             continue;
         };
-        let mut interface =
-            json!({"name": net, "macAddress": nic.mac, "model": nic_model(devices, nic.model.as_deref())});
+        let mut interface = json!({"name": net, "macAddress": nic.mac, "model": nic_model(devices, nic.model.as_deref())});
         if let (Some(a), Value::Object(b)) = (interface.as_object_mut(), binding) {
             a.extend(b);
         }
@@ -269,7 +268,11 @@ mod tests {
             spec["domain"]["devices"]["disks"][0],
             json!({"name": "disk-0", "disk": {"bus": "scsi"}, "bootOrder": 1, "serial": disk_serial(&vmm, 0, &source.disks[0])})
         );
-        assert!(spec["domain"]["devices"]["disks"][1].get("bootOrder").is_none());
+        assert!(
+            spec["domain"]["devices"]["disks"][1]
+                .get("bootOrder")
+                .is_none()
+        );
         assert_eq!(
             spec["domain"]["firmware"]["bootloader"]["efi"]["secureBoot"],
             false
@@ -348,21 +351,43 @@ mod tests {
         let source = linux_source();
         let cases = [
             (json!({}), "sata", "e1000e"),
-            (json!({"conversion": {"guestAdaptation": "VirtV2v"}}), "virtio", "virtio"),
-            (json!({"target": {"networks": [{"source": "VM Network", "pod": {}}], "devices": "Compatibility"},
-                    "conversion": {"guestAdaptation": "VirtV2v"}}), "sata", "e1000e"),
-            (json!({"target": {"networks": [{"source": "VM Network", "pod": {}}], "devices": "Virtio"}}), "virtio", "virtio"),
-            (json!({"target": {"networks": [{"source": "VM Network", "pod": {}}], "devices": "Source"}}), "scsi", "virtio"),
+            (
+                json!({"conversion": {"guestAdaptation": "VirtV2v"}}),
+                "virtio",
+                "virtio",
+            ),
+            (
+                json!({"target": {"networks": [{"source": "VM Network", "pod": {}}], "devices": "Compatibility"},
+                    "conversion": {"guestAdaptation": "VirtV2v"}}),
+                "sata",
+                "e1000e",
+            ),
+            (
+                json!({"target": {"networks": [{"source": "VM Network", "pod": {}}], "devices": "Virtio"}}),
+                "virtio",
+                "virtio",
+            ),
+            (
+                json!({"target": {"networks": [{"source": "VM Network", "pod": {}}], "devices": "Source"}}),
+                "scsi",
+                "virtio",
+            ),
         ];
         for (spec, bus, nic) in cases {
             let vm = virtual_machine(&migration(spec.clone()), &source);
-            assert_eq!(devices_of(&vm), (vec![bus.to_string(); 2], vec![nic.to_string()]), "{spec}");
+            assert_eq!(
+                devices_of(&vm),
+                (vec![bus.to_string(); 2], vec![nic.to_string()]),
+                "{spec}"
+            );
         }
         let mut ide_e1000 = linux_source();
         ide_e1000.disks[0].bus = Some("ide".into());
         ide_e1000.disks[1].bus = Some("nvme".into());
         ide_e1000.nics[0].model = Some("VirtualE1000".into());
-        let source_mode = migration(json!({"target": {"networks": [{"source": "VM Network", "pod": {}}], "devices": "Source"}}));
+        let source_mode = migration(
+            json!({"target": {"networks": [{"source": "VM Network", "pod": {}}], "devices": "Source"}}),
+        );
         assert_eq!(
             devices_of(&virtual_machine(&source_mode, &ide_e1000)),
             (vec!["sata".into(), "virtio".into()], vec!["e1000".into()])
@@ -383,7 +408,11 @@ mod tests {
         ];
         for ((cpus, cores), expected) in table {
             let (sockets, per_socket) = cpu_topology(cpus, cores);
-            assert_eq!((sockets, per_socket), expected, "{cpus} vCPUs, {cores} per socket");
+            assert_eq!(
+                (sockets, per_socket),
+                expected,
+                "{cpus} vCPUs, {cores} per socket"
+            );
             assert!(sockets * per_socket <= cpus.max(1));
         }
     }
@@ -416,7 +445,11 @@ mod tests {
         assert_ne!(derived, disk_serial(&vmm, 2, &anonymous));
         for serial in [derived, disk_serial(&vmm, 0, &source.disks[0])] {
             assert!(serial.len() <= 256);
-            assert!(serial.chars().all(|c| c.is_ascii_alphanumeric() || "_.+-".contains(c)));
+            assert!(
+                serial
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "_.+-".contains(c))
+            );
         }
     }
 
@@ -428,7 +461,10 @@ mod tests {
         source.secure_boot = true;
         let vm = virtual_machine(&vmm, &source);
         let domain = &vm.data["spec"]["template"]["spec"]["domain"];
-        assert_eq!(domain["firmware"]["bootloader"], json!({"efi": {"secureBoot": true}}));
+        assert_eq!(
+            domain["firmware"]["bootloader"],
+            json!({"efi": {"secureBoot": true}})
+        );
         assert_eq!(domain["features"], json!({"smm": {"enabled": true}}));
         source.firmware = Some(Firmware::Bios);
         let vm = virtual_machine(&vmm, &source);

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use ferry_api::foreign::{VmSpec, VmStatus, VmiStatus};
 use ferry_api::{
-    GuestAgent, GuestAdaptation, GuestEvidence, GuestStatus, Phase, Reason, RunStrategy,
+    GuestAdaptation, GuestAgent, GuestEvidence, GuestStatus, Phase, Reason, RunStrategy,
     VirtualMachineMigration,
 };
 use k8s_openapi::jiff::Timestamp;
@@ -30,7 +30,8 @@ pub async fn run(step: &mut Step<'_>) -> Result<Next> {
     let name = children::vm_name(step.vmm);
     if step.vmm.spec.target.run_strategy == RunStrategy::Halted {
         step.status.guest = Some(GuestStatus {
-            message: "runStrategy Halted: the VM was not started, so the guest was not checked".into(),
+            message: "runStrategy Halted: the VM was not started, so the guest was not checked"
+                .into(),
             ..Default::default()
         });
         hand_over(step).await?;
@@ -205,6 +206,7 @@ impl Observed {
             vmi_phase: vmi.map(|_| status.phase.clone().unwrap_or_else(|| "Pending".into())),
             ready_since: since("Ready"),
             agent_connected: status.is_true("AgentConnected"),
+            agent_since: since("AgentConnected"),
             os: status
                 .guest_os_info
                 .as_ref()

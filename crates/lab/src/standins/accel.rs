@@ -1,6 +1,8 @@
 //! KVM or software emulation for the lab's guests. `/dev/kvm` opening is not enough: on some hosts (nested
-//! virtualisation) KVM guests hang or QEMU aborts. So a trivial guest must boot to its marker under
-//! `-accel kvm -cpu max` first; the answer is cached for the process. `FERRY_LAB_ACCEL=tcg|kvm` decides instead.
+//! virtualisation) KVM guests hang or QEMU aborts, and on one here a boot sector ran under KVM while a Linux
+//! kernel hung right after GRUB. So the lab's Debian guest must reach systemd under `-accel kvm -cpu max` first
+//! (a boot sector its marker when no Debian image was built); the answer is cached for the process.
+//! `FERRY_LAB_ACCEL=tcg|kvm` decides instead.
 
 use std::path::Path;
 use std::sync::OnceLock;
@@ -12,6 +14,10 @@ use crate::process::{self, Lifetime, ProcessSpec};
 const MARKER: &str = "FERRY-KVM-PROBE";
 /// A boot sector reaches its marker in well under a second with working KVM, even on a loaded host.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(8);
+/// What systemd prints on the Debian guest's console once the kernel mounted its root.
+const LINUX_MARKER: &str = "Welcome to Debian";
+/// Seconds with working KVM; software emulation takes minutes to get there.
+const LINUX_PROBE_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// The accelerator for this process's guests: the override, else the probe's answer (computed once).
 pub fn detect(scratch: &Path) -> Accel {
@@ -52,8 +58,22 @@ fn kvm_boots(scratch: &Path) -> anyhow::Result<bool> {
 }
 
 fn boot_probe(dir: &Path) -> anyhow::Result<bool> {
-    let disk = dir.join("probe.img");
-    crate::bootdisk::make_boot_disk(&disk, 1 << 20, MARKER)?;
+    let (disk, format, marker, timeout) = match crate::guest_image::cached_guest_images() {
+        // An overlay: the cached image is shared and must not change.
+        Some(images) => {
+            let overlay = dir.join("probe.qcow2");
+            crate::disks::qemu_img(
+                &["create", "-q", "-f", "qcow2", "-F", "raw", "-b"],
+                &[&images.bios.root, &overlay],
+            )?;
+            (overlay, "qcow2", LINUX_MARKER, LINUX_PROBE_TIMEOUT)
+        }
+        None => {
+            let disk = dir.join("probe.img");
+            crate::bootdisk::make_boot_disk(&disk, 1 << 20, MARKER)?;
+            (disk, "raw", MARKER, PROBE_TIMEOUT)
+        }
+    };
     let serial = dir.join("probe.serial");
     let spec = ProcessSpec {
         name: "qemu-kvm-probe".into(),
@@ -64,12 +84,12 @@ fn boot_probe(dir: &Path) -> anyhow::Result<bool> {
             "-cpu",
             "max",
             "-m",
-            "32",
+            "512",
             "-nodefaults",
             "-display",
             "none",
             "-drive",
-            &format!("if=none,id=d0,format=raw,file={}", disk.display()),
+            &format!("if=none,id=d0,format={format},file={}", disk.display()),
             "-device",
             "ide-hd,bus=ide.0,drive=d0",
             "-serial",
@@ -80,10 +100,10 @@ fn boot_probe(dir: &Path) -> anyhow::Result<bool> {
         env: vec![],
     };
     let record = process::start(&spec, &dir.join("probe.log"), Lifetime::TiedToThisProcess)?;
-    let deadline = Instant::now() + PROBE_TIMEOUT;
+    let deadline = Instant::now() + timeout;
     let booted = loop {
         let text = std::fs::read(&serial).unwrap_or_default();
-        if String::from_utf8_lossy(&text).contains(MARKER) {
+        if String::from_utf8_lossy(&text).contains(marker) {
             break true;
         }
         if !record.is_alive(&serial) || Instant::now() > deadline {

@@ -165,13 +165,7 @@ impl Guests {
     pub fn stop(&self, key: &str) -> Result<()> {
         self.halt(key)?;
         let f = self.files(key);
-        for path in [
-            f.record,
-            f.log,
-            f.agent_socket,
-            f.qmp_socket,
-            f.efi_vars,
-        ] {
+        for path in [f.record, f.log, f.agent_socket, f.qmp_socket, f.efi_vars] {
             let _ = std::fs::remove_file(path);
         }
         Ok(())

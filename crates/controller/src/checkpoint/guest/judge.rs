@@ -27,6 +27,8 @@ pub struct Observed {
     /// Since when the VMI's `Ready` condition is True (the domain runs).
     pub ready_since: Option<Timestamp>,
     pub agent_connected: bool,
+    /// Since when the agent answers.
+    pub agent_since: Option<Timestamp>,
     pub os: Option<String>,
     pub ip_addresses: Vec<String>,
     /// The VMI's conditions, as `Type=Status (Reason)`.
@@ -47,11 +49,31 @@ pub enum Verdict {
     },
 }
 
-pub fn judge(check: &Check, observed: &Observed, window_start: Timestamp, now: Timestamp) -> Verdict {
+pub fn judge(
+    check: &Check,
+    observed: &Observed,
+    window_start: Timestamp,
+    now: Timestamp,
+) -> Verdict {
     let running = observed.vmi_phase.as_deref() == Some("Running");
     let state = observed.summary();
     if running && observed.agent_connected {
-        return Verdict::Proven(agent_answered(observed));
+        // The agent starts before the network is up: its answer is proof enough, but the guest's address is
+        // worth the settle time.
+        let answering = observed
+            .agent_since
+            .map_or(u64::MAX, |since| seconds_between(since, now));
+        if !observed.ip_addresses.is_empty() || answering >= check.settle.as_secs() {
+            return Verdict::Proven(agent_answered(observed));
+        }
+        return Verdict::Waiting {
+            recheck: Duration::from_secs(2),
+            reason: "WaitingForAddress",
+            message: format!(
+                "the guest agent answered; waiting until {} for the guest's IP address",
+                clock(observed.agent_since.unwrap_or(now) + check.settle)
+            ),
+        };
     }
     if !observed.vm_exists {
         return failed("the VirtualMachine was deleted before the guest proved itself".into());
@@ -126,7 +148,10 @@ pub fn judge(check: &Check, observed: &Observed, window_start: Timestamp, now: T
         (false, None) => Verdict::Waiting {
             recheck: Duration::from_secs(5),
             reason: "WaitingForGuest",
-            message: format!("waiting for the VM to run, until {} ({state})", clock(deadline)),
+            message: format!(
+                "waiting for the VM to run, until {} ({state})",
+                clock(deadline)
+            ),
         },
     }
 }
@@ -210,10 +235,18 @@ mod tests {
     fn without_an_agent_a_steady_run_is_enough_and_says_what_was_not_seen() {
         let observed = running_since(10);
         let waiting = judge(&check(false), &observed, at(0), at(30));
-        assert!(matches!(waiting, Verdict::Waiting { reason: "SettlingGuest", .. }));
+        assert!(matches!(
+            waiting,
+            Verdict::Waiting {
+                reason: "SettlingGuest",
+                ..
+            }
+        ));
         let proven = judge(&check(false), &observed, at(0), at(71));
         assert_eq!(evidence(&proven), Some(GuestEvidence::RanSteadily));
-        let Verdict::Proven(guest) = proven else { unreachable!() };
+        let Verdict::Proven(guest) = proven else {
+            unreachable!()
+        };
         assert!(guest.message.contains("ran for 61 s"), "{}", guest.message);
         assert!(guest.message.contains("not observed"));
     }
@@ -222,7 +255,25 @@ mod tests {
     fn an_answering_agent_proves_more_and_sooner() {
         let mut observed = running_since(10);
         observed.agent_connected = true;
+        observed.agent_since = Some(at(11));
         observed.os = Some("Debian GNU/Linux 12 (bookworm)".into());
+        assert!(
+            matches!(
+                judge(&check(false), &observed, at(0), at(12)),
+                Verdict::Waiting {
+                    reason: "WaitingForAddress",
+                    ..
+                }
+            ),
+            "an agent without an address yet is given the settle time to get one"
+        );
+        let Verdict::Proven(late) = judge(&check(true), &observed, at(0), at(71)) else {
+            panic!("no address after the settle time: proven all the same");
+        };
+        assert_eq!(
+            late.message,
+            "guest agent answered: Debian GNU/Linux 12 (bookworm), no IP address"
+        );
         observed.ip_addresses = vec!["10.0.2.2".into()];
         for required in [true, false] {
             let Verdict::Proven(guest) = judge(&check(required), &observed, at(0), at(12)) else {
@@ -240,7 +291,13 @@ mod tests {
     fn a_required_agent_is_waited_for_then_the_check_fails() {
         let observed = running_since(10);
         let waiting = judge(&check(true), &observed, at(0), at(600));
-        assert!(matches!(waiting, Verdict::Waiting { reason: "WaitingForAgent", .. }));
+        assert!(matches!(
+            waiting,
+            Verdict::Waiting {
+                reason: "WaitingForAgent",
+                ..
+            }
+        ));
         let Verdict::Failed { cause } = judge(&check(true), &observed, at(0), at(901)) else {
             panic!("a silent agent fails the check after the timeout");
         };
@@ -304,11 +361,17 @@ mod tests {
         pending.ready_since = None;
         assert!(matches!(
             judge(&check(false), &pending, at(0), at(100)),
-            Verdict::Waiting { reason: "WaitingForGuest", .. }
+            Verdict::Waiting {
+                reason: "WaitingForGuest",
+                ..
+            }
         ));
         let Verdict::Failed { cause } = judge(&check(false), &pending, at(0), at(901)) else {
             panic!("expected a failure");
         };
-        assert!(cause.contains("did not run steadily for 60 s within 900 s"), "{cause}");
+        assert!(
+            cause.contains("did not run steadily for 60 s within 900 s"),
+            "{cause}"
+        );
     }
 }
