@@ -200,15 +200,20 @@ async fn summary(client: &kube::Client, vm: &str, m: &VirtualMachineMigration) -
         NAMESPACE,
         &ferry_api::foreign::vmi_resource(),
     );
-    let marker = match vmis
-        .get_opt(&status.target_vm.clone().unwrap_or_default())
-        .await
-    {
-        Ok(Some(vmi)) => vmi
-            .annotations()
-            .get(ferry_lab::standins::kubevirt::MARKER_ANNOTATION)
-            .cloned(),
-        _ => None,
+    let target = status.target_vm.clone().unwrap_or_default();
+    // A guest's agent may answer before the guest prints its line: give a running guest a minute to print it.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let marker = loop {
+        let vmi = vmis.get_opt(&target).await.ok().flatten();
+        let line = vmi.as_ref().and_then(|vmi| {
+            vmi.annotations()
+                .get(ferry_lab::standins::kubevirt::MARKER_ANNOTATION)
+                .cloned()
+        });
+        if line.is_some() || vmi.is_none() || Instant::now() > deadline {
+            break line;
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
     };
     out.push_str(&match marker {
         Some(line) => format!("  guest: {line:?} on the migrated VM's serial console\n"),

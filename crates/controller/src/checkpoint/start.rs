@@ -60,7 +60,8 @@ pub async fn run(step: &mut Step<'_>) -> Result<Next> {
         other => Ok(Next::wait(
             "VMStarting",
             format!("VirtualMachineInstance {name} is {other}"),
-            Duration::from_secs(30),
+            // VMIs are not watched: this is how soon a started instance is seen.
+            Duration::from_secs(3),
         )),
     }
 }
