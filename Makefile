@@ -12,7 +12,8 @@ demo:
 
 ## test: formatting, lints, then every unit and integration test against real components.
 test: lint
-	@tools=$$(hack/setup.sh) && FERRY_TOOLS_BIN=$$tools cargo test --workspace --features ferry/chaos
+	@tools=$$(hack/setup.sh) && (cd tools/vcsim && GOTOOLCHAIN=local CGO_ENABLED=0 go test ./...) && \
+	FERRY_TOOLS_BIN=$$tools cargo test --workspace --features ferry/chaos
 
 ## test-unit: the fast tiers only: every crate's unit tests and the reconcile tier (one reconcile against a mock
 ## API server, crates/controller/src/reconcile_tests.rs). No lab, no Go tools, no network.

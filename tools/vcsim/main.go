@@ -1,81 +1,114 @@
 // Command vcsim runs govmomi's vSphere simulator for Ferry's lab and tests.
 // It prints one line "GOVC_URL=<url>" on stdout once it serves, then runs until SIGINT or SIGTERM.
+//
+// Flags make it behave more like a production vCenter than vcsim does by default (all off by default):
+// sessions on /folder (auth.go), a datacenter inside a folder (dcfolder.go), transfer faults on /folder
+// (folder.go), storage Ferry must refuse (fixtures.go) and hosts' SHA-1 thumbprints (thumbprint.go).
 package main
 
 import (
-	"bytes"
 	"crypto/tls"
 	"flag"
 	"fmt"
 	"io"
 	"log"
-	"net/http"
 	"net/url"
 	"os"
 	"os/signal"
-	"regexp"
 	"strings"
-	"sync"
 	"syscall"
+	"time"
 
 	"github.com/vmware/govmomi/simulator"
 )
 
+// options is everything the flags set.
+type options struct {
+	listen    string
+	esx       bool
+	user      string
+	password  string
+	useTLS    bool
+	vms       int
+	certFile  string
+	keyFile   string
+	callsFile io.Writer
+	realism   realism
+}
+
+// realism: the production-like behaviours, each off when zero.
+type realism struct {
+	// folderAuth: /folder answers 401 unless the request carries a live vmware_soap_session cookie.
+	folderAuth bool
+	// sessionIdle: a session expires after this long without a SOAP call (0: never).
+	sessionIdle time.Duration
+	// dcFolder: the datacenters move into this root-level folder, and /folder wants dcPath as the full path.
+	dcFolder string
+	// folderThrottle: bytes per second of each /folder download (0: unlimited).
+	folderThrottle int64
+	// folderCutAt: the first download of each file that reaches this offset loses its connection there (0: off).
+	folderCutAt int64
+	// folderIgnoreRange: /folder answers a Range request with 200 and the whole file.
+	folderIgnoreRange bool
+	// folder503: the first N downloads of each file answer 503.
+	folder503 int
+	// soapDelay: each SOAP answer is delayed this long.
+	soapDelay time.Duration
+	// fixtures: add VMs on storage Ferry must refuse (vSAN, vVol, encrypted, seSparse, multi-extent).
+	fixtures bool
+	// hostThumbprint: hosts' summary.config.sslThumbprint is the served certificate's SHA-1, as vCenter shows it.
+	hostThumbprint bool
+}
+
 func main() {
-	listen := flag.String("l", "127.0.0.1:0", "listen address (port 0 picks a free port)")
-	esx := flag.Bool("esx", false, "standalone ESXi model instead of vCenter")
-	user := flag.String("username", "", "required user name (empty: any)")
-	passFile := flag.String("password-file", "", "file holding the required password (kept out of argv)")
-	useTLS := flag.Bool("tls", true, "serve HTTPS with a generated self-signed certificate")
-	vms := flag.Int("vm", 2, "VMs per resource pool or host")
-	certFile := flag.String("tlscert", "", "PEM certificate to serve (default: a generated self-signed one)")
-	keyFile := flag.String("tlskey", "", "PEM private key of -tlscert")
-	callsFile := flag.String("calls-file", "", "append each SOAP method name called, one per line (no arguments, so no credentials)")
+	var o options
+	var passFile, callsFile string
+	flag.StringVar(&o.listen, "l", "127.0.0.1:0", "listen address (port 0 picks a free port)")
+	flag.BoolVar(&o.esx, "esx", false, "standalone ESXi model instead of vCenter")
+	flag.StringVar(&o.user, "username", "", "required user name (empty: any)")
+	flag.StringVar(&passFile, "password-file", "", "file holding the required password (kept out of argv)")
+	flag.BoolVar(&o.useTLS, "tls", true, "serve HTTPS with a generated self-signed certificate")
+	flag.IntVar(&o.vms, "vm", 2, "VMs per resource pool or host")
+	flag.StringVar(&o.certFile, "tlscert", "", "PEM certificate to serve (default: a generated self-signed one)")
+	flag.StringVar(&o.keyFile, "tlskey", "", "PEM private key of -tlscert")
+	flag.StringVar(&callsFile, "calls-file", "", "append each SOAP method name called, one per line (no arguments, so no credentials)")
+	r := &o.realism
+	flag.BoolVar(&r.folderAuth, "folder-auth", false, "/folder answers 401 without a live vmware_soap_session cookie")
+	flag.DurationVar(&r.sessionIdle, "session-idle", 0, "sessions expire after this idle time; SOAP calls refresh it, /folder does not (0: never)")
+	flag.StringVar(&r.dcFolder, "dc-folder", "", "move the datacenters into this root folder; /folder then wants dcPath=NAME/DC (404 for the bare name)")
+	flag.Int64Var(&r.folderThrottle, "folder-throttle", 0, "bytes per second of each /folder download (0: unlimited)")
+	flag.Int64Var(&r.folderCutAt, "folder-cut-at", 0, "drop the connection of the first download of each file that reaches this offset (0: off)")
+	flag.BoolVar(&r.folderIgnoreRange, "folder-ignore-range", false, "answer Range downloads with 200 and the whole file")
+	flag.IntVar(&r.folder503, "folder-503", 0, "the first N downloads of each file answer 503 \"Out of HTTP sessions\"")
+	flag.DurationVar(&r.soapDelay, "soap-delay", 0, "delay each SOAP answer")
+	flag.BoolVar(&r.fixtures, "fixtures", false, "add VMs on vSAN, vVol, encrypted, seSparse and multi-extent disks")
+	flag.BoolVar(&r.hostThumbprint, "host-thumbprint", false, "hosts' summary.config.sslThumbprint = SHA-1 of the served certificate")
 	flag.Parse()
 
-	m := simulator.VPX()
-	if *esx {
-		m = simulator.ESX()
-	}
-	m.Machine = *vms
-	if err := m.Create(); err != nil {
-		log.Fatal(err)
-	}
-	defer m.Remove()
-
-	u := &url.URL{Host: *listen}
-	if *user != "" {
-		pass, err := os.ReadFile(*passFile)
+	if o.user != "" {
+		pass, err := os.ReadFile(passFile)
 		if err != nil {
 			log.Fatalf("-username needs a readable -password-file: %v", err)
 		}
-		u.User = url.UserPassword(*user, strings.TrimSpace(string(pass)))
+		o.password = strings.TrimSpace(string(pass))
 	}
-	m.Service.Listen = u
-	if *useTLS {
-		m.Service.TLS = new(tls.Config)
-		if *certFile != "" {
-			cert, err := tls.LoadX509KeyPair(*certFile, *keyFile)
-			if err != nil {
-				log.Fatalf("loading -tlscert/-tlskey: %v", err)
-			}
-			m.Service.TLS.Certificates = []tls.Certificate{cert}
-		}
-	}
-	s := m.Service.NewServer()
-	defer s.Close()
-	if *callsFile != "" {
-		f, err := os.OpenFile(*callsFile, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o600)
+	if callsFile != "" {
+		f, err := os.OpenFile(callsFile, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o600)
 		if err != nil {
 			log.Fatalf("-calls-file: %v", err)
 		}
 		defer f.Close()
-		// Set before the URL is printed, so before any client can call.
-		s.Config.Handler = recordCalls(s.Config.Handler, f)
+		o.callsFile = f
 	}
 
+	sim, err := start(o)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer sim.close()
+
 	// Print the URL without credentials: the log must never carry the password.
-	printable := *s.URL
+	printable := *sim.server.URL
 	printable.User = nil
 	fmt.Printf("GOVC_URL=%s\n", printable.String())
 	os.Stdout.Sync()
@@ -85,24 +118,86 @@ func main() {
 	<-sig
 }
 
-var soapMethod = regexp.MustCompile(`Body[^>]*>\s*<(?:[A-Za-z0-9_]+:)?([A-Za-z0-9_]+)`)
+// sim is a running simulator with its wrapper.
+type sim struct {
+	model    *simulator.Model
+	server   *simulator.Server
+	sessions *sessions
+	folder   *folderFaults
+}
 
-// recordCalls writes the method name of every SOAP request to w: the lab's record of what clients asked of
-// vSphere, which the chaos suite compares between runs.
-func recordCalls(next http.Handler, w io.Writer) http.Handler {
-	var mu sync.Mutex
-	return http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
-		if r.Method == http.MethodPost && strings.HasSuffix(r.URL.Path, "/sdk") {
-			body, err := io.ReadAll(r.Body)
-			if err == nil {
-				r.Body = io.NopCloser(bytes.NewReader(body))
-				if m := soapMethod.FindSubmatch(body); m != nil {
-					mu.Lock()
-					fmt.Fprintf(w, "%s\n", m[1])
-					mu.Unlock()
-				}
-			}
+func (s *sim) close() {
+	s.server.Close()
+	s.model.Remove()
+}
+
+// start builds the inventory, shapes it as the realism options ask, and serves it.
+func start(o options) (*sim, error) {
+	r := o.realism
+	if o.esx && (r.dcFolder != "" || r.fixtures) {
+		return nil, fmt.Errorf("-dc-folder and -fixtures need the vCenter model (no -esx)")
+	}
+	m := simulator.VPX()
+	if o.esx {
+		m = simulator.ESX()
+	}
+	m.Machine = o.vms
+	if err := m.Create(); err != nil {
+		return nil, err
+	}
+	s := &sim{model: m}
+	fail := func(err error) (*sim, error) {
+		if s.server != nil {
+			s.server.Close()
 		}
-		next.ServeHTTP(rw, r)
-	})
+		m.Remove()
+		return nil, err
+	}
+	if r.dcFolder != "" {
+		if err := moveDatacenters(m, r.dcFolder); err != nil {
+			return fail(fmt.Errorf("-dc-folder: %w", err))
+		}
+	}
+	if r.fixtures {
+		if err := addFixtures(m); err != nil {
+			return fail(fmt.Errorf("-fixtures: %w", err))
+		}
+	}
+	if r.sessionIdle > 0 {
+		if err := setSessionTimeout(m, r.sessionIdle); err != nil {
+			return fail(fmt.Errorf("-session-idle: %w", err))
+		}
+	}
+
+	u := &url.URL{Host: o.listen}
+	if o.user != "" {
+		u.User = url.UserPassword(o.user, o.password)
+	}
+	m.Service.Listen = u
+	if o.useTLS {
+		m.Service.TLS = new(tls.Config)
+		if o.certFile != "" {
+			cert, err := tls.LoadX509KeyPair(o.certFile, o.keyFile)
+			if err != nil {
+				return fail(fmt.Errorf("loading -tlscert/-tlskey: %w", err))
+			}
+			m.Service.TLS.Certificates = []tls.Certificate{cert}
+		}
+	}
+	s.server = m.Service.NewServer()
+	if r.hostThumbprint && o.useTLS {
+		setHostThumbprints(m, s.server.TLS.Certificates[0].Certificate[0])
+	}
+
+	if r.folderAuth || r.sessionIdle > 0 {
+		s.sessions = newSessions(r.sessionIdle)
+	}
+	paths, err := datacenterPaths(m)
+	if err != nil {
+		return fail(err)
+	}
+	s.folder = newFolderFaults(r, paths)
+	// Set before the URL is printed, so before any client can call.
+	s.server.Config.Handler = s.handler(s.server.Config.Handler, o.callsFile, r.soapDelay)
+	return s, nil
 }
