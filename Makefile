@@ -12,7 +12,7 @@ demo:
 
 ## test: formatting, lints, then every unit and integration test against real components.
 test: lint
-	@tools=$$(hack/setup.sh) && (cd tools/vcsim && GOTOOLCHAIN=local CGO_ENABLED=0 go test ./...) && \
+	@tools=$$(hack/setup.sh) && (cd tools/vcsim && GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS=-trimpath go test ./...) && \
 	FERRY_TOOLS_BIN=$$tools cargo test --workspace --features ferry/chaos
 
 ## test-unit: the fast tiers only: every crate's unit tests and the reconcile tier (one reconcile against a mock

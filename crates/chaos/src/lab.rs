@@ -43,6 +43,7 @@ impl ChaosLab {
             controller: false,
             vcsim_vms: ferry_lab::lab::DEFAULT_VCSIM_VMS,
             boot_guests: true,
+            vcsim_realism: Default::default(),
         };
         let state = ferry_lab::up(&options).await?.into_state();
         ferry_lab::controller_process::apply_rbac(&state.tools, &state.kubeconfig)?;

@@ -132,6 +132,7 @@ pub fn options(dir: PathBuf) -> Result<LabOptions> {
         controller: true,
         vcsim_vms: ferry_lab::lab::DEFAULT_VCSIM_VMS,
         boot_guests: true,
+        vcsim_realism: Default::default(),
     })
 }
 

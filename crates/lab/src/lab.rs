@@ -12,7 +12,7 @@ pub use crate::minio::StagingEndpoint;
 use crate::pki::Pki;
 use crate::probe;
 use crate::process::{self, Lifetime, ProcessRecord};
-pub use crate::vcsim::VcsimEndpoint;
+pub use crate::vcsim::{VcsimEndpoint, VcsimRealism};
 
 const STATE_FILE: &str = "lab.json";
 const STOP_GRACE: Duration = Duration::from_secs(10);
@@ -38,6 +38,9 @@ pub struct LabOptions {
     /// The KubeVirt stand-in boots each VMI's disk in QEMU; false (`--no-boot`, for the control-plane benchmark
     /// only) reports guests ready without booting them.
     pub boot_guests: bool,
+    /// Production-vCenter behaviours of vcsim (sessions on `/folder`, a datacenter in a folder, transfer faults,
+    /// storage fixtures, SHA-1 host thumbprints); the default switches none on.
+    pub vcsim_realism: VcsimRealism,
 }
 
 /// vcsim's VMs per host and per resource pool in an ordinary lab.
@@ -198,7 +201,12 @@ async fn start_all(state: &mut LabState, options: &LabOptions) -> Result<()> {
     state.api_url = api.url.clone().unwrap_or_default();
     crate::crds::install(&probe::client_for(&state.kubeconfig, None).await?).await?;
     start_component(state, lifetime, |ports| ctx.kube_controller_manager(ports)).await?;
-    let vcsim = start_component(state, lifetime, |_| Ok(ctx.vcsim(options.vcsim_vms))).await?;
+    let vcsim = start_component(state, lifetime, |_| {
+        let mut vcsim = ctx.vcsim(options.vcsim_vms);
+        vcsim.spec.args.extend(options.vcsim_realism.args());
+        Ok(vcsim)
+    })
+    .await?;
     let endpoint = crate::vcsim::endpoint(&dir, vcsim.url)?;
     state.ports.push(endpoint.port()?);
     if options.demo_vms {

@@ -1,6 +1,7 @@
 //! vcsim, govmomi's vSphere simulator: in the lab, or alone for vSphere client tests.
 
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
@@ -37,10 +38,7 @@ impl VcsimEndpoint {
     }
 
     /// A client configuration trusting the lab CA, with the simulator's credentials.
-    pub fn connect_config(
-        &self,
-        timeout: std::time::Duration,
-    ) -> Result<ferry_vsphere::ConnectConfig> {
+    pub fn connect_config(&self, timeout: Duration) -> Result<ferry_vsphere::ConnectConfig> {
         Ok(ferry_vsphere::ConnectConfig {
             url: self.url.clone(),
             username: self.username.clone(),
@@ -59,6 +57,81 @@ impl VcsimEndpoint {
 
 /// Where vcsim appends the name of every SOAP method it is asked to run (the lab's record of vSphere calls).
 pub const CALLS_FILE: &str = "vcsim-calls.log";
+
+/// Behaviours of a production vCenter that vcsim lacks, each one flag of the lab's launcher (`tools/vcsim`).
+/// The default is vcsim as it is: every behaviour off.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct VcsimRealism {
+    /// `/folder` answers 401 unless the request carries a live `vmware_soap_session` cookie (`-folder-auth`).
+    pub folder_auth: bool,
+    /// Sessions expire after this long without a SOAP call; `/folder` transfers do not refresh them, a body
+    /// already streaming is not cut (`-session-idle`).
+    pub session_idle: Option<Duration>,
+    /// The datacenters move into this root-level folder (`NAME/DC0`), and `/folder` then answers 404 unless
+    /// `dcPath` is the full inventory path (`-dc-folder`).
+    pub dc_folder: Option<String>,
+    /// Bytes per second of each `/folder` download (`-folder-throttle`).
+    pub folder_throttle: Option<u64>,
+    /// The first download of each file that reaches this offset loses its connection there
+    /// (`-folder-cut-at`).
+    pub folder_cut_at: Option<u64>,
+    /// `/folder` answers a Range request with 200 and the whole file (`-folder-ignore-range`).
+    pub folder_ignore_range: bool,
+    /// The first N downloads of each file answer 503 "Out of HTTP sessions" (`-folder-503`).
+    pub folder_503: u32,
+    /// Each SOAP answer is delayed this long (`-soap-delay`).
+    pub soap_delay: Option<Duration>,
+    /// VMs whose disks Ferry must refuse: `ferry-vsan-vm`, `ferry-vvol-vm`, `ferry-encrypted-vm`,
+    /// `ferry-sesparse-vm`, `ferry-multiextent-vm` (`-fixtures`).
+    pub fixtures: bool,
+    /// Hosts' `summary.config.sslThumbprint` is the served certificate's SHA-1, `AB:CD:...` as vCenter shows
+    /// it (`-host-thumbprint`).
+    pub host_thumbprint: bool,
+}
+
+impl VcsimRealism {
+    /// The launcher's flags for these behaviours (none by default).
+    pub fn args(&self) -> Vec<String> {
+        let mut args = Vec::new();
+        let mut flag = |on: bool, name: &str| {
+            if on {
+                args.push(format!("-{name}"));
+            }
+        };
+        flag(self.folder_auth, "folder-auth");
+        flag(self.folder_ignore_range, "folder-ignore-range");
+        flag(self.fixtures, "fixtures");
+        flag(self.host_thumbprint, "host-thumbprint");
+        if let Some(d) = self.session_idle {
+            args.push(format!("-session-idle={}", go_duration(d)));
+        }
+        if let Some(name) = &self.dc_folder {
+            args.push(format!("-dc-folder={name}"));
+        }
+        if let Some(rate) = self.folder_throttle {
+            args.push(format!("-folder-throttle={rate}"));
+        }
+        if let Some(offset) = self.folder_cut_at {
+            args.push(format!("-folder-cut-at={offset}"));
+        }
+        if self.folder_503 > 0 {
+            args.push(format!("-folder-503={}", self.folder_503));
+        }
+        if let Some(d) = self.soap_delay {
+            args.push(format!("-soap-delay={}", go_duration(d)));
+        }
+        args
+    }
+}
+
+/// A duration as Go's `time.ParseDuration` reads it, exact to the microsecond.
+fn go_duration(d: Duration) -> String {
+    if d.subsec_micros().is_multiple_of(1000) {
+        format!("{}ms", d.as_millis())
+    } else {
+        format!("{}us", d.as_micros())
+    }
+}
 
 /// Creates `DIR/vcsim-password` with a random password, once.
 pub fn ensure_password(dir: &Path) -> Result<PathBuf> {
@@ -119,12 +192,24 @@ pub struct StandaloneVcsim {
 
 impl StandaloneVcsim {
     pub async fn start(dir: &Path, tools: &Path, esx: bool, lifetime: Lifetime) -> Result<Self> {
+        Self::start_with(dir, tools, esx, &VcsimRealism::default(), lifetime).await
+    }
+
+    /// Like `start`, with production-like behaviours switched on.
+    pub async fn start_with(
+        dir: &Path,
+        tools: &Path,
+        esx: bool,
+        realism: &VcsimRealism,
+        lifetime: Lifetime,
+    ) -> Result<Self> {
         std::fs::create_dir_all(dir)?;
         let dir = dir.canonicalize()?;
         let pki = Pki::open_or_create(&dir.join("pki"))?;
         let cert = pki.issue_server("vcsim")?;
         ensure_password(&dir)?;
-        let component = component(&dir, tools, &cert, esx, crate::lab::DEFAULT_VCSIM_VMS);
+        let mut component = component(&dir, tools, &cert, esx, crate::lab::DEFAULT_VCSIM_VMS);
+        component.spec.args.extend(realism.args());
         let log = dir.join(format!("{}.log", component.spec.name));
         let process = process::start(&component.spec, &log, lifetime)?;
         match crate::probe::wait_ready(&component.probe, &process, &dir).await {
@@ -134,7 +219,7 @@ impl StandaloneVcsim {
                 dir,
             }),
             Err(e) => {
-                let _ = process::stop(&process, std::time::Duration::from_secs(5));
+                let _ = process::stop(&process, Duration::from_secs(5));
                 Err(e)
             }
         }
@@ -145,7 +230,7 @@ impl StandaloneVcsim {
     }
 
     pub fn stop(&self) -> Result<()> {
-        process::stop(&self.process, std::time::Duration::from_secs(5))
+        process::stop(&self.process, Duration::from_secs(5))
     }
 }
 
@@ -154,4 +239,45 @@ pub(crate) fn random_hex(bytes: usize) -> Result<String> {
     let mut buf = vec![0u8; bytes];
     std::fs::File::open("/dev/urandom")?.read_exact(&mut buf)?;
     Ok(buf.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn realism_is_off_by_default() {
+        assert!(VcsimRealism::default().args().is_empty());
+    }
+
+    #[test]
+    fn realism_becomes_the_launchers_flags() {
+        let realism = VcsimRealism {
+            folder_auth: true,
+            session_idle: Some(Duration::from_secs(1800)),
+            dc_folder: Some("Folder1".into()),
+            folder_throttle: Some(1 << 20),
+            folder_cut_at: Some(300_000),
+            folder_ignore_range: true,
+            folder_503: 2,
+            soap_delay: Some(Duration::from_micros(2500)),
+            fixtures: true,
+            host_thumbprint: true,
+        };
+        assert_eq!(
+            realism.args(),
+            [
+                "-folder-auth",
+                "-folder-ignore-range",
+                "-fixtures",
+                "-host-thumbprint",
+                "-session-idle=1800000ms",
+                "-dc-folder=Folder1",
+                "-folder-throttle=1048576",
+                "-folder-cut-at=300000",
+                "-folder-503=2",
+                "-soap-delay=2500us",
+            ]
+        );
+    }
 }

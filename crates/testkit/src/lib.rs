@@ -66,6 +66,7 @@ impl TestLab {
             standins,
             vcsim_vms: ferry_lab::lab::DEFAULT_VCSIM_VMS,
             boot_guests: true,
+            vcsim_realism: Default::default(),
         };
         match ferry_lab::up(&options).await {
             Ok(outcome) => Ok(TestLab {

@@ -1,0 +1,77 @@
+//! The lab's vcsim with production-like behaviours switched on through `VcsimRealism`: the options reach the
+//! launcher and Ferry's vSphere client works against them. What each behaviour does is tested with the launcher
+//! itself (`tools/vcsim/*_test.go`).
+
+use std::time::Duration;
+
+use ferry_lab::Lifetime;
+use ferry_lab::vcsim::{StandaloneVcsim, VcsimRealism};
+use ferry_vsphere::Session;
+use ferry_vsphere::inventory;
+
+/// Stops the simulator even when an assertion fails (before the temporary directory goes).
+struct Running(StandaloneVcsim);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.0.stop();
+    }
+}
+
+#[tokio::test]
+async fn realism_options_reach_the_simulator() {
+    let dir = tempfile::tempdir().unwrap();
+    let realism = VcsimRealism {
+        folder_auth: true,
+        dc_folder: Some("Folder1".into()),
+        fixtures: true,
+        ..Default::default()
+    };
+    let tools = ferry_lab::tools::bin_dir().unwrap();
+    let vcsim = Running(
+        StandaloneVcsim::start_with(
+            dir.path(),
+            &tools,
+            false,
+            &realism,
+            Lifetime::TiedToThisProcess,
+        )
+        .await
+        .unwrap(),
+    );
+    let endpoint = &vcsim.0.endpoint;
+    let session = Session::connect(endpoint.connect_config(Duration::from_secs(30)).unwrap())
+        .await
+        .unwrap();
+    // The fixtures exist, and listing the inventory works with the datacenter inside a folder.
+    let names: Vec<String> = inventory::list_vms(&session)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|v| v.name)
+        .collect();
+    for vm in [
+        "ferry-vsan-vm",
+        "ferry-vvol-vm",
+        "ferry-encrypted-vm",
+        "ferry-sesparse-vm",
+        "ferry-multiextent-vm",
+        "DC0_H0_VM0",
+    ] {
+        assert!(names.iter().any(|n| n == vm), "{vm} not in {names:?}");
+    }
+    // /folder refuses a request without the session cookie.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let ca = std::fs::read(&endpoint.ca_file).unwrap();
+    let http = reqwest::Client::builder()
+        .add_root_certificate(reqwest::Certificate::from_pem(&ca).unwrap())
+        .build()
+        .unwrap();
+    let url = format!(
+        "{}/folder/DC0_H0_VM0/DC0_H0_VM0.vmx?dcPath=Folder1%2FDC0&dsName=LocalDS_0",
+        session.base_url()
+    );
+    let status = http.get(url).send().await.unwrap().status();
+    assert_eq!(status, reqwest::StatusCode::UNAUTHORIZED);
+    session.logout().await;
+}
