@@ -4,10 +4,12 @@
 
 use std::time::Duration;
 
+use ferry_api::{Firmware, PowerState};
 use ferry_lab::Lifetime;
 use ferry_lab::vcsim::{StandaloneVcsim, VcsimRealism};
-use ferry_vsphere::Session;
-use ferry_vsphere::inventory;
+use ferry_vsphere::inventory::{self, VmSelector};
+use ferry_vsphere::provision::{self, NewVm, Transfer, VmdkFiles};
+use ferry_vsphere::{Session, power};
 
 /// Stops the simulator even when an assertion fails (before the temporary directory goes).
 struct Running(StandaloneVcsim);
@@ -73,5 +75,53 @@ async fn realism_options_reach_the_simulator() {
     );
     let status = http.get(url).send().await.unwrap().status();
     assert_eq!(status, reqwest::StatusCode::UNAUTHORIZED);
+
+    // What `ferry lab up` does to seed a VM still works with the datacenter in a folder: CreateVM into its
+    // vmFolder, a disk linked into the datastore, lookup by name, description, power.
+    let descriptor = dir.path().join("probe.vmdk");
+    let extent = dir.path().join("probe-flat.vmdk");
+    std::fs::write(
+        &descriptor,
+        "# Disk DescriptorFile\nversion=1\nCID=fffffffe\nparentCID=ffffffff\ncreateType=\"monolithicFlat\"\n\n\
+         # Extent description\nRW 2048 FLAT \"probe-flat.vmdk\" 0\n\n# The Disk Data Base\n#DDB\n",
+    )
+    .unwrap();
+    std::fs::File::create(&extent)
+        .unwrap()
+        .set_len(1 << 20)
+        .unwrap();
+    let spec = NewVm {
+        name: "ferry-probe".into(),
+        guest_id: "debian12_64Guest".into(),
+        cpus: 1,
+        cores_per_socket: 1,
+        memory_mib: 256,
+        firmware: Firmware::Bios,
+        efi_secure_boot: false,
+        host: "DC0_H0".into(),
+        datastore: "LocalDS_0".into(),
+        network: "DC0_DVPG0".into(),
+    };
+    let disks = [VmdkFiles {
+        descriptor: &descriptor,
+        extent: &extent,
+    }];
+    let created =
+        provision::provision_vm(&session, &spec, &disks, Transfer::LinkIntoLocalDatastore)
+            .await
+            .unwrap();
+    let found = inventory::find_vm(&session, &VmSelector::Name("ferry-probe".into()))
+        .await
+        .unwrap();
+    assert_eq!(found, created);
+    let info = inventory::describe_vm(&session, &found).await.unwrap();
+    assert_eq!(info.disks.len(), 1);
+    power::power_on(&session, &found, Duration::from_secs(30))
+        .await
+        .unwrap();
+    assert_eq!(
+        power::current_power_state(&session, &found).await.unwrap(),
+        PowerState::PoweredOn
+    );
     session.logout().await;
 }
