@@ -12,6 +12,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use anyhow::{Context, Result};
+use ferry_lab::lab::VcsimRealism;
 use ferry_lab::{LabOptions, LabState, Lifetime};
 use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{DeleteParams, PostParams};
@@ -49,13 +50,26 @@ impl TestLab {
     /// The whole lab as `ferry lab up` runs it (stand-ins run by `ferry`, demo VMs), shared by every test of
     /// this binary.
     pub async fn shared_with_standins(ferry: &Path) -> &'static TestLab {
+        Self::shared_with_standins_and(ferry, VcsimRealism::default()).await
+    }
+
+    /// As [`Self::shared_with_standins`], with vcsim's production-like behaviours `realism`. The first call in a
+    /// test binary starts the lab, so a binary that needs them calls this before anything else.
+    pub async fn shared_with_standins_and(ferry: &Path, realism: VcsimRealism) -> &'static TestLab {
         static FULL: tokio::sync::OnceCell<TestLab> = tokio::sync::OnceCell::const_new();
-        FULL.get_or_try_init(|| TestLab::start_with(Some(ferry.to_path_buf())))
+        FULL.get_or_try_init(|| TestLab::start_with_realism(Some(ferry.to_path_buf()), realism))
             .await
             .expect("starting the shared lab with stand-ins")
     }
 
     async fn start_with(standins: Option<PathBuf>) -> Result<TestLab> {
+        Self::start_with_realism(standins, VcsimRealism::default()).await
+    }
+
+    async fn start_with_realism(
+        standins: Option<PathBuf>,
+        vcsim_realism: VcsimRealism,
+    ) -> Result<TestLab> {
         let dir = fresh_dir()?;
         let options = LabOptions {
             dir: dir.clone(),
@@ -66,7 +80,7 @@ impl TestLab {
             standins,
             vcsim_vms: ferry_lab::lab::DEFAULT_VCSIM_VMS,
             boot_guests: true,
-            vcsim_realism: Default::default(),
+            vcsim_realism,
         };
         match ferry_lab::up(&options).await {
             Ok(outcome) => Ok(TestLab {

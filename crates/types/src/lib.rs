@@ -90,6 +90,11 @@ reasons! {
         SourceVMNotFound,
         SourceVMNameAmbiguous,
         UnsupportedDisk,
+        VsanDisk,
+        VvolDisk,
+        EncryptedDisk,
+        SparseDisk,
+        MultiExtentDisk,
         ShortRead,
         InvalidVSphereResponse,
         // The data path.

@@ -13,6 +13,7 @@ pub mod datastore;
 pub mod error;
 pub mod inventory;
 pub mod power;
+pub mod preflight;
 pub mod props;
 #[cfg(feature = "provision")]
 pub mod provision;

@@ -6,6 +6,7 @@
 mod cleanup;
 mod convert;
 pub(crate) mod discover;
+mod disk_files;
 mod guest;
 mod import;
 pub(crate) mod jobs;

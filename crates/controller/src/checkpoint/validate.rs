@@ -25,6 +25,7 @@ pub async fn run(step: &mut Step<'_>) -> Result<Next> {
         Failure::transient(Reason::SourceNotDiscovered, "discovery recorded no source")
     })?;
     check_source(step.vmm, &source)?;
+    super::disk_files::check(step, &source).await?;
     let storage_class = check_storage_class(step).await?;
     check_collisions(step).await?;
     let staging = crate::staging::open(step.ctx, step.vmm).await?;
@@ -32,7 +33,7 @@ pub async fn run(step: &mut Step<'_>) -> Result<Next> {
     Ok(Next::advance(
         "PreflightPassed",
         format!(
-            "{} disk(s) supported, every NIC mapped, StorageClass {storage_class}, staging reachable",
+            "{} disk(s) supported and readable, every NIC mapped, StorageClass {storage_class}, staging reachable",
             source.disks.len()
         ),
     ))
