@@ -58,6 +58,9 @@ impl VcsimEndpoint {
 /// Where vcsim appends the name of every SOAP method it is asked to run (the lab's record of vSphere calls).
 pub const CALLS_FILE: &str = "vcsim-calls.log";
 
+/// The folder `ferry lab up` puts the datacenter in: `dcPath` is then `Folder1/DC0`.
+pub const PRODUCTION_DC_FOLDER: &str = "Folder1";
+
 /// Behaviours of a production vCenter that vcsim lacks, each one flag of the lab's launcher (`tools/vcsim`).
 /// The default is vcsim as it is: every behaviour off.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -90,6 +93,20 @@ pub struct VcsimRealism {
 }
 
 impl VcsimRealism {
+    /// What `ferry lab up` runs: a vCenter as strict as production, and stricter where it costs nothing
+    /// (sessions idle out after 5 minutes, where vCenter waits 30), with the disks Ferry must refuse. Transfer
+    /// faults (throttle, cuts, ignored Range, 503 bursts, slow SOAP) stay for the tests that switch them on.
+    pub fn production_like() -> Self {
+        Self {
+            folder_auth: true,
+            session_idle: Some(Duration::from_secs(300)),
+            dc_folder: Some(PRODUCTION_DC_FOLDER.into()),
+            fixtures: true,
+            host_thumbprint: true,
+            ..Self::default()
+        }
+    }
+
     /// The launcher's flags for these behaviours (none by default).
     pub fn args(&self) -> Vec<String> {
         let mut args = Vec::new();
