@@ -96,6 +96,7 @@ reasons! {
         InvalidConversionSpec,
         StagingUnavailable,
         EmptyDisk,
+        DiskTooLargeToStage,
         ChecksumMismatch,
         ConversionFailed,
         ScratchIOFailed,
