@@ -124,13 +124,13 @@ async fn a_vm_with_twelve_disks_migrates_and_every_disk_is_verified() {
     let seeded = started.elapsed();
 
     let name = "twelve";
-    migration::apply(
-        &client,
-        ns.name(),
-        migration::migration(lab, ns.name(), name, VM),
-    )
-    .await
-    .unwrap();
+    let mut manifest = migration::migration(lab, ns.name(), name, VM);
+    // The source's buses: PVSCSI becomes virtio-scsi, which takes twelve disks (the lab's q35 has one AHCI
+    // controller, six SATA ports, for the compatibility devices).
+    manifest["spec"]["target"]["devices"] = "Source".into();
+    migration::apply(&client, ns.name(), manifest)
+        .await
+        .unwrap();
     let done = wait_for_phase(
         &client,
         ns.name(),
