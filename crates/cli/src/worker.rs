@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 use clap::Args;
-use ferry_datapath::report::JobReport;
+use ferry_datapath::report::{JobReport, StagedSummary};
 use ferry_datapath::{ConvertSpec, progress::Progress};
 
 #[derive(Args)]
@@ -20,7 +20,8 @@ pub struct ConvertArgs {
     /// The same spec inline, as the controller passes it to a Job (it holds no secret, only paths).
     #[arg(long)]
     spec_json: Option<String>,
-    /// Where to write the result manifest; in a pod, its termination message path.
+    /// Where to write the result's summary (the disks' results are their manifests in staging); in a pod, its
+    /// termination message path.
     #[arg(long, default_value = "/dev/termination-log")]
     result_file: PathBuf,
     /// No progress lines.
@@ -34,9 +35,15 @@ pub async fn convert(args: ConvertArgs) -> Result<()> {
         (None, Some(text)) => ConvertSpec::parse(text)?,
         (None, None) => anyhow::bail!("give --spec or --spec-json"),
     };
-    let outcome = ferry_datapath::convert_all(&spec, &Progress::new(args.quiet)).await;
+    let run = ferry_datapath::report::run_id();
+    let outcome =
+        ferry_datapath::convert::convert_run(&spec, &Progress::new(args.quiet), &run).await;
+    if let Ok(disks) = &outcome {
+        // Every disk's result for the log; the termination message keeps 4 KiB, so it gets the summary.
+        println!("{}", JobReport::Disks(disks.clone()).to_json());
+    }
     report(&args.result_file, outcome, |disks| {
-        JobReport::Disks(disks.clone())
+        JobReport::Staged(StagedSummary::of(disks, spec.format, &run))
     })
 }
 

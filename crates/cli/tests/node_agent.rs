@@ -161,8 +161,15 @@ async fn a_conversion_job_runs_to_completion_and_a_failing_one_is_retried_then_f
     let message = termination_message(&pods[0]);
     let result: serde_json::Value =
         serde_json::from_str(&message).unwrap_or_else(|e| panic!("{e}: {message:?}"));
-    assert_eq!(result["disks"][0]["sourceSha256"], disk.sha256, "{message}");
+    // The message is the summary; the disk's result is its manifest beside the staged object.
+    assert_eq!(result["staged"]["disks"], 1, "{message}");
     assert!(staging.join("job/disk-0.raw").exists());
+    let manifest: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(staging.join("job/disk-0.raw.manifest.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(manifest["sourceSha256"], disk.sha256, "{manifest}");
+    assert_eq!(manifest["run"], result["staged"]["run"], "{manifest}");
 
     jobs.create(
         &PostParams::default(),

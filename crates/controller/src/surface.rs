@@ -8,7 +8,9 @@
 //! The Kubernetes kinds of CDI and KubeVirt (`dv_resource`, `vm_resource`, `vmi_resource`) live in
 //! [`ferry_api::foreign`], and every label, annotation and field manager in [`ferry_api::keys`].
 
-use ferry_api::VirtualMachineMigration;
+use ferry_api::{DiskStatus, VirtualMachineMigration};
+use ferry_datapath::DiskResult;
+use ferry_datapath::report::JobReport;
 use ferry_datapath::staging::Staging;
 use k8s_openapi::api::batch::v1::Job;
 
@@ -68,6 +70,17 @@ impl Actions {
     /// The Job's state, and the result its pod left in the termination message.
     pub async fn observe_job(&self, ns: &str, name: &str) -> Result<JobState, Failure> {
         jobs::observe(&self.ctx, ns, name).await
+    }
+
+    /// The disks a successful conversion Job staged (its `report`), read from their manifests in staging.
+    pub async fn converted_disks(
+        &self,
+        vmm: &VirtualMachineMigration,
+        disks: &[DiskStatus],
+        report: JobReport,
+        job: &str,
+    ) -> Result<Vec<DiskResult>, Failure> {
+        crate::staging::converted(&self.ctx, vmm, disks, report, job).await
     }
 
     /// Deletes the Job if it is present.

@@ -16,12 +16,10 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use crate::error::{Error, Result};
 use crate::progress::Progress;
 use crate::spec::{ConvertSpec, DiskSpec, read_secret};
-use crate::staging::{SourceIdentity, StagedObject, Staging, object_name};
+use crate::staging::{PartPlan, SourceIdentity, StagedObject, Staging, object_name};
 
-/// Upload parts in flight per disk.
-const UPLOAD_CONCURRENCY: usize = 4;
-
-/// What the controller reads back (the pod's termination message).
+/// One disk's result. The controller reads it back from the disk's manifest (`StagedObject`); earlier releases
+/// sent the whole list in the pod's termination message.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]
 pub struct DiskResult {
@@ -47,12 +45,25 @@ pub async fn connect(spec: &ConvertSpec) -> Result<Session> {
 
 /// Converts and stages every disk of `spec`, `spec.parallel` at a time.
 pub async fn convert_all(spec: &ConvertSpec, progress: &Progress) -> Result<Vec<DiskResult>> {
+    convert_run(spec, progress, &crate::report::run_id()).await
+}
+
+/// [`convert_all`], marking the manifests this run writes with `run`.
+pub async fn convert_run(
+    spec: &ConvertSpec,
+    progress: &Progress,
+    run: &str,
+) -> Result<Vec<DiskResult>> {
+    // Before any byte moves: a disk too large for S3's part limit would fail only after the others were copied.
+    for disk in &spec.disks {
+        PartPlan::of(&describe(disk), disk.capacity_bytes)?;
+    }
     // The S3 client takes the process's TLS provider; ours is ring everywhere.
     let _ = rustls::crypto::ring::default_provider().install_default();
     let session = connect(spec).await?;
     let staging = Staging::open(&spec.staging)?;
     let mut results: Vec<DiskResult> = futures::stream::iter(spec.disks.iter())
-        .map(|disk| convert_disk(&session, &staging, spec, disk, progress))
+        .map(|disk| convert_disk(&session, &staging, spec, disk, run, progress))
         .buffer_unordered(spec.parallel.max(1))
         .try_collect()
         .await?;
@@ -66,6 +77,7 @@ async fn convert_disk(
     staging: &Staging,
     spec: &ConvertSpec,
     disk: &DiskSpec,
+    run: &str,
     progress: &Progress,
 ) -> Result<DiskResult> {
     let name = object_name(disk.index, spec.format);
@@ -81,6 +93,8 @@ async fn convert_disk(
     }
 
     let flat = flat_disk(session, &spec.source.datacenter, &disk.file).await?;
+    // Its size on the datastore may differ from the capacity vSphere reports.
+    PartPlan::of(&describe(disk), flat.size)?;
     if flat.size == 0 && disk.capacity_bytes > 0 {
         return Err(Error::EmptyDisk {
             index: disk.index,
@@ -126,10 +140,15 @@ async fn convert_disk(
         source_bytes: flat.size,
         source: identity,
         e_tag,
+        run: Some(run.to_string()),
     };
     staging.write_manifest(&name, &staged).await?;
     progress.done(disk.index, flat.size);
     Ok(result(disk, staged, flat.size, false))
+}
+
+fn describe(disk: &DiskSpec) -> String {
+    format!("disk {} ({})", disk.index, disk.file)
 }
 
 fn result(disk: &DiskSpec, staged: StagedObject, bytes_read: u64, skipped: bool) -> DiskResult {
@@ -185,12 +204,13 @@ async fn stream_raw(
     name: &str,
     progress: &Progress,
 ) -> Result<(String, u64)> {
+    let plan = PartPlan::of(name, flat.size)?;
     let mut download = Download::open(session, datacenter, &flat.extent, 0).await?;
-    let mut upload = staging.writer(name).await?;
+    let mut upload = staging.writer(name, plan).await?;
     let hasher = Hasher::start();
     let outcome: Result<()> = async {
         while let Some(chunk) = download.next_chunk().await? {
-            send(staging, &mut upload, &hasher, chunk).await?;
+            send(staging, &mut upload, plan, &hasher, chunk).await?;
             progress.bytes(index, download.offset(), flat.size);
         }
         if download.offset() != flat.size {
@@ -303,8 +323,10 @@ async fn via_qcow2(
 
 /// Uploads a local file to `name`, hashing it on the way; returns (sha256, bytes).
 pub async fn upload_file(staging: &Staging, name: &str, path: &Path) -> Result<(String, u64)> {
-    let mut upload = staging.writer(name).await?;
     let mut file = tokio::fs::File::open(path).await.map_err(|e| io(path, e))?;
+    let size = file.metadata().await.map_err(|e| io(path, e))?.len();
+    let plan = PartPlan::of(&staging.url_of(name), size)?;
+    let mut upload = staging.writer(name, plan).await?;
     let (hasher, mut bytes) = (Hasher::start(), 0u64);
     loop {
         let mut buf = vec![0u8; 4 << 20];
@@ -314,7 +336,7 @@ pub async fn upload_file(staging: &Staging, name: &str, path: &Path) -> Result<(
         }
         buf.truncate(n);
         bytes += n as u64;
-        send(staging, &mut upload, &hasher, Bytes::from(buf)).await?;
+        send(staging, &mut upload, plan, &hasher, Bytes::from(buf)).await?;
     }
     upload.finish().await.map_err(|e| staging.error(e))?;
     Ok((hasher.finish(), bytes))
@@ -324,12 +346,13 @@ pub async fn upload_file(staging: &Staging, name: &str, path: &Path) -> Result<(
 async fn send(
     staging: &Staging,
     upload: &mut object_store::WriteMultipart,
+    plan: PartPlan,
     hasher: &Hasher,
     chunk: Bytes,
 ) -> Result<()> {
     hasher.update(chunk.clone());
     upload
-        .wait_for_capacity(UPLOAD_CONCURRENCY)
+        .wait_for_capacity(plan.in_flight)
         .await
         .map_err(|e| staging.error(e))?;
     upload.put(chunk);

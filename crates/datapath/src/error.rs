@@ -18,6 +18,8 @@ pub enum Error {
         file: String,
         capacity: u64,
     },
+    #[error("{}", too_large(.what, .bytes))]
+    TooLargeToStage { what: String, bytes: u64 },
     #[error("{what}: sha256 {actual}, expected {expected}")]
     ChecksumMismatch {
         what: String,
@@ -33,7 +35,7 @@ pub enum Error {
 impl Error {
     pub fn class(&self) -> ErrorClass {
         match self {
-            Error::Spec(_) => ErrorClass::Permanent,
+            Error::Spec(_) | Error::TooLargeToStage { .. } => ErrorClass::Permanent,
             Error::Source(e) => e.class(),
             Error::Staging { .. } => ErrorClass::Transient,
             Error::ShortRead { .. } | Error::EmptyDisk { .. } | Error::ChecksumMismatch { .. } => {
@@ -50,11 +52,16 @@ impl Error {
             Error::Staging { .. } => Reason::StagingUnavailable,
             Error::ShortRead { .. } => Reason::ShortRead,
             Error::EmptyDisk { .. } => Reason::EmptyDisk,
+            Error::TooLargeToStage { .. } => Reason::DiskTooLargeToStage,
             Error::ChecksumMismatch { .. } => Reason::ChecksumMismatch,
             Error::QemuImg { .. } => Reason::ConversionFailed,
             Error::Io { .. } => Reason::ScratchIOFailed,
         }
     }
+}
+
+fn too_large(what: &str, bytes: &u64) -> String {
+    crate::staging::too_large_message(what, *bytes)
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;

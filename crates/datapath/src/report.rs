@@ -1,24 +1,35 @@
-//! A Job's result, as it leaves it in its pod's termination message for the controller: the staged disks of
-//! `ferry convert`, the proof of `ferry verify`, or the classed error either Job ended with. The Jobs write it
-//! and the controller reads it through this one type, so the two sides cannot drift apart.
+//! A Job's result, as it leaves it in its pod's termination message for the controller: a summary of what
+//! `ferry convert` staged, the proof of `ferry verify`, or the classed error either Job ended with. The Jobs write
+//! it and the controller reads it through this one type, so the two sides cannot drift apart.
+//!
+//! Kubernetes keeps at most 4 KiB of a termination message, so every report written fits in that: the staged
+//! disks themselves are read from their manifests in the staging folder, and an error's message is shortened.
 
 use std::path::Path;
 
-use ferry_types::ErrorClass;
+use ferry_types::{DiskFormat, ErrorClass};
 use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
 
 use crate::convert::DiskResult;
 use crate::error::{Error, Result};
+use crate::staging::StagedObject;
 use crate::verify::Verified;
 
-/// On the wire, one key names the kind: `{"disks": [...]}`, `{"verified": {"bytes", "sha256"}}` or
-/// `{"error": {"class", "message", "reason"}}`. A controller reads the reports of Jobs from earlier releases,
-/// which wrote the same JSON.
+/// What Kubernetes keeps of a termination message (the kubelet cuts the rest, and a cut JSON does not parse).
+pub const TERMINATION_MESSAGE_BYTES: usize = 4096;
+
+/// On the wire, one key names the kind: `{"staged": {"bytesRead", "disks", "format", "run"}}`,
+/// `{"verified": {"bytes", "sha256"}}` or `{"error": {"class", "message", "reason"}}`. A controller still reads
+/// `{"disks": [...]}`, the whole list that Jobs of earlier releases wrote.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]
 pub enum JobReport {
-    /// `ferry convert`: every disk staged, in index order.
+    /// `ferry convert` of an earlier release: every disk staged, in index order (over 4 KiB from about 7 disks,
+    /// so cut short by Kubernetes).
     Disks(Vec<DiskResult>),
+    /// `ferry convert`: every disk staged; each one's result is in its manifest.
+    Staged(StagedSummary),
     /// `ferry verify`: the imported image hashes to the source's sha256.
     Verified(Verified),
     /// Either Job failed: its error's class, reason and message.
@@ -57,6 +68,54 @@ impl From<&Error> for JobError {
     }
 }
 
+/// `ferry convert`'s summary: disks `0..disks` are staged as `disk-<index>.<format>`, each with its manifest, and
+/// the manifests this run wrote carry `run`. Its size does not grow with the number of disks.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct StagedSummary {
+    pub disks: u32,
+    pub format: DiskFormat,
+    /// Bytes read from the source in this run, over all disks.
+    pub bytes_read: u64,
+    pub run: String,
+}
+
+impl StagedSummary {
+    pub fn of(disks: &[DiskResult], format: DiskFormat, run: &str) -> Self {
+        Self {
+            disks: disks.len() as u32,
+            format,
+            bytes_read: disks.iter().map(|d| d.bytes_read).sum(),
+            run: run.to_string(),
+        }
+    }
+
+    /// Disk `index`'s result, from its manifest: copied in this run if the run marked it, else found staged.
+    pub fn disk(&self, index: u32, manifest: StagedObject) -> DiskResult {
+        let copied = manifest.run.as_deref() == Some(self.run.as_str());
+        DiskResult {
+            index,
+            bytes_read: if copied { manifest.source_bytes } else { 0 },
+            skipped: !copied,
+            staged: manifest,
+        }
+    }
+}
+
+/// A name for one conversion run, unique enough to tell it from any other run of the same migration: the pod's
+/// host name (the pod's own name in Kubernetes), the process, the time and a count within the process.
+pub fn run_id() -> String {
+    static COUNT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let count = COUNT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or_default();
+    let host = std::env::var("HOSTNAME").unwrap_or_default();
+    let seed = format!("{host}/{}/{nanos}/{count}", std::process::id());
+    crate::hex(&Sha256::digest(seed.as_bytes()))[..16].to_string()
+}
+
 impl JobReport {
     /// What a Job reports for `outcome`: `ok` of its result, or its error.
     pub fn of<T>(outcome: &Result<T>, ok: impl FnOnce(&T) -> JobReport) -> Self {
@@ -79,13 +138,71 @@ impl JobReport {
         serde_json::from_str(text).ok()
     }
 
+    /// The report as it fits in a termination message: an error's message is shortened (ending in `…`) until
+    /// the JSON is at most [`TERMINATION_MESSAGE_BYTES`]; any other report over it (only the old disk list can
+    /// be) becomes an error saying so.
+    pub fn to_message(&self) -> String {
+        let text = self.to_json();
+        if text.len() <= TERMINATION_MESSAGE_BYTES {
+            return text;
+        }
+        let error = match self {
+            JobReport::Error(e) => e.clone(),
+            _ => JobError {
+                class: ErrorClass::BoundedRetryable,
+                reason: ferry_types::Reason::JobResultUnreadable.to_string(),
+                message: format!(
+                    "the report is {} bytes, over what a termination message keeps",
+                    text.len()
+                ),
+            },
+        };
+        shortened(error)
+    }
+
     /// Writes the report where the controller reads it (`path`: in a pod, its termination message) and returns
     /// the text written.
     pub fn write(&self, path: &Path) -> std::io::Result<String> {
-        let text = self.to_json();
+        let text = self.to_message();
         std::fs::write(path, &text)?;
         Ok(text)
     }
+}
+
+/// The error's JSON within [`TERMINATION_MESSAGE_BYTES`], its message cut at the last character that fits (found
+/// by bisection: escapes make the JSON's length per character of the message vary).
+fn shortened(mut error: JobError) -> String {
+    let message = std::mem::take(&mut error.message);
+    let text_with = |cut: usize| {
+        let mut error = error.clone();
+        error.message = format!("{}…", &message[..floor_char_boundary(&message, cut)]);
+        JobReport::Error(error).to_json()
+    };
+    let (mut fits, mut over) = (0, message.len());
+    while fits < over {
+        let mid = (fits + over).div_ceil(2);
+        if text_with(mid).len() <= TERMINATION_MESSAGE_BYTES {
+            fits = mid;
+        } else {
+            over = mid - 1;
+        }
+    }
+    let text = text_with(fits);
+    if text.len() <= TERMINATION_MESSAGE_BYTES {
+        return text;
+    }
+    // Only an absurd reason can be left too long: the class alone still reads as an error.
+    error.reason = "JobFailed".into();
+    error.message = "…".into();
+    JobReport::Error(error).to_json()
+}
+
+/// The largest index at most `index` that starts a character.
+fn floor_char_boundary(text: &str, index: usize) -> usize {
+    (0..=index.min(text.len()))
+        .rev()
+        .find(|&i| text.is_char_boundary(i))
+        .unwrap_or(0)
 }
 
 #[cfg(test)]
@@ -109,6 +226,7 @@ mod tests {
                     capacity_bytes: 4,
                 },
                 e_tag: None,
+                run: None,
             },
             bytes_read: 4,
             skipped: false,
@@ -162,6 +280,114 @@ mod tests {
             JobReport::of(&Err::<(), _>(e), |_| unreachable!()).to_json(),
             r#"{"error":{"class":"BoundedRetryable","message":"disk 0: read 1 bytes from the source, expected 2","reason":"ShortRead"}}"#
         );
+    }
+
+    fn summary() -> StagedSummary {
+        StagedSummary {
+            disks: 12,
+            format: DiskFormat::Raw,
+            bytes_read: 48 << 20,
+            run: "0123456789abcdef".into(),
+        }
+    }
+
+    #[test]
+    fn the_summary_stays_small_whatever_the_disk_count() {
+        let report = JobReport::Staged(summary());
+        assert_eq!(
+            report.to_message(),
+            r#"{"staged":{"bytesRead":50331648,"disks":12,"format":"raw","run":"0123456789abcdef"}}"#
+        );
+        assert_eq!(JobReport::parse(&report.to_message()), Some(report));
+        let many = JobReport::Staged(StagedSummary {
+            disks: u32::MAX,
+            bytes_read: u64::MAX,
+            ..summary()
+        });
+        assert!(many.to_message().len() < 200);
+        // What earlier releases wrote: 12 disks are well over what Kubernetes keeps, and still read back.
+        let sha = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855";
+        let real = |index: u32| {
+            let mut d = disk();
+            d.index = index;
+            d.staged.url = format!(
+                "s3://ferry-staging/migrations/default/web-vm-0c6a2d1e-8f3b-4a5c-9d7e-1f2a3b4c5d6e/disk-{index}.raw"
+            );
+            (d.staged.object_sha256, d.staged.source_sha256) = (sha.into(), sha.into());
+            d.staged.source.vm_uuid = "42301f5e-8a6b-4c2d-9e7f-0a1b2c3d4e5f".into();
+            d.staged.source.disk_file = format!("[datastore1] web-vm/web-vm_{index}.vmdk");
+            d
+        };
+        let old = JobReport::Disks((0..12).map(real).collect());
+        assert!(old.to_json().len() > TERMINATION_MESSAGE_BYTES);
+        assert_eq!(JobReport::parse(&old.to_json()), Some(old.clone()));
+        let Some(JobReport::Error(e)) = JobReport::parse(&old.to_message()) else {
+            panic!()
+        };
+        assert_eq!(e.reason, "JobResultUnreadable");
+    }
+
+    #[test]
+    fn a_disk_is_copied_in_this_run_only_if_the_run_marked_its_manifest() {
+        let mut staged = disk().staged;
+        staged.source_bytes = 1 << 20;
+        staged.run = Some("0123456789abcdef".into());
+        let copied = summary().disk(3, staged.clone());
+        assert_eq!(
+            (copied.index, copied.bytes_read, copied.skipped),
+            (3, 1 << 20, false)
+        );
+        for run in [None, Some("an earlier run".to_string())] {
+            let found = summary().disk(
+                3,
+                StagedObject {
+                    run,
+                    ..staged.clone()
+                },
+            );
+            assert_eq!((found.bytes_read, found.skipped), (0, true));
+        }
+        assert_eq!(run_id().len(), 16);
+        assert_ne!(run_id(), run_id());
+    }
+
+    #[test]
+    fn a_long_error_is_cut_to_a_valid_message_within_the_limit() {
+        // Quotes and control characters double or sextuple when escaped; multibyte characters must not split.
+        for unit in ["x", "\"é\"", "\u{1}", "ü€𝄞"] {
+            let message = unit.repeat(20_000);
+            let report = JobReport::Error(JobError {
+                class: ErrorClass::Permanent,
+                reason: "StagingUnavailable".into(),
+                message: message.clone(),
+            });
+            let text = report.to_message();
+            assert!(
+                text.len() <= TERMINATION_MESSAGE_BYTES,
+                "{unit}: {}",
+                text.len()
+            );
+            assert!(
+                text.len() > TERMINATION_MESSAGE_BYTES - 64,
+                "{unit}: {}",
+                text.len()
+            );
+            let Some(JobReport::Error(e)) = JobReport::parse(&text) else {
+                panic!("{unit}: {text}")
+            };
+            assert_eq!(
+                (e.class, e.reason.as_str()),
+                (ErrorClass::Permanent, "StagingUnavailable")
+            );
+            let kept = e.message.strip_suffix('…').unwrap();
+            assert!(!kept.is_empty() && message.starts_with(kept), "{unit}");
+        }
+        let short = JobReport::Error(JobError {
+            class: ErrorClass::Transient,
+            reason: "StagingUnavailable".into(),
+            message: "down".into(),
+        });
+        assert_eq!(short.to_message(), short.to_json());
     }
 
     #[test]

@@ -15,8 +15,80 @@ use sha2::{Digest, Sha256};
 use crate::error::{Error, Result};
 use crate::spec::{StagingSpec, read_secret};
 
-/// Multipart part size: large enough for S3's 10,000-part limit on 150 GiB disks, small enough to stream.
-pub const PART_BYTES: usize = 16 << 20;
+const MIB: u64 = 1 << 20;
+/// The smallest part: disks up to about 140 GiB upload in parts of this size.
+pub const MIN_PART_BYTES: u64 = 16 * MIB;
+/// S3's (and MinIO's) largest part.
+pub const MAX_PART_BYTES: u64 = 5 << 30;
+/// Parts an upload aims for. S3 takes at most 10,000 per upload; the rest is headroom.
+pub const TARGET_PARTS: u64 = 9_000;
+/// The largest object staging takes: 9,000 parts of 5 GiB, about 43.9 TiB (VMFS allows 62 TB disks).
+pub const MAX_STAGED_BYTES: u64 = MAX_PART_BYTES * TARGET_PARTS;
+/// Part bytes in flight per upload while parts are small (4 of 16 MiB); larger parts keep two in flight.
+const IN_FLIGHT_BYTES: u64 = 64 * MIB;
+
+/// How an object of a known size is uploaded. `WriteMultipart` keeps its chunk size for the whole upload and
+/// sends the remainder as a smaller last part, so the part count is `ceil(size / part_bytes)`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PartPlan {
+    pub part_bytes: u64,
+    /// Parts uploading at once.
+    pub in_flight: usize,
+}
+
+impl PartPlan {
+    /// `max(16 MiB, ceil(size / 9,000))` rounded up to 1 MiB; `None` when even 5 GiB parts would need more
+    /// than 9,000. Pure.
+    pub fn for_size(object_bytes: u64) -> Option<Self> {
+        if object_bytes > MAX_STAGED_BYTES {
+            return None;
+        }
+        let part_bytes = object_bytes
+            .div_ceil(TARGET_PARTS)
+            .next_multiple_of(MIB)
+            .max(MIN_PART_BYTES);
+        // Two in flight at least, so the download goes on while a part uploads.
+        let in_flight = (IN_FLIGHT_BYTES / part_bytes).clamp(2, 4) as usize;
+        Some(Self {
+            part_bytes,
+            in_flight,
+        })
+    }
+
+    /// The plan for `what` (a disk, an object), or the error that names it, its size and the limit.
+    pub fn of(what: &str, object_bytes: u64) -> Result<Self> {
+        Self::for_size(object_bytes).ok_or_else(|| Error::TooLargeToStage {
+            what: what.to_string(),
+            bytes: object_bytes,
+        })
+    }
+
+    /// Memory an upload holds at most: the parts in flight, the one filling included (a part is buffered whole,
+    /// as object_store sends each part as one request body).
+    pub fn memory_bytes(&self) -> u64 {
+        self.part_bytes * self.in_flight as u64
+    }
+}
+
+/// Why `what` (`bytes` long) cannot be staged, in words a person can act on.
+pub fn too_large_message(what: &str, bytes: u64) -> String {
+    format!(
+        "{what} is {} ({bytes} bytes): S3 staging uploads at most {TARGET_PARTS} parts of 5 GiB per disk, {} \
+         ({MAX_STAGED_BYTES} bytes)",
+        human(bytes),
+        human(MAX_STAGED_BYTES)
+    )
+}
+
+fn human(bytes: u64) -> String {
+    const GIB: f64 = (1u64 << 30) as f64;
+    let gib = bytes as f64 / GIB;
+    if gib >= 1024.0 {
+        format!("{:.1} TiB", gib / 1024.0)
+    } else {
+        format!("{gib:.1} GiB")
+    }
+}
 
 /// What was staged, from which source disk. Stored beside the object as `<name>.manifest.json`.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
@@ -34,6 +106,10 @@ pub struct StagedObject {
     /// The store's entity tag when written; a different one later means the object was replaced.
     #[serde(default)]
     pub e_tag: Option<String>,
+    /// The conversion run that wrote it, so the controller tells a disk copied in this run from one found
+    /// staged already. Absent in manifests of earlier releases.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run: Option<String>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
@@ -161,14 +237,17 @@ impl Staging {
         }
     }
 
-    /// A streaming upload to `name`; the object appears only when it is finished.
-    pub async fn writer(&self, name: &str) -> Result<WriteMultipart> {
+    /// A streaming upload to `name` in `plan`'s parts; the object appears only when it is finished.
+    pub async fn writer(&self, name: &str, plan: PartPlan) -> Result<WriteMultipart> {
         let upload = self
             .store
             .put_multipart(&self.path(name))
             .await
             .map_err(|e| self.error(e))?;
-        Ok(WriteMultipart::new_with_chunk_size(upload, PART_BYTES))
+        Ok(WriteMultipart::new_with_chunk_size(
+            upload,
+            plan.part_bytes as usize,
+        ))
     }
 
     pub async fn write_manifest(&self, name: &str, manifest: &StagedObject) -> Result<()> {
@@ -216,5 +295,77 @@ impl Staging {
             url: self.base_url.clone(),
             detail: e.to_string(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GIB: u64 = 1 << 30;
+    const TIB: u64 = 1 << 40;
+
+    fn parts(size: u64, plan: PartPlan) -> u64 {
+        size.div_ceil(plan.part_bytes)
+    }
+
+    #[test]
+    fn parts_grow_with_the_disk_and_stay_under_s3s_limit() {
+        let small = PartPlan::for_size(GIB).unwrap();
+        assert_eq!(small.part_bytes, 16 * MIB);
+        assert_eq!((parts(GIB, small), small.in_flight), (64, 4));
+
+        // 156 GiB: 9,984 parts of 16 MiB were allowed, but only just; 18 MiB parts keep to the target.
+        let size = 156 * GIB;
+        let plan = PartPlan::for_size(size).unwrap();
+        assert_eq!(plan.part_bytes, 18 * MIB);
+        assert_eq!(parts(size, plan), 8875);
+
+        let size = 2 * TIB;
+        let plan = PartPlan::for_size(size).unwrap();
+        assert_eq!(plan.part_bytes, 234 * MIB);
+        assert_eq!((parts(size, plan), plan.in_flight), (8963, 2));
+        assert_eq!(plan.memory_bytes(), 468 * MIB);
+
+        // The largest object: exactly 9,000 parts of 5 GiB.
+        let plan = PartPlan::for_size(MAX_STAGED_BYTES).unwrap();
+        assert_eq!(plan.part_bytes, MAX_PART_BYTES);
+        assert_eq!(parts(MAX_STAGED_BYTES, plan), TARGET_PARTS);
+        assert_eq!(PartPlan::for_size(0).unwrap().part_bytes, MIN_PART_BYTES);
+    }
+
+    #[test]
+    fn every_size_is_whole_mebibytes_within_the_limits() {
+        for size in [
+            1,
+            MIB + 1,
+            141 * GIB,
+            157 * GIB + 3,
+            10 * TIB + 7,
+            43 * TIB,
+            MAX_STAGED_BYTES,
+        ] {
+            let plan = PartPlan::for_size(size).unwrap();
+            assert_eq!(plan.part_bytes % MIB, 0, "{size}");
+            assert!(
+                (MIN_PART_BYTES..=MAX_PART_BYTES).contains(&plan.part_bytes),
+                "{size}"
+            );
+            assert!(parts(size, plan) <= TARGET_PARTS, "{size}");
+        }
+    }
+
+    #[test]
+    fn a_disk_over_the_limit_is_refused_with_its_name_size_and_the_limit() {
+        assert_eq!(PartPlan::for_size(60 * TIB), None);
+        assert_eq!(PartPlan::for_size(MAX_STAGED_BYTES + 1), None);
+        let e = PartPlan::of("disk 2 ([ds] big/big.vmdk)", 60 * TIB).unwrap_err();
+        assert_eq!(e.reason(), ferry_types::Reason::DiskTooLargeToStage);
+        assert_eq!(e.class(), ferry_types::ErrorClass::Permanent);
+        assert_eq!(
+            e.to_string(),
+            "disk 2 ([ds] big/big.vmdk) is 60.0 TiB (65970697666560 bytes): S3 staging uploads at most 9000 \
+             parts of 5 GiB per disk, 43.9 TiB (48318382080000 bytes)"
+        );
     }
 }

@@ -101,6 +101,7 @@ reasons! {
         InvalidConversionSpec,
         StagingUnavailable,
         EmptyDisk,
+        DiskTooLargeToStage,
         ChecksumMismatch,
         ConversionFailed,
         ScratchIOFailed,

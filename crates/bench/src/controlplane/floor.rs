@@ -78,9 +78,11 @@ impl Floor {
 
         let convert = build::convert_job(&vmm, &source, &self.provider, 1, &self.worker_image());
         self.actions.create_job(&self.ns, &convert).await?;
-        let JobReport::Disks(staged) = self.job_result(&convert.name_any()).await? else {
-            bail!("Job {}: its result lists no disks", convert.name_any());
-        };
+        let report = self.job_result(&convert.name_any()).await?;
+        let staged = self
+            .actions
+            .converted_disks(&vmm, &status.disks, report, &convert.name_any())
+            .await?;
         for (disk, found) in status.disks.iter_mut().zip(&staged) {
             disk.staged_url = Some(found.staged.url.clone());
             disk.sha256 = Some(found.staged.source_sha256.clone());

@@ -4,6 +4,7 @@
 
 use ferry_api::{Provider, ProviderTls, SourceVmStatus, VirtualMachineMigration, VolumeMode};
 use ferry_datapath::spec::{ConvertSpec, DiskSpec, SourceSpec, SourceTrust, StagingSpec};
+use ferry_datapath::staging::PartPlan;
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::batch::v1::{Job, JobSpec};
@@ -87,8 +88,9 @@ pub fn convert_job(
     attempt: i32,
     image: &str,
 ) -> Job {
-    let spec =
-        serde_json::to_string(&convert_spec(vmm, source, provider)).expect("a spec serializes");
+    let spec = convert_spec(vmm, source, provider);
+    let memory_limit_mib = convert_memory_mib(&spec);
+    let spec = serde_json::to_string(&spec).expect("a spec serializes");
     let mut work = Work {
         step: "convert",
         args: vec![
@@ -113,6 +115,7 @@ pub fn convert_job(
             mount("scratch", SCRATCH, false),
         ],
         devices: vec![],
+        memory_limit_mib,
     };
     if let Some(secret) = &vmm.spec.staging.secret_ref {
         let keys = ["accessKeyId", "secretKey"];
@@ -122,6 +125,30 @@ pub fn convert_job(
             .push(mount("staging-credentials", STAGING_CREDENTIALS, true));
     }
     job(vmm, &children::convert_job(vmm, attempt), image, work)
+}
+
+/// The conversion Job's memory limit: 1 GiB, or more when large disks upload in large parts (S3 takes 10,000
+/// parts, and each part is held whole in memory while it uploads, for `parallel` disks at once).
+fn convert_memory_mib(spec: &ConvertSpec) -> u64 {
+    let upload = spec
+        .disks
+        .iter()
+        .filter_map(|d| PartPlan::for_size(d.capacity_bytes))
+        .map(|plan| plan.memory_bytes())
+        .max()
+        .unwrap_or(0);
+    (512 + (spec.parallel as u64 * upload).div_ceil(1 << 20)).max(DEFAULT_MEMORY_MIB)
+}
+
+const DEFAULT_MEMORY_MIB: u64 = 1024;
+
+/// A quantity in whole GiB where it is one (the limit every Job had before), else in MiB.
+fn mebibytes(mib: u64) -> String {
+    if mib.is_multiple_of(1024) {
+        format!("{}Gi", mib / 1024)
+    } else {
+        format!("{mib}Mi")
+    }
 }
 
 /// Reads the imported disk from the DataVolume's PVC and compares it with the source's sha256.
@@ -169,6 +196,7 @@ pub fn verify_job(
         } else {
             vec![]
         },
+        memory_limit_mib: DEFAULT_MEMORY_MIB,
     };
     job(vmm, &children::verify_job(vmm, disk, attempt), image, work)
 }
@@ -181,6 +209,7 @@ struct Work {
     volumes: Vec<Volume>,
     mounts: Vec<VolumeMount>,
     devices: Vec<VolumeDevice>,
+    memory_limit_mib: u64,
 }
 
 fn secret_volume(name: &str, secret: &str, keys: &[&str]) -> Volume {
@@ -232,7 +261,10 @@ fn job(vmm: &VirtualMachineMigration, name: &str, image: &str, work: Work) -> Jo
                 ("cpu".into(), Quantity("250m".into())),
                 ("memory".into(), Quantity("256Mi".into())),
             ])),
-            limits: Some(BTreeMap::from([("memory".into(), Quantity("1Gi".into()))])),
+            limits: Some(BTreeMap::from([(
+                "memory".into(),
+                Quantity(mebibytes(work.memory_limit_mib)),
+            )])),
             ..ResourceRequirements::default()
         }),
         security_context: Some(SecurityContext {
@@ -344,6 +376,24 @@ mod tests {
             Some(&["ALL".to_string()][..])
         );
         assert_eq!(spec.automount_service_account_token, Some(false));
+
+        let memory = |job: &Job| {
+            let limits = pod(job).containers[0]
+                .resources
+                .clone()
+                .unwrap()
+                .limits
+                .unwrap();
+            limits["memory"].0.clone()
+        };
+        assert_eq!(memory(&convert), "1Gi");
+        // A 2 TiB disk uploads in 234 MiB parts, two in flight, for each of two disks at once.
+        let mut large = source.clone();
+        large.disks[0].capacity_bytes = 2 << 40;
+        assert_eq!(
+            memory(&convert_job(&vmm, &large, &provider, 1, "img")),
+            format!("{}Mi", 512 + 2 * 2 * 234)
+        );
 
         let verify = verify_job(&migration(true), 0, 1, "abc", 1024, "img");
         let container = &pod(&verify).containers[0];

@@ -1,7 +1,7 @@
 //! Converting. Desired: every disk staged with its sha256 recorded. Observed: this attempt's conversion Job
-//! `<name>-convert-<attempt>` and the result in its termination message. Action: create the Job if absent; after
-//! a failed attempt, delete it and spend one bounded retry. Recorded: staged URL, sha256 and bytes per disk;
-//! DiskConverted.
+//! `<name>-convert-<attempt>`, the summary in its termination message and each disk's manifest in staging.
+//! Action: create the Job if absent; after a failed attempt, delete it and spend one bounded retry. Recorded:
+//! staged URL, sha256 and bytes per disk; DiskConverted.
 
 use std::time::Duration;
 
@@ -53,7 +53,7 @@ pub async fn run(step: &mut Step<'_>) -> Result<Next> {
             format!("Job {name} (attempt {attempt}) converts the disks"),
             WAIT,
         )),
-        JobState::Succeeded(result) => record(step, &name, result),
+        JobState::Succeeded(result) => record(step, &name, result).await,
         JobState::Failed(failure, uid) => retry(step, &ns, &name, &uid, failure).await,
     }
 }
@@ -61,13 +61,9 @@ pub async fn run(step: &mut Step<'_>) -> Result<Next> {
 /// Long enough to stay quiet: the Job's own changes wake the migration up.
 const WAIT: Duration = Duration::from_secs(60);
 
-fn record(step: &mut Step<'_>, job: &str, report: JobReport) -> Result<Next> {
-    let JobReport::Disks(disks) = report else {
-        return Err(Failure::bounded(
-            Reason::JobResultUnreadable,
-            format!("Job {job} left a result that does not parse: it lists no disks"),
-        ));
-    };
+async fn record(step: &mut Step<'_>, job: &str, report: JobReport) -> Result<Next> {
+    let disks =
+        crate::staging::converted(step.ctx, step.vmm, &step.status.disks, report, job).await?;
     let mut moved = 0;
     for disk in &mut step.status.disks {
         let Some(found) = disks.iter().find(|d| d.index == disk.index as u32) else {

@@ -130,7 +130,19 @@ mod tests {
             state_of(true, Some(r#"{"disks": []}"#), "j"),
             JobState::Succeeded(_)
         ));
+        let summary = r#"{"staged": {"bytesRead": 0, "disks": 12, "format": "raw", "run": "r"}}"#;
+        assert!(matches!(
+            state_of(true, Some(summary), "j"),
+            JobState::Succeeded(JobReport::Staged(_))
+        ));
         let JobState::Failed(f, _) = state_of(true, None, "j") else {
+            panic!()
+        };
+        assert_eq!(f.reason, "JobResultUnreadable");
+        // An earlier release's disk list, cut at 4 KiB by the kubelet, does not parse.
+        let JobState::Failed(f, _) =
+            state_of(true, Some(r#"{"disks": [{"index": 0, "url": "s3://b"#), "j")
+        else {
             panic!()
         };
         assert_eq!(f.reason, "JobResultUnreadable");

@@ -5,6 +5,7 @@
 use std::collections::BTreeSet;
 
 use ferry_api::{GuestAdaptation, Reason, SourceVmStatus, VirtualMachineMigration};
+use ferry_datapath::staging::{PartPlan, too_large_message};
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::api::{DynamicObject, ListParams};
 use kube::{Api, ResourceExt};
@@ -78,6 +79,14 @@ pub fn check_source(vmm: &VirtualMachineMigration, source: &SourceVmStatus) -> R
             return Err(Failure::permanent(
                 Reason::UnsupportedDisk,
                 format!("disk {} reports no capacity", disk.file),
+            ));
+        }
+        // The conversion Job would refuse it too, but only after the VM was powered off.
+        let capacity = disk.capacity_bytes as u64;
+        if PartPlan::for_size(capacity).is_none() {
+            return Err(Failure::permanent(
+                Reason::DiskTooLargeToStage,
+                too_large_message(&format!("disk {}", disk.file), capacity),
             ));
         }
     }
@@ -271,5 +280,33 @@ mod tests {
         let mut none = source();
         none.disks.clear();
         assert_eq!(reason(check_source(&ok, &none)), "NoDisks");
+    }
+
+    #[test]
+    fn a_disk_too_large_for_s3_staging_is_refused_before_any_power_change() {
+        let ok = vmm(json!([{"source": "VM Network", "pod": {}}]));
+        const TIB: i64 = 1 << 40;
+        for capacity in [1 << 30, 156 << 30, 2 * TIB, 43 * TIB] {
+            let mut big = source();
+            big.disks[0].capacity_bytes = capacity;
+            assert!(check_source(&ok, &big).is_ok(), "{capacity}");
+        }
+        let mut huge = source();
+        huge.disks.push(SourceDisk {
+            file: "[ds] x/x_1.vmdk".into(),
+            capacity_bytes: 60 * TIB,
+            ..huge.disks[0].clone()
+        });
+        let refused = check_source(&ok, &huge).unwrap_err();
+        assert_eq!(refused.reason, "DiskTooLargeToStage");
+        assert_eq!(refused.class, ferry_api::ErrorClass::Permanent);
+        assert!(
+            refused
+                .message
+                .starts_with("disk [ds] x/x_1.vmdk is 60.0 TiB (65970697666560 bytes)"),
+            "{}",
+            refused.message
+        );
+        assert!(refused.message.contains("43.9 TiB"), "{}", refused.message);
     }
 }
