@@ -181,7 +181,11 @@ async fn busy_answers_drops_and_stalls_are_ridden_out_until_the_attempts_are_spe
     ] {
         proxy.push(fault);
     }
-    assert_exact(&f, download(&f, &session).await.unwrap());
+    // Only a guard: without an idle timeout the stalled stream would hang forever.
+    let got = tokio::time::timeout(Duration::from_secs(60), download(&f, &session))
+        .await
+        .expect("a stalled stream was never given up");
+    assert_exact(&f, got.unwrap());
     let requests = extent_requests(&proxy);
     assert_eq!(
         requests.iter().map(|s| s.status).collect::<Vec<_>>(),
