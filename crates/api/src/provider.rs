@@ -71,9 +71,21 @@ pub struct ProviderTls {
         .message("caBundle must hold PEM certificates (-----BEGIN CERTIFICATE-----)"))]
     #[schemars(length(max = 65536))]
     pub ca_bundle: Option<String>,
-    /// The SHA-256 fingerprint of the endpoint's certificate: 32 colon-separated hex pairs.
+    /// The SHA-256 fingerprint of the endpoint's certificate: 32 colon-separated hex pairs. Not the SHA-1
+    /// thumbprint vSphere shows; `status.observedThumbprint` shows the SHA-256 the endpoint presents.
     #[serde(skip_serializing_if = "Option::is_none")]
-    #[schemars(pattern(r"^([0-9A-Fa-f]{2}:){31}[0-9A-Fa-f]{2}$"))]
+    #[x_kube(
+        validation = Rule::new("!self.matches('^([0-9A-Fa-f]{2}:?){19}[0-9A-Fa-f]{2}$')").message(
+            "thumbprint is a SHA-1 thumbprint (20 hex pairs, as vSphere shows it), but Ferry pins SHA-256: \
+             use the certificate's SHA-256 fingerprint (openssl x509 -noout -fingerprint -sha256), which \
+             `ferry inventory --insecure` and a Provider's status.observedThumbprint also show"
+        ),
+        validation = Rule::new(
+            "self.matches('^([0-9A-Fa-f]{2}:){31}[0-9A-Fa-f]{2}$') || self.matches('^([0-9A-Fa-f]{2}:?){19}[0-9A-Fa-f]{2}$')"
+        )
+        .message("thumbprint must be a SHA-256 fingerprint: 32 colon-separated hex pairs")
+    )]
+    #[schemars(length(max = 95))]
     pub thumbprint: Option<String>,
     /// Accept any certificate. Allowed, but the Provider then carries a warning condition.
     #[serde(skip_serializing_if = "Option::is_none")]

@@ -210,12 +210,22 @@ fn invalid_cases() -> Vec<Invalid> {
         create(
             "provider thumbprint format",
             with(p(), "/spec/tls/thumbprint", json!("AB:CD:EF")),
-            "spec.tls.thumbprint in body should match",
+            "thumbprint must be a SHA-256 fingerprint: 32 colon-separated hex pairs",
         ),
         create(
             "provider thumbprint not hex",
             with(p(), "/spec/tls/thumbprint", json!(vec!["ZZ"; 32].join(":"))),
-            "spec.tls.thumbprint in body should match",
+            "thumbprint must be a SHA-256 fingerprint",
+        ),
+        create(
+            "provider thumbprint SHA-1, as vSphere shows it",
+            with(p(), "/spec/tls/thumbprint", json!(vec!["3F"; 20].join(":"))),
+            "thumbprint is a SHA-1 thumbprint (20 hex pairs, as vSphere shows it), but Ferry pins SHA-256",
+        ),
+        create(
+            "provider thumbprint SHA-1 without colons",
+            with(p(), "/spec/tls/thumbprint", json!("3f".repeat(20))),
+            "Ferry pins SHA-256",
         ),
         create(
             "provider caBundle not PEM",

@@ -173,6 +173,7 @@ async fn run(
         staging: staging_spec,
         scratch_dir: work.join("scratch"),
         parallel: 1,
+        transfer: Default::default(),
     };
     let mut bytes_read = 0;
     let ferry = timed("ferry convert (end to end)", size, async {

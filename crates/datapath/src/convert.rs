@@ -40,7 +40,7 @@ pub async fn connect(spec: &ConvertSpec) -> Result<Session> {
         tls: source.trust.tls_mode()?,
         timeout: Duration::from_secs(120),
     };
-    Ok(Session::connect(config).await?)
+    Ok(Session::connect_with(config, spec.transfer.policy()).await?)
 }
 
 /// Converts and stages every disk of `spec`, `spec.parallel` at a time.
@@ -61,12 +61,18 @@ pub async fn convert_run(
     // The S3 client takes the process's TLS provider; ours is ring everywhere.
     let _ = rustls::crypto::ring::default_provider().install_default();
     let session = connect(spec).await?;
+    // Renews the SOAP session while disks stream; stops when this function returns, however it returns.
+    let keepalive = spec
+        .transfer
+        .keepalive()
+        .map(|every| session.keep_alive_every(every));
     let staging = Staging::open(&spec.staging)?;
     let mut results: Vec<DiskResult> = futures::stream::iter(spec.disks.iter())
         .map(|disk| convert_disk(&session, &staging, spec, disk, run, progress))
         .buffer_unordered(spec.parallel.max(1))
         .try_collect()
         .await?;
+    drop(keepalive);
     session.logout().await;
     results.sort_by_key(|r| r.index);
     Ok(results)

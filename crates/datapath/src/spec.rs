@@ -2,9 +2,10 @@
 //! files, never values, so the spec itself holds no secret.
 
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use ferry_types::DiskFormat;
-use ferry_vsphere::TlsMode;
+use ferry_vsphere::{Backoff, TlsMode, TransferPolicy};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
@@ -22,6 +23,9 @@ pub struct ConvertSpec {
     /// Disks converted at once.
     #[serde(default = "default_parallel")]
     pub parallel: usize,
+    /// Timeouts, resume backoff and keepalive of the vSphere side; the defaults suit a real vCenter.
+    #[serde(default)]
+    pub transfer: TransferSpec,
 }
 
 fn default_scratch() -> PathBuf {
@@ -142,6 +146,57 @@ impl From<SourceTrust> for TrustFields {
             SourceTrust::Insecure => fields.insecure = true,
         }
         fields
+    }
+}
+
+/// How the download rides out a slow or flaky vCenter, in milliseconds (tests shorten them).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase", default)]
+pub struct TransferSpec {
+    /// A stream with no byte for this long is resumed.
+    pub idle_timeout_millis: u64,
+    /// The first wait before asking again; each next one doubles, up to `resumeMaxDelayMillis`.
+    pub resume_first_delay_millis: u64,
+    pub resume_max_delay_millis: u64,
+    /// Attempts in a row without progress before a disk fails.
+    pub resume_attempts: u32,
+    /// How often the SOAP session is renewed while disks stream (vCenter ends idle sessions after about 30
+    /// minutes; govmomi renews every 10). 0: never.
+    pub keepalive_millis: u64,
+}
+
+impl Default for TransferSpec {
+    fn default() -> Self {
+        let policy = TransferPolicy::default();
+        Self {
+            idle_timeout_millis: millis(policy.idle_timeout),
+            resume_first_delay_millis: millis(policy.backoff.first),
+            resume_max_delay_millis: millis(policy.backoff.max),
+            resume_attempts: policy.backoff.attempts,
+            keepalive_millis: 10 * 60 * 1000,
+        }
+    }
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+impl TransferSpec {
+    pub fn policy(&self) -> TransferPolicy {
+        TransferPolicy {
+            // Zero would fail every read at once.
+            idle_timeout: Duration::from_millis(self.idle_timeout_millis.max(1)),
+            backoff: Backoff {
+                first: Duration::from_millis(self.resume_first_delay_millis),
+                max: Duration::from_millis(self.resume_max_delay_millis),
+                attempts: self.resume_attempts,
+            },
+        }
+    }
+
+    pub fn keepalive(&self) -> Option<Duration> {
+        (self.keepalive_millis > 0).then(|| Duration::from_millis(self.keepalive_millis))
     }
 }
 
@@ -272,6 +327,29 @@ mod tests {
             let e = source(wrong).unwrap_err().to_string();
             assert!(e.contains("exactly one of caFile"), "{e}");
         }
+    }
+
+    #[test]
+    fn transfer_settings_default_to_a_real_vcenter_and_can_be_shortened() {
+        let spec: ConvertSpec = serde_json::from_value(serde_json::json!({
+            "source": {"url": "https://vc/sdk", "credentialsDir": "/creds", "insecure": true, "datacenter": "DC0", "vmUuid": "u"},
+            "disks": [{"index": 0, "file": "[ds] a.vmdk", "capacityBytes": 1}], "format": "raw",
+            "staging": {"url": "file:///tmp/s"}
+        }))
+        .unwrap();
+        assert_eq!(spec.transfer.policy(), TransferPolicy::default());
+        assert_eq!(spec.transfer.keepalive(), Some(Duration::from_secs(600)));
+        let short: TransferSpec = serde_json::from_value(serde_json::json!({
+            "resumeFirstDelayMillis": 10, "resumeAttempts": 3, "keepaliveMillis": 0
+        }))
+        .unwrap();
+        assert_eq!(
+            short.policy().backoff.delay(1),
+            Some(Duration::from_millis(10))
+        );
+        assert_eq!(short.policy().backoff.delay(4), None);
+        assert_eq!(short.policy().idle_timeout, Duration::from_secs(60));
+        assert_eq!(short.keepalive(), None);
     }
 
     #[test]

@@ -82,6 +82,7 @@ impl Fixture {
             },
             scratch_dir: self.work.path().join("scratch"),
             parallel: 2,
+            transfer: Default::default(),
         }
     }
 }

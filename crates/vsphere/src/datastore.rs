@@ -1,19 +1,16 @@
 //! Datastore files over HTTPS (`/folder`): a streaming download that resumes with Range requests after a dropped
 //! connection, and never reports a short file as complete.
 
-use std::time::Duration;
-
 use bytes::Bytes;
+use ferry_types::ErrorClass;
 use futures::StreamExt;
 use futures::stream::BoxStream;
 use reqwest::{StatusCode, Url};
 
 use crate::error::{Error, Result};
 use crate::session::Session;
+use crate::transfer::{parse_content_range, skip_prefix};
 use crate::vmdk::Descriptor;
-
-/// Consecutive failed reconnects before a download gives up.
-const RESUME_ATTEMPTS: u32 = 5;
 
 /// `[datastore] dir/file.vmdk`
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -52,7 +49,8 @@ impl std::fmt::Display for DatastorePath {
     }
 }
 
-/// `https://host/folder/<path>?dcPath=<datacenter>&dsName=<datastore>`
+/// `https://host/folder/<path>?dcPath=<datacenter>&dsName=<datastore>`. `datacenter` is the datacenter's
+/// inventory path (`Folder/DC0`): names are form-encoded as govmomi's `url.Values` does, so `/` becomes `%2F`.
 pub fn folder_url(session: &Session, datacenter: &str, file: &DatastorePath) -> Result<Url> {
     let mut url = Url::parse(&session.base_url()).map_err(|e| Error::InvalidResponse {
         method: "folder".into(),
@@ -105,7 +103,9 @@ pub async fn flat_disk(session: &Session, datacenter: &str, disk_file: &str) -> 
     })
 }
 
-/// A file being downloaded, chunk by chunk. After a connection drops it asks again from the current offset.
+/// A file being downloaded, chunk by chunk. A dropped or idle connection, a 5xx or a refused cookie does not end
+/// it: it asks again from the current offset, after the session's [`Backoff`](crate::transfer::Backoff) steps
+/// (started over by progress), logging in again once when the cookie is refused.
 pub struct Download {
     session: Session,
     url: Url,
@@ -113,6 +113,19 @@ pub struct Download {
     offset: u64,
     total: Option<u64>,
     body: Option<BoxStream<'static, reqwest::Result<Bytes>>>,
+    /// Attempts in a row without a new byte.
+    failures: u32,
+    /// Bytes still to drop from the body: the server ignored `Range` and sends the file from its start.
+    skip: u64,
+    range_ignored_logged: bool,
+}
+
+/// Why a request did not give a body to read.
+enum Refused {
+    /// Worth asking again after a while: a dropped connection, a timeout, a 5xx or 429.
+    Retry(Error),
+    /// Asking again cannot help.
+    Fatal(Error),
 }
 
 impl Download {
@@ -130,8 +143,15 @@ impl Download {
             offset,
             total: None,
             body: None,
+            failures: 0,
+            skip: 0,
+            range_ignored_logged: false,
         };
-        download.connect().await?;
+        match download.connect().await {
+            Ok(()) => {}
+            Err(Refused::Fatal(e)) => return Err(e),
+            Err(Refused::Retry(e)) => download.reconnect(e, false).await?,
+        }
         Ok(download)
     }
 
@@ -145,57 +165,121 @@ impl Download {
         self.total
     }
 
-    async fn connect(&mut self) -> Result<()> {
+    /// One GET from the current offset, logging in again once if the cookie is refused.
+    async fn connect(&mut self) -> Result<(), Refused> {
+        let (response, cookie) = self.get().await?;
+        let response = match response.status() {
+            refused @ (StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN) => {
+                drop(response);
+                // The session expired (vCenter ends idle ones after about 30 minutes), or vpxd restarted.
+                tracing::info!(file = %self.name, status = refused.as_u16(), "the datastore refused the session; logging in again");
+                self.session
+                    .relogin_unless_renewed(cookie.as_deref())
+                    .await
+                    .map_err(|e| match e.class() {
+                        ErrorClass::Permanent => Refused::Fatal(e),
+                        _ => Refused::Retry(e),
+                    })?;
+                let (again, _) = self.get().await?;
+                if matches!(
+                    again.status(),
+                    StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN
+                ) {
+                    return Err(Refused::Fatal(Error::DatastoreAccessDenied {
+                        url: self.url.to_string(),
+                        what: format!("GET {}", self.name),
+                        status: again.status().as_u16(),
+                    }));
+                }
+                again
+            }
+            _ => response,
+        };
+        self.accept(response)
+    }
+
+    /// Sends the GET; returns the response and the cookie it carried.
+    async fn get(&self) -> Result<(reqwest::Response, Option<String>), Refused> {
+        let cookie = self.session.cookie();
         let mut request = self.session.http().get(self.url.clone());
-        if let Some(cookie) = self.session.cookie() {
+        if let Some(cookie) = &cookie {
             request = request.header("Cookie", cookie);
         }
         if self.offset > 0 {
             request = request.header("Range", format!("bytes={}-", self.offset));
         }
-        let response = request.send().await.map_err(|e| self.transport(&e))?;
+        let response = request
+            .send()
+            .await
+            .map_err(|e| Refused::Retry(self.transport(&e)))?;
+        Ok((response, cookie))
+    }
+
+    /// Takes the body of an answer, or says why not.
+    fn accept(&mut self, response: reqwest::Response) -> Result<(), Refused> {
         let status = response.status();
-        let expected = if self.offset > 0 {
-            StatusCode::PARTIAL_CONTENT
-        } else {
-            StatusCode::OK
+        let http_error = Error::Http {
+            url: self.url.to_string(),
+            what: format!("GET {}", self.name),
+            status: status.as_u16(),
         };
         if status == StatusCode::NOT_FOUND {
-            return Err(Error::UnsupportedDisk {
+            return Err(Refused::Fatal(Error::UnsupportedDisk {
                 file: self.name.clone(),
                 reason: "the file does not exist on the datastore".into(),
-            });
+            }));
         }
         if status == StatusCode::RANGE_NOT_SATISFIABLE && Some(self.offset) == self.total {
             self.body = None;
             return Ok(());
         }
-        if status != expected {
-            return Err(Error::Http {
-                url: self.url.to_string(),
-                what: format!("GET {}", self.name),
-                status: status.as_u16(),
-            });
+        // vCenter answers 503 when out of HTTP sessions; a proxy or a restarting vpxd gives other 5xx.
+        if status.is_server_error() || status == StatusCode::TOO_MANY_REQUESTS {
+            return Err(Refused::Retry(http_error));
         }
-        let total = content_total(&response, self.offset);
+        let from = match status {
+            StatusCode::OK => 0,
+            StatusCode::PARTIAL_CONTENT if self.offset > 0 => header(&response, "content-range")
+                .and_then(|r| parse_content_range(&r))
+                .map(|(start, _)| start)
+                .ok_or_else(|| {
+                    Refused::Fatal(Error::InvalidResponse {
+                        method: format!("GET {}", self.name),
+                        detail: "a partial answer without a Content-Range".into(),
+                    })
+                })?,
+            _ => return Err(Refused::Fatal(http_error)),
+        };
+        if from > self.offset {
+            return Err(Refused::Fatal(Error::InvalidResponse {
+                method: format!("GET {}", self.name),
+                detail: format!("asked for bytes from {}, got from {from}", self.offset),
+            }));
+        }
+        // A 200 to a Range request is the whole file again (govmomi accepts it too): drop what we have.
+        if from < self.offset && !self.range_ignored_logged {
+            self.range_ignored_logged = true;
+            tracing::warn!(file = %self.name, offset = self.offset, "the server ignored Range; reading past the bytes already received");
+        }
+        let total = content_total(&response, from);
         if let (Some(known), Some(now)) = (self.total, total)
             && known != now
         {
-            return Err(Error::InvalidResponse {
+            return Err(Refused::Fatal(Error::InvalidResponse {
                 method: format!("GET {}", self.name),
                 detail: format!(
                     "the file changed size while downloading ({known} then {now} bytes)"
                 ),
-            });
+            }));
         }
         self.total = self.total.or(total);
+        self.skip = self.offset - from;
         self.body = Some(response.bytes_stream().boxed());
         Ok(())
     }
 
     /// The next chunk, or None at the end of the file. Reconnects (Range) when the stream breaks.
     pub async fn next_chunk(&mut self) -> Result<Option<Bytes>> {
-        let mut failures = 0;
         loop {
             let complete = self.total.is_some_and(|t| self.offset >= t);
             let broken = match self.body.as_mut() {
@@ -203,7 +287,11 @@ impl Download {
                 None => "not connected".to_string(),
                 Some(body) => match body.next().await {
                     Some(Ok(chunk)) => {
-                        self.offset += chunk.len() as u64;
+                        let wanted = chunk.slice(skip_prefix(&chunk, &mut self.skip));
+                        if wanted.is_empty() {
+                            continue;
+                        }
+                        self.offset += wanted.len() as u64;
                         if self.total.is_some_and(|t| self.offset > t) {
                             return Err(Error::InvalidResponse {
                                 method: format!("GET {}", self.name),
@@ -213,7 +301,8 @@ impl Download {
                                 ),
                             });
                         }
-                        return Ok(Some(chunk));
+                        self.failures = 0;
+                        return Ok(Some(wanted));
                     }
                     // Without a known length, the end of the body is the end of the file.
                     None if complete || self.total.is_none() => {
@@ -221,22 +310,44 @@ impl Download {
                         return Ok(None);
                     }
                     None => "the connection closed early".to_string(),
+                    Some(Err(e)) if e.is_timeout() => format!(
+                        "no data for {}s",
+                        self.session.transfer().idle_timeout.as_secs_f64()
+                    ),
                     Some(Err(e)) => e.to_string(),
                 },
             };
-            failures += 1;
-            if failures > RESUME_ATTEMPTS {
-                return Err(Error::ShortRead {
-                    path: self.name.clone(),
-                    got: self.offset,
-                    expected: self.total.unwrap_or(0),
-                });
-            }
-            tracing::info!(file = %self.name, offset = self.offset, "download interrupted ({broken}); resuming");
-            tokio::time::sleep(Duration::from_millis(200 * u64::from(failures))).await;
             self.body = None;
-            if let Err(e) = self.connect().await {
-                tracing::info!(file = %self.name, "resume failed: {e}");
+            let short = Error::ShortRead {
+                path: format!("{} ({broken})", self.name),
+                got: self.offset,
+                expected: self.total.unwrap_or(0),
+            };
+            self.reconnect(short, true).await?;
+        }
+    }
+
+    /// Asks again after the backoff steps until a body comes, the attempts are spent (`last` is returned) or
+    /// the answer says asking again cannot help.
+    async fn reconnect(&mut self, mut last: Error, interrupted: bool) -> Result<()> {
+        self.body = None;
+        loop {
+            self.failures += 1;
+            let Some(delay) = self.session.transfer().backoff.delay(self.failures) else {
+                tracing::warn!(file = %self.name, offset = self.offset, attempts = self.failures - 1, "giving up: {last}");
+                return Err(last);
+            };
+            let what = if interrupted {
+                "download interrupted"
+            } else {
+                "download refused"
+            };
+            tracing::info!(file = %self.name, offset = self.offset, attempt = self.failures, "{what} ({last}); asking again in {delay:?}");
+            tokio::time::sleep(delay).await;
+            match self.connect().await {
+                Ok(()) => return Ok(()),
+                Err(Refused::Fatal(e)) => return Err(e),
+                Err(Refused::Retry(e)) => last = e,
             }
         }
     }
@@ -245,7 +356,7 @@ impl Download {
         if e.is_timeout() {
             Error::Timeout {
                 url: self.url.to_string(),
-                seconds: 0,
+                seconds: self.session.transfer().idle_timeout.as_secs(),
             }
         } else {
             Error::Unreachable {
@@ -256,21 +367,22 @@ impl Download {
     }
 }
 
-/// The full length: from `Content-Range: bytes a-b/total`, or `Content-Length` plus the offset.
-fn content_total(response: &reqwest::Response, offset: u64) -> Option<u64> {
-    let header = |name: &str| {
-        response
-            .headers()
-            .get(name)
-            .and_then(|v| v.to_str().ok())
-            .map(String::from)
-    };
-    if let Some(range) = header("content-range") {
-        return range.rsplit('/').next().and_then(|t| t.parse().ok());
+fn header(response: &reqwest::Response, name: &str) -> Option<String> {
+    response
+        .headers()
+        .get(name)
+        .and_then(|v| v.to_str().ok())
+        .map(String::from)
+}
+
+/// The full length: from `Content-Range: bytes a-b/total`, or `Content-Length` plus where the body starts.
+fn content_total(response: &reqwest::Response, from: u64) -> Option<u64> {
+    if let Some(range) = header(response, "content-range") {
+        return parse_content_range(&range).and_then(|(_, total)| total);
     }
-    header("content-length")
+    header(response, "content-length")
         .and_then(|l| l.parse::<u64>().ok())
-        .map(|l| l + offset)
+        .map(|l| l + from)
 }
 
 #[cfg(test)]

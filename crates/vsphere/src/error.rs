@@ -20,6 +20,19 @@ pub enum Error {
     },
 
     #[error(
+        "the thumbprint pinned for {url}, {given}, is a SHA-1 thumbprint (20 hex pairs, as vSphere shows \
+         them), but Ferry pins SHA-256; {}",
+        sha1_advice(.matches, .presented_sha256)
+    )]
+    Sha1Thumbprint {
+        url: String,
+        given: String,
+        /// Whether `given` is the SHA-1 of the certificate the server presented.
+        matches: bool,
+        presented_sha256: String,
+    },
+
+    #[error(
         "TLS verification of {url} failed: {detail}; set spec.tls.caBundle to the CA that signed it, or pin its thumbprint"
     )]
     Tls { url: String, detail: String },
@@ -35,6 +48,17 @@ pub enum Error {
 
     #[error("{url} answered HTTP {status} to {what}")]
     Http {
+        url: String,
+        what: String,
+        status: u16,
+    },
+
+    #[error(
+        "{url} refused {what} with HTTP {status}, also right after logging in again: the user needs the \
+         privileges for HTTP file access (Datastore.Browse and Datastore.FileManagement on the datacenter and \
+         the datastore, System.View on the root folder)"
+    )]
+    DatastoreAccessDenied {
         url: String,
         what: String,
         status: u16,
@@ -88,6 +112,8 @@ impl Error {
             Error::ShortRead { .. } | Error::InvalidResponse { .. } => ErrorClass::BoundedRetryable,
             Error::LoginFailed { .. }
             | Error::ThumbprintMismatch { .. }
+            | Error::Sha1Thumbprint { .. }
+            | Error::DatastoreAccessDenied { .. }
             | Error::Tls { .. }
             | Error::TlsConfig(_)
             | Error::VmNotFound { .. }
@@ -100,7 +126,10 @@ impl Error {
     pub fn reason(&self) -> Reason {
         match self {
             Error::LoginFailed { .. } => Reason::LoginFailed,
-            Error::ThumbprintMismatch { .. } => Reason::ThumbprintMismatch,
+            Error::ThumbprintMismatch { .. } | Error::Sha1Thumbprint { .. } => {
+                Reason::ThumbprintMismatch
+            }
+            Error::DatastoreAccessDenied { .. } => Reason::VSpherePermissionDenied,
             Error::Tls { .. } | Error::TlsConfig(_) => Reason::TLSVerificationFailed,
             Error::Unreachable { .. } => Reason::EndpointUnreachable,
             Error::Timeout { .. } => Reason::EndpointTimeout,
@@ -124,6 +153,21 @@ impl Error {
             Error::Fault { fault, .. } | Error::TaskFailed { fault, .. } => Some(fault),
             _ => None,
         }
+    }
+}
+
+/// What to pin instead of a SHA-1 thumbprint. The SHA-256 is trustworthy only when the SHA-1 matched.
+fn sha1_advice(matches: &bool, presented_sha256: &str) -> String {
+    if *matches {
+        format!(
+            "it matches the certificate the server presented, whose SHA-256 thumbprint is {presented_sha256}: \
+             set spec.tls.thumbprint to that"
+        )
+    } else {
+        format!(
+            "it does not match the certificate the server presented either (SHA-256 {presented_sha256}); \
+             check which host you are connecting to before pinning anything"
+        )
     }
 }
 
@@ -199,6 +243,33 @@ mod tests {
             task("GenericVmConfigFault").class(),
             ErrorClass::BoundedRetryable
         );
+        let sha1 = |matches| Error::Sha1Thumbprint {
+            url: "u".into(),
+            given: "3F:3F".into(),
+            matches,
+            presented_sha256: "AB:AB".into(),
+        };
+        let (right, wrong) = (sha1(true).to_string(), sha1(false).to_string());
+        assert!(
+            right.contains("SHA-1") && right.contains("as vSphere shows"),
+            "{right}"
+        );
+        assert!(
+            right.contains("set spec.tls.thumbprint to that") && right.contains("AB:AB"),
+            "{right}"
+        );
+        assert!(
+            wrong.contains("does not match") && !wrong.contains("set spec.tls"),
+            "{wrong}"
+        );
+        assert_eq!(sha1(true).class(), ErrorClass::Permanent);
+        let denied = Error::DatastoreAccessDenied {
+            url: "u".into(),
+            what: "GET f".into(),
+            status: 403,
+        };
+        assert_eq!(denied.class(), ErrorClass::Permanent);
+        assert_eq!(denied.reason(), "VSpherePermissionDenied");
         let pin = Error::ThumbprintMismatch {
             url: "u".into(),
             expected: "AA".into(),

@@ -66,6 +66,8 @@ pub struct VmInfo {
     pub tools_running_status: Option<String>,
     pub change_tracking: bool,
     pub snapshots: usize,
+    /// The datacenter's inventory path below the root folder (`DC0`, or `Folder1/DC0` in a folder): the
+    /// `dcPath` of `/folder` URLs.
     pub datacenter: String,
     pub disks: Vec<DiskInfo>,
     pub nics: Vec<NicInfo>,
@@ -540,11 +542,19 @@ fn count_snapshots(info: &Element) -> usize {
     info.children_named("rootSnapshotList").map(count).sum()
 }
 
-/// Walks `parent` up from `start` to the datacenter, whose name `/folder` URLs need.
+/// Walks `parent` up from `start` to the datacenter, then on up to the root folder: the datacenter's inventory
+/// path (`Folder1/DC0`), which `/folder` URLs take as `dcPath`. A bare name answers 404 on a real vCenter once
+/// the datacenter sits in a folder (govmomi `object/datastore.go` FindInventoryPath; govmomi issue 285).
 async fn datacenter_of(session: &Session, start: Option<&Element>) -> Result<String> {
+    let root = &session.content().root_folder;
     let mut current = start.and_then(MoRef::from_element);
-    for _ in 0..32 {
+    // Names from the datacenter upward; empty until the datacenter is reached.
+    let mut names: Vec<String> = Vec::new();
+    for _ in 0..64 {
         let Some(obj) = current else { break };
+        if obj == *root {
+            break;
+        }
         let found = props::retrieve(
             session,
             &obj.type_,
@@ -553,20 +563,45 @@ async fn datacenter_of(session: &Session, start: Option<&Element>) -> Result<Str
         )
         .await?;
         let Some(o) = found.first() else { break };
-        if obj.type_ == "Datacenter" {
-            return Ok(o.text("name").unwrap_or_default().to_string());
+        if obj.type_ == "Datacenter" || !names.is_empty() {
+            names.push(o.text("name").unwrap_or_default().to_string());
         }
         current = o.prop("parent").and_then(MoRef::from_element);
     }
-    Err(Error::InvalidResponse {
-        method: "RetrievePropertiesEx".into(),
-        detail: "no datacenter above the VM".into(),
-    })
+    if names.is_empty() {
+        return Err(Error::InvalidResponse {
+            method: "RetrievePropertiesEx".into(),
+            detail: "no datacenter above the VM".into(),
+        });
+    }
+    Ok(inventory_path(&names))
+}
+
+/// Names from an object up to (not including) the root folder, as the object's inventory path. vSphere hands
+/// out names with `/`, `\\` and `%` already escaped (`%2f`, `%5c`, `%25`), so they are joined as they are.
+fn inventory_path(upward: &[String]) -> String {
+    upward
+        .iter()
+        .rev()
+        .map(String::as_str)
+        .collect::<Vec<_>>()
+        .join("/")
 }
 
 #[cfg(test)]
 mod name_index_tests {
     use super::*;
+
+    #[test]
+    fn a_datacenter_path_joins_its_folders_from_the_root_down() {
+        let path = |names: &[&str]| {
+            inventory_path(&names.iter().map(|n| n.to_string()).collect::<Vec<_>>())
+        };
+        assert_eq!(path(&["DC0"]), "DC0");
+        assert_eq!(path(&["DC0", "Europe", "Lab A&B"]), "Lab A&B/Europe/DC0");
+        // A `/` inside a name comes escaped from vSphere and stays so: it is not a path separator.
+        assert_eq!(path(&["DC%2f1", "F"]), "F/DC%2f1");
+    }
 
     #[test]
     fn a_name_finds_its_one_vm_and_says_when_it_is_missing_or_shared() {

@@ -4,7 +4,7 @@
 //! - [`session`]: connect (TLS that fails closed), log in, call, re-login once on an expired session.
 //! - [`inventory`]: find a VM by name, inventory path, UUID or moref; describe it; list VMs.
 //! - [`power`] and [`snapshot`]: tasks whose morefs can be recorded and followed again after a restart.
-//! - [`datastore`]: stream a disk's bytes over `/folder` with Range resume.
+//! - [`datastore`]: stream a disk's bytes over `/folder` with Range resume; [`transfer`]: its timeouts and backoff.
 //! - [`error`]: every error is classed transient, bounded-retryable or permanent.
 
 #[cfg(feature = "chaos")]
@@ -21,6 +21,7 @@ pub mod session;
 pub mod snapshot;
 pub mod soap;
 pub mod tls;
+pub mod transfer;
 pub mod vmdk;
 pub mod xml;
 
@@ -29,3 +30,4 @@ pub use inventory::{DiskInfo, NicInfo, VmInfo, VmSelector, VmSummary};
 pub use session::{ConnectConfig, Session};
 pub use soap::MoRef;
 pub use tls::TlsMode;
+pub use transfer::{Backoff, TransferPolicy};

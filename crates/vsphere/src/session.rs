@@ -1,5 +1,9 @@
 //! A logged-in session: service content first, then `Login`; the session cookie rides on every later request.
-//! An expired session (`NotAuthenticated`) is logged in again once.
+//! An expired session (`NotAuthenticated`) is logged in again once. A long job keeps the session alive with
+//! [`Session::keep_alive_every`], as govmomi's `session/keepalive` does.
+//!
+//! One HTTP client serves SOAP and disk streams, so its only client-wide limits are the connect timeout and the
+//! idle timeout ([`TransferPolicy`]); each SOAP request carries its own total deadline (`ConnectConfig::timeout`).
 
 use std::fmt;
 use std::sync::{Arc, Mutex};
@@ -7,7 +11,8 @@ use std::time::Duration;
 
 use crate::error::{Error, Result};
 use crate::soap::{self, Fault, MoRef, Response};
-use crate::tls::{self, SeenThumbprint, TlsMode};
+use crate::tls::{self, Pin, SeenThumbprint, TlsMode};
+use crate::transfer::TransferPolicy;
 use crate::xml::{Element, escape};
 
 /// Where and how to connect. The password is never printed.
@@ -18,6 +23,7 @@ pub struct ConnectConfig {
     pub username: String,
     pub password: String,
     pub tls: TlsMode,
+    /// The total deadline of each SOAP call (disk streams have none: see [`TransferPolicy`]).
     pub timeout: Duration,
 }
 
@@ -73,15 +79,24 @@ struct Inner {
     content: ServiceContent,
     cookie: Mutex<Option<String>>,
     seen: SeenThumbprint,
+    transfer: TransferPolicy,
+    /// Serializes logins, so that downloads refused at once renew the session once.
+    login: tokio::sync::Mutex<()>,
 }
 
 impl Session {
     pub async fn connect(config: ConnectConfig) -> Result<Self> {
+        Self::connect_with(config, TransferPolicy::default()).await
+    }
+
+    /// Connects with downloads tuned by `transfer`.
+    pub async fn connect_with(config: ConnectConfig, transfer: TransferPolicy) -> Result<Self> {
         let (tls_config, seen) = tls::client_config(&config.tls)?;
+        // No client-wide total timeout: reqwest would apply it until a body ends, cutting every disk stream.
         let http = reqwest::Client::builder()
             .use_preconfigured_tls(tls_config)
-            .timeout(config.timeout)
             .connect_timeout(config.timeout.min(Duration::from_secs(30)))
+            .read_timeout(transfer.idle_timeout)
             .build()
             .map_err(|e| Error::TlsConfig(e.to_string()))?;
         let instance = MoRef::new("ServiceInstance", "ServiceInstance");
@@ -107,6 +122,8 @@ impl Session {
                 content,
                 cookie: Mutex::new(None),
                 seen,
+                transfer,
+                login: tokio::sync::Mutex::new(()),
             }),
         };
         session.login().await?;
@@ -131,7 +148,8 @@ impl Session {
             .seen
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .clone()
+            .as_ref()
+            .map(|p| p.sha256.clone())
     }
 
     /// `https://host:port`, for `/folder` URLs.
@@ -156,7 +174,20 @@ impl Session {
             .clone()
     }
 
+    pub(crate) fn transfer(&self) -> &TransferPolicy {
+        &self.inner.transfer
+    }
+
     pub(crate) async fn relogin(&self) -> Result<()> {
+        self.login().await
+    }
+
+    /// Logs in again, unless another task already did since `stale` (the cookie a refused request carried).
+    pub(crate) async fn relogin_unless_renewed(&self, stale: Option<&str>) -> Result<()> {
+        let _one_at_a_time = self.inner.login.lock().await;
+        if self.cookie().as_deref() != stale {
+            return Ok(());
+        }
         self.login().await
     }
 
@@ -167,9 +198,20 @@ impl Session {
             escape(&cfg.username),
             escape(&cfg.password)
         );
-        let (response, cookie) = self
-            .post("Login", &self.inner.content.session_manager.clone(), &args)
-            .await?;
+        // Without the old cookie: a server that still knows that session refuses a second Login on it (vcsim
+        // answers InvalidLogin), and a fresh session is what is wanted anyway.
+        let action = format!("urn:vim25/{}", self.inner.content.about.api_version);
+        let (response, cookie) = post(
+            &self.inner.http,
+            &self.inner.config,
+            &self.inner.seen,
+            None,
+            "Login",
+            &self.inner.content.session_manager.clone(),
+            &args,
+            &action,
+        )
+        .await?;
         match response {
             Response::Ok(_) => {
                 let cookie = cookie.ok_or_else(|| Error::InvalidResponse {
@@ -224,6 +266,32 @@ impl Session {
         .await
     }
 
+    /// One keepalive: `CurrentTime`, as govmomi's keepalive sends, which resets the session's idle timer.
+    /// An expired session is logged in again (`call`).
+    pub async fn keep_alive(&self) -> Result<()> {
+        let instance = MoRef::new("ServiceInstance", "ServiceInstance");
+        self.call("CurrentTime", &instance, "").await.map(|_| ())
+    }
+
+    /// Keeps the session alive every `interval` until the returned guard is dropped. vCenter ends a session
+    /// idle for about 30 minutes, and a long disk stream (`/folder`) may not count as activity.
+    pub fn keep_alive_every(&self, interval: Duration) -> KeepAlive {
+        let session = self.clone();
+        let task = tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(interval).await;
+                match session.keep_alive().await {
+                    Ok(()) => tracing::debug!(url = %session.url(), "vSphere session kept alive"),
+                    // The next tick tries again; a download refused meanwhile logs in by itself.
+                    Err(e) => {
+                        tracing::warn!(url = %session.url(), "keeping the vSphere session alive: {e}")
+                    }
+                }
+            }
+        });
+        KeepAlive { task }
+    }
+
     /// Ends the session on the server. Dropping a session without it leaves the server to expire it.
     pub async fn logout(&self) {
         if self.cookie().is_some() {
@@ -233,6 +301,17 @@ impl Session {
             }
             *self.inner.cookie.lock().unwrap_or_else(|p| p.into_inner()) = None;
         }
+    }
+}
+
+/// A running keepalive; dropping it stops it.
+pub struct KeepAlive {
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for KeepAlive {
+    fn drop(&mut self) {
+        self.task.abort();
     }
 }
 
@@ -294,6 +373,7 @@ async fn post(
     }
     let mut request = http
         .post(&config.url)
+        .timeout(config.timeout)
         .header("Content-Type", "text/xml; charset=utf-8")
         .header("SOAPAction", action)
         .body(soap::envelope(method, this, args));
@@ -341,13 +421,23 @@ fn transport_error(config: &ConnectConfig, seen: &SeenThumbprint, error: &reqwes
     }
     let presented = seen.lock().unwrap_or_else(|p| p.into_inner()).clone();
     if let (TlsMode::Thumbprint(expected), Some(presented)) = (&config.tls, &presented) {
-        let expected = tls::normalize_thumbprint(expected).unwrap_or_else(|| expected.clone());
-        if expected != *presented {
-            return Error::ThumbprintMismatch {
-                url,
-                expected,
-                presented: presented.clone(),
-            };
+        match Pin::parse(expected) {
+            Some(Pin::Sha1(given)) => {
+                return Error::Sha1Thumbprint {
+                    url,
+                    matches: given == presented.sha1,
+                    given,
+                    presented_sha256: presented.sha256.clone(),
+                };
+            }
+            Some(Pin::Sha256(expected)) if expected != presented.sha256 => {
+                return Error::ThumbprintMismatch {
+                    url,
+                    expected,
+                    presented: presented.sha256.clone(),
+                };
+            }
+            _ => {}
         }
     }
     let chain = error_chain(error);

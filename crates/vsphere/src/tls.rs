@@ -1,5 +1,9 @@
 //! TLS that fails closed: a CA bundle, a pinned SHA-256 certificate thumbprint, or an explicit request to skip
 //! verification. A failed check ends the handshake, so no request (and no password) is ever sent.
+//!
+//! vSphere shows thumbprints as SHA-1 (20 hex pairs: the host's `sslThumbprint`, the vCenter UI). A SHA-1 pin
+//! is refused, but only after the handshake, so that the error can show the SHA-256 to pin instead and say
+//! whether the SHA-1 the user copied belongs to the certificate the server presented.
 
 use std::sync::{Arc, Mutex};
 
@@ -22,8 +26,40 @@ pub enum TlsMode {
     InsecureSkipVerify,
 }
 
-/// The thumbprint the server presented during the last handshake, for error messages and for pinning.
-pub type SeenThumbprint = Arc<Mutex<Option<String>>>;
+/// The certificate the server presented during the last handshake, for error messages and for pinning.
+pub type SeenThumbprint = Arc<Mutex<Option<Presented>>>;
+
+/// Thumbprints of a presented certificate, as colon-separated upper-case hex pairs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Presented {
+    pub sha256: String,
+    /// Only to compare with a SHA-1 pin copied from vSphere; never used to trust anything.
+    pub sha1: String,
+}
+
+/// What a pinned thumbprint turned out to be.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Pin {
+    /// 32 hex pairs, normalized.
+    Sha256(String),
+    /// 20 hex pairs, normalized: how vSphere shows thumbprints, and not what Ferry pins.
+    Sha1(String),
+}
+
+impl Pin {
+    /// Case and colons are ignored; anything but 32 or 20 bytes of hex is None.
+    pub fn parse(text: &str) -> Option<Self> {
+        let hex: String = text.trim().chars().filter(|c| *c != ':').collect();
+        if !hex.chars().all(|c| c.is_ascii_hexdigit()) {
+            return None;
+        }
+        match hex.len() {
+            64 => Some(Pin::Sha256(pairs(&hex))),
+            40 => Some(Pin::Sha1(pairs(&hex))),
+            _ => None,
+        }
+    }
+}
 
 pub fn provider() -> Arc<CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
@@ -64,15 +100,20 @@ pub fn client_config(mode: &TlsMode) -> Result<(ClientConfig, SeenThumbprint)> {
                 .with_no_client_auth()
         }
         TlsMode::Thumbprint(expected) => {
-            let expected = normalize_thumbprint(expected).ok_or_else(|| {
-                Error::TlsConfig(format!(
-                    "{expected:?} is not a SHA-256 thumbprint (32 hex pairs)"
-                ))
-            })?;
+            let check = match Pin::parse(expected) {
+                Some(Pin::Sha256(expected)) => Check::Pinned(expected),
+                // Refused in the handshake, after the presented certificate was recorded for the error.
+                Some(Pin::Sha1(_)) => Check::RefuseSha1,
+                None => {
+                    return Err(Error::TlsConfig(format!(
+                        "{expected:?} is not a SHA-256 thumbprint (32 hex pairs)"
+                    )));
+                }
+            };
             builder
                 .dangerous()
                 .with_custom_certificate_verifier(Arc::new(Recording {
-                    inner: Check::Pinned(expected),
+                    inner: check,
                     seen: seen.clone(),
                     provider,
                 }))
@@ -92,33 +133,45 @@ pub fn client_config(mode: &TlsMode) -> Result<(ClientConfig, SeenThumbprint)> {
 
 /// Upper-case hex pairs joined by colons, or None if it is not 32 bytes of hex.
 pub fn normalize_thumbprint(text: &str) -> Option<String> {
-    let hex: String = text.chars().filter(|c| *c != ':').collect();
-    if hex.len() != 64 || !hex.chars().all(|c| c.is_ascii_hexdigit()) {
-        return None;
+    match Pin::parse(text)? {
+        Pin::Sha256(hex) => Some(hex),
+        Pin::Sha1(_) => None,
     }
-    let upper = hex.to_ascii_uppercase();
-    Some(
-        upper
-            .as_bytes()
-            .chunks(2)
-            .map(|p| std::str::from_utf8(p).unwrap_or_default())
-            .collect::<Vec<_>>()
-            .join(":"),
-    )
 }
 
-pub fn thumbprint_of(der: &[u8]) -> String {
-    Sha256::digest(der)
+/// `abcd…` (an even number of hex digits) as `AB:CD:…`.
+fn pairs(hex: &str) -> String {
+    hex.to_ascii_uppercase()
+        .as_bytes()
+        .chunks(2)
+        .map(|p| std::str::from_utf8(p).unwrap_or_default())
+        .collect::<Vec<_>>()
+        .join(":")
+}
+
+fn colon_hex(bytes: &[u8]) -> String {
+    bytes
         .iter()
         .map(|b| format!("{b:02X}"))
         .collect::<Vec<_>>()
         .join(":")
 }
 
+/// The SHA-256 thumbprint of a DER certificate: what Ferry pins.
+pub fn thumbprint_of(der: &[u8]) -> String {
+    colon_hex(&Sha256::digest(der))
+}
+
+/// The SHA-1 thumbprint of a DER certificate, as vSphere shows it.
+pub fn sha1_thumbprint_of(der: &[u8]) -> String {
+    colon_hex(ring::digest::digest(&ring::digest::SHA1_FOR_LEGACY_USE_ONLY, der).as_ref())
+}
+
 #[derive(Debug)]
 enum Check {
     WebPki(Arc<rustls::client::WebPkiServerVerifier>),
     Pinned(String),
+    RefuseSha1,
     Any,
 }
 
@@ -140,7 +193,10 @@ impl ServerCertVerifier for Recording {
         now: UnixTime,
     ) -> std::result::Result<ServerCertVerified, rustls::Error> {
         let presented = thumbprint_of(end_entity.as_ref());
-        *self.seen.lock().unwrap_or_else(|p| p.into_inner()) = Some(presented.clone());
+        *self.seen.lock().unwrap_or_else(|p| p.into_inner()) = Some(Presented {
+            sha256: presented.clone(),
+            sha1: sha1_thumbprint_of(end_entity.as_ref()),
+        });
         match &self.inner {
             Check::WebPki(verifier) => verifier.verify_server_cert(
                 end_entity,
@@ -154,6 +210,9 @@ impl ServerCertVerifier for Recording {
             }
             Check::Pinned(_) => Err(rustls::Error::General(
                 "certificate thumbprint does not match the pinned one".into(),
+            )),
+            Check::RefuseSha1 => Err(rustls::Error::General(
+                "a SHA-1 thumbprint is pinned; only SHA-256 pins are accepted".into(),
             )),
             Check::Any => Ok(ServerCertVerified::assertion()),
         }
@@ -209,6 +268,44 @@ mod tests {
         );
         assert!(normalize_thumbprint("AB:CD").is_none());
         assert!(normalize_thumbprint(&"ZZ".repeat(32)).is_none());
+    }
+
+    #[test]
+    fn a_sha1_thumbprint_as_vsphere_shows_it_is_recognized() {
+        let vsphere = vec!["3f"; 20].join(":");
+        assert_eq!(
+            Pin::parse(&vsphere),
+            Some(Pin::Sha1(vec!["3F"; 20].join(":")))
+        );
+        assert_eq!(Pin::parse(&"3F".repeat(20)), Pin::parse(&vsphere));
+        assert!(normalize_thumbprint(&vsphere).is_none());
+        assert_eq!(
+            Pin::parse(&vec!["ab"; 32].join(":")),
+            Some(Pin::Sha256(vec!["AB"; 32].join(":")))
+        );
+        for wrong in ["", "AB", &"AB".repeat(21), &"ZZ".repeat(20)] {
+            assert_eq!(Pin::parse(wrong), None, "{wrong}");
+        }
+    }
+
+    #[test]
+    fn thumbprints_of_a_certificate() {
+        // FIPS 180 test vector "abc", standing in for a certificate's DER bytes.
+        assert_eq!(
+            sha1_thumbprint_of(b"abc"),
+            "A9:99:3E:36:47:06:81:6A:BA:3E:25:71:78:50:C2:6C:9C:D0:D8:9D"
+        );
+        assert!(thumbprint_of(b"abc").starts_with("BA:78:16:BF"));
+    }
+
+    #[test]
+    fn a_sha1_pin_is_accepted_as_a_setting_and_refused_in_the_handshake() {
+        // The refusal needs the server's certificate, to show its SHA-256 (see `session`).
+        assert!(client_config(&TlsMode::Thumbprint(vec!["AB"; 20].join(":"))).is_ok());
+        assert!(matches!(
+            client_config(&TlsMode::Thumbprint("AB:CD".into())),
+            Err(Error::TlsConfig(_))
+        ));
     }
 
     #[test]

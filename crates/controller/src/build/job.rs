@@ -68,6 +68,7 @@ pub fn convert_spec(
         },
         scratch_dir: SCRATCH.into(),
         parallel: 2,
+        transfer: Default::default(),
     }
 }
 
