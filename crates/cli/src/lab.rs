@@ -121,7 +121,9 @@ pub async fn run(args: LabArgs) -> Result<()> {
     }
 }
 
-/// The whole lab, as `up` and `demo` start it: stand-ins, demo VMs and the controller, outliving this command.
+/// The whole lab, as `up` and `demo` start it: stand-ins, demo VMs and the controller, outliving this command,
+/// with a vCenter as strict as production (sessions on `/folder` that idle out, the datacenter in a folder,
+/// disks Ferry must refuse, SHA-1 host thumbprints).
 pub fn options(dir: PathBuf) -> Result<LabOptions> {
     Ok(LabOptions {
         dir,
@@ -132,7 +134,7 @@ pub fn options(dir: PathBuf) -> Result<LabOptions> {
         controller: true,
         vcsim_vms: ferry_lab::lab::DEFAULT_VCSIM_VMS,
         boot_guests: true,
-        vcsim_realism: Default::default(),
+        vcsim_realism: ferry_lab::lab::VcsimRealism::production_like(),
     })
 }
 

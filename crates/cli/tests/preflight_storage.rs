@@ -1,7 +1,7 @@
 //! Disks Ferry cannot copy are refused in Validating, each with its own reason, while the source is still
 //! running and before anything is created: vcsim's storage fixtures (vSAN and vVol objects, VM Encryption, an
-//! seSparse snapshot child, a disk split into extents), with `/folder` answering only a live session, as
-//! vCenter does. Before the preflight read the descriptors, these passed Validating and failed in Converting,
+//! seSparse snapshot child, a disk split into extents), with `/folder` answering only a live session and only
+//! the datacenter's full inventory path, as vCenter does. Before the preflight read the descriptors, these passed Validating and failed in Converting,
 //! after Preparing had powered the VM off.
 
 mod support;
@@ -13,13 +13,9 @@ use ferry_lab::lab::VcsimRealism;
 use ferry_testkit::{TestLab, migration};
 use support::*;
 
+/// The lab as `ferry lab up` runs it: the datacenter in a folder, `/folder` behind sessions that idle out.
 async fn realistic_lab() {
-    let realism = VcsimRealism {
-        folder_auth: true,
-        fixtures: true,
-        ..Default::default()
-    };
-    TestLab::shared_with_standins_and(ferry(), realism).await;
+    TestLab::shared_with_standins_and(ferry(), VcsimRealism::production_like()).await;
 }
 
 #[tokio::test]

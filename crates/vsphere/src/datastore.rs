@@ -77,24 +77,11 @@ pub struct FlatDisk {
     pub size: u64,
 }
 
-/// Reads the disk's descriptor and finds its flat extent. Snapshot deltas and sparse disks are refused.
+/// Reads the disk's descriptor and finds its flat extent; disks that are not one raw file are refused
+/// ([`Descriptor::refusal`], as preflight refuses them).
 pub async fn flat_disk(session: &Session, datacenter: &str, disk_file: &str) -> Result<FlatDisk> {
-    let descriptor = DatastorePath::parse(disk_file).ok_or_else(|| Error::UnsupportedDisk {
-        file: disk_file.to_string(),
-        reason: "not a datastore path".into(),
-    })?;
-    let mut download = Download::open(session, datacenter, &descriptor, 0).await?;
-    let mut text = Vec::new();
-    while let Some(chunk) = download.next_chunk().await? {
-        text.extend_from_slice(&chunk);
-        if text.len() > 64 * 1024 {
-            return Err(Error::UnsupportedDisk {
-                file: disk_file.into(),
-                reason: "the descriptor is larger than 64 KiB: a monolithic sparse disk?".into(),
-            });
-        }
-    }
-    let parsed = Descriptor::parse(&String::from_utf8_lossy(&text))?;
+    let descriptor = crate::preflight::datastore_path(disk_file)?;
+    let parsed = crate::preflight::read_descriptor(session, datacenter, &descriptor).await?;
     let extent = parsed.flat_extent(disk_file)?;
     Ok(FlatDisk {
         extent: descriptor.sibling(&extent.file),
@@ -198,8 +185,12 @@ impl Download {
         self.accept(response)
     }
 
-    /// Sends the GET; returns the response and the cookie it carried.
-    async fn get(&self) -> Result<(reqwest::Response, Option<String>), Refused> {
+    /// Sends the GET; returns the response and the cookie it carried. The future borrows nothing from the
+    /// download (whose body stream is not `Sync`), so callers' futures stay `Send`.
+    fn get(
+        &self,
+    ) -> impl Future<Output = Result<(reqwest::Response, Option<String>), Refused>> + Send + 'static
+    {
         let cookie = self.session.cookie();
         let mut request = self.session.http().get(self.url.clone());
         if let Some(cookie) = &cookie {
@@ -208,11 +199,14 @@ impl Download {
         if self.offset > 0 {
             request = request.header("Range", format!("bytes={}-", self.offset));
         }
-        let response = request
-            .send()
-            .await
-            .map_err(|e| Refused::Retry(self.transport(&e)))?;
-        Ok((response, cookie))
+        let broken = self.transport();
+        async move {
+            let response = request
+                .send()
+                .await
+                .map_err(|e| Refused::Retry(broken(&e)))?;
+            Ok((response, cookie))
+        }
     }
 
     /// Takes the body of an answer, or says why not.
@@ -352,16 +346,21 @@ impl Download {
         }
     }
 
-    fn transport(&self, e: &reqwest::Error) -> Error {
-        if e.is_timeout() {
-            Error::Timeout {
-                url: self.url.to_string(),
-                seconds: self.session.transfer().idle_timeout.as_secs(),
-            }
-        } else {
-            Error::Unreachable {
-                url: self.url.to_string(),
-                detail: e.to_string(),
+    /// How a failed request reads as an error, without borrowing the download.
+    fn transport(&self) -> impl Fn(&reqwest::Error) -> Error + Send + 'static {
+        let url = self.url.to_string();
+        let idle = self.session.transfer().idle_timeout.as_secs();
+        move |e| {
+            if e.is_timeout() {
+                Error::Timeout {
+                    url: url.clone(),
+                    seconds: idle,
+                }
+            } else {
+                Error::Unreachable {
+                    url: url.clone(),
+                    detail: e.to_string(),
+                }
             }
         }
     }

@@ -67,7 +67,7 @@ pub async fn read_descriptor(
     Descriptor::parse(&String::from_utf8_lossy(&text))
 }
 
-fn datastore_path(disk_file: &str) -> Result<DatastorePath> {
+pub(crate) fn datastore_path(disk_file: &str) -> Result<DatastorePath> {
     DatastorePath::parse(disk_file).ok_or_else(|| Error::UnsupportedDisk {
         file: disk_file.to_string(),
         reason: "not a datastore path".into(),
