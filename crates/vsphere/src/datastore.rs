@@ -10,7 +10,6 @@ use reqwest::{StatusCode, Url};
 use crate::error::{Error, Result};
 use crate::session::Session;
 use crate::transfer::{parse_content_range, skip_prefix};
-use crate::vmdk::Descriptor;
 
 /// `[datastore] dir/file.vmdk`
 #[derive(Clone, Debug, PartialEq, Eq)]
