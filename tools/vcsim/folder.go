@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"log"
 	"net/http"
 	"strings"
 	"sync"
@@ -39,6 +40,7 @@ func (f *folderFaults) wrap(next http.Handler, sess *sessions) http.Handler {
 		// Real vCenter refuses /folder without a session (virt-v2v input/vCenter.ml expects the 401).
 		if f.r.folderAuth {
 			if key := sessionKey(r); key == "" || !sess.live(key, false) {
+				log.Printf("fault: 401 for %s %s (no live session)", r.Method, r.URL.Path)
 				http.Error(rw, "401 Unauthorized", http.StatusUnauthorized)
 				return
 			}
@@ -61,10 +63,14 @@ func (f *folderFaults) wrap(next http.Handler, sess *sessions) http.Handler {
 		}
 		file := fmt.Sprintf("%s?dsName=%s", r.URL.Path, r.URL.Query().Get("dsName"))
 		if f.r.folder503 > 0 && f.started(file) <= f.r.folder503 {
+			log.Printf("fault: 503 for %s %s", r.Method, file)
 			http.Error(rw, outOfSessions, http.StatusServiceUnavailable)
 			return
 		}
 		if f.r.folderIgnoreRange {
+			if rg := r.Header.Get("Range"); rg != "" {
+				log.Printf("fault: Range %q ignored for %s", rg, file)
+			}
 			r.Header.Del("Range")
 			r.Header.Del("If-Range")
 		}
@@ -141,6 +147,7 @@ func (w *shapedWriter) Write(b []byte) (int, error) {
 			}
 		}
 		if cutAt > 0 && w.offset <= cutAt && w.offset+int64(len(chunk)) > cutAt && w.faults.claimCut(w.file) {
+			log.Printf("fault: connection cut at byte %d of %s", cutAt, w.file)
 			n, _ := w.ResponseWriter.Write(chunk[:cutAt-w.offset])
 			w.sent += int64(n)
 			_ = http.NewResponseController(w.ResponseWriter).Flush()

@@ -43,7 +43,8 @@ impl ChaosLab {
             controller: false,
             vcsim_vms: ferry_lab::lab::DEFAULT_VCSIM_VMS,
             boot_guests: true,
-            vcsim_realism: Default::default(),
+            // As `ferry lab up`: sessions that idle out, the datacenter in a folder, `/folder` behind sessions.
+            vcsim_realism: ferry_lab::lab::VcsimRealism::production_like(),
         };
         let state = ferry_lab::up(&options).await?.into_state();
         ferry_lab::controller_process::apply_rbac(&state.tools, &state.kubeconfig)?;

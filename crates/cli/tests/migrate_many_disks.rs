@@ -7,17 +7,13 @@
 
 mod support;
 
-use std::path::Path;
 use std::time::{Duration, Instant};
 
 use ferry_api::{DiskStatus, Phase, VirtualMachineMigrationStatus};
 use ferry_datapath::DiskResult;
 use ferry_datapath::report::{JobReport, TERMINATION_MESSAGE_BYTES};
 use ferry_datapath::staging::{SourceIdentity, StagedObject};
-use ferry_lab::linux_vms::{DATASTORE, GUEST_ID, HOST, NETWORK};
 use ferry_testkit::migration;
-use ferry_vsphere::provision::{self, NewVm, Transfer, VmdkFiles};
-use ferry_vsphere::{Session, power};
 use kube::api::DynamicObject;
 use kube::{Api, ResourceExt};
 use support::*;
@@ -25,65 +21,6 @@ use support::*;
 const VM: &str = "ferry-twelve-disks";
 /// Small disks, so the test stays short; the first one boots and prints the VM's marker.
 const SIZES_MIB: [u64; 12] = [4, 1, 2, 3, 1, 2, 3, 1, 2, 3, 1, 2];
-
-/// vSphere's names for a VM's disks: `<vm>.vmdk`, then `<vm>_1.vmdk`, ...
-fn stem(index: usize) -> String {
-    match index {
-        0 => VM.to_string(),
-        i => format!("{VM}_{i}"),
-    }
-}
-
-/// Creates the VM in the lab's vcsim with its twelve disks on one PVSCSI controller, powered on; returns each
-/// disk's file stem and sha256. The files live in the lab's directory, removed with the lab.
-async fn seed_vm(dir: &Path) -> Vec<(String, String)> {
-    std::fs::create_dir_all(dir).unwrap();
-    let mut disks = Vec::new();
-    for (i, mib) in SIZES_MIB.iter().enumerate() {
-        let raw = dir.join(format!("{}.raw", stem(i)));
-        let sha = if i == 0 {
-            ferry_lab::bootdisk::make_boot_disk(&raw, mib << 20, &ferry_lab::demo::marker(VM))
-        } else {
-            ferry_lab::disks::write_pattern(&raw, mib << 20, 100 + i as u64)
-        }
-        .unwrap();
-        disks.push(ferry_lab::disks::raw_to_flat_vmdk(&raw, &stem(i), sha, mib << 20).unwrap());
-    }
-    let vcsim = lab().await.state().vcsim.clone().unwrap();
-    let session = Session::connect(vcsim.connect_config(Duration::from_secs(60)).unwrap())
-        .await
-        .unwrap();
-    let spec = NewVm {
-        name: VM.into(),
-        guest_id: GUEST_ID.into(),
-        cpus: 1,
-        cores_per_socket: 1,
-        memory_mib: 64,
-        firmware: ferry_api::Firmware::Bios,
-        efi_secure_boot: false,
-        host: HOST.into(),
-        datastore: DATASTORE.into(),
-        network: NETWORK.into(),
-    };
-    let files: Vec<VmdkFiles> = disks
-        .iter()
-        .map(|d| VmdkFiles {
-            descriptor: &d.descriptor,
-            extent: &d.extent,
-        })
-        .collect();
-    let vm = provision::provision_vm(&session, &spec, &files, Transfer::LinkIntoLocalDatastore)
-        .await
-        .unwrap();
-    power::power_on(&session, &vm, Duration::from_secs(60))
-        .await
-        .unwrap();
-    session.logout().await;
-    (0..SIZES_MIB.len())
-        .map(stem)
-        .zip(disks.into_iter().map(|d| d.sha256))
-        .collect()
-}
 
 /// The result a Job of an earlier release put in its termination message for `disk`.
 fn as_earlier_releases_reported(
@@ -120,7 +57,7 @@ async fn a_vm_with_twelve_disks_migrates_and_every_disk_is_verified() {
     let started = Instant::now();
     let (client, ns) = setup("twelve").await;
     let lab = lab().await;
-    let disks = seed_vm(&lab.dir().join(VM)).await;
+    let disks = seed_vm(&lab.dir().join(VM), VM, &SIZES_MIB).await;
     let seeded = started.elapsed();
 
     let name = "twelve";

@@ -1,26 +1,19 @@
 //! Disks Ferry cannot copy are refused in Validating, each with its own reason, while the source is still
 //! running and before anything is created: vcsim's storage fixtures (vSAN and vVol objects, VM Encryption, an
-//! seSparse snapshot child, a disk split into extents), with `/folder` answering only a live session and only
-//! the datacenter's full inventory path, as vCenter does. Before the preflight read the descriptors, these passed Validating and failed in Converting,
-//! after Preparing had powered the VM off.
+//! seSparse snapshot child, a disk split into extents), in the tests' production-like lab: `/folder` answers
+//! only a live session and only the datacenter's full inventory path, as vCenter does. Before the preflight
+//! read the descriptors, these passed Validating and failed in Converting, after Preparing powered the VM off.
 
 mod support;
 
 use std::time::Duration;
 
 use ferry_api::{Phase, PowerState};
-use ferry_lab::lab::VcsimRealism;
-use ferry_testkit::{TestLab, migration};
+use ferry_testkit::migration;
 use support::*;
-
-/// The lab as `ferry lab up` runs it: the datacenter in a folder, `/folder` behind sessions that idle out.
-async fn realistic_lab() {
-    TestLab::shared_with_standins_and(ferry(), VcsimRealism::production_like()).await;
-}
 
 #[tokio::test]
 async fn disks_ferry_cannot_copy_are_refused_before_any_power_change() {
-    realistic_lab().await;
     let (client, ns) = setup("preflight-storage").await;
     let lab = lab().await;
     let cases = [

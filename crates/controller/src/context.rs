@@ -5,6 +5,8 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use ferry_api::{Provider, Reason};
+use ferry_datapath::spec::StagingSpec;
+use ferry_datapath::staging::{Staging, s3_bucket_and_prefix};
 use ferry_vsphere::inventory::VmNameIndex;
 use ferry_vsphere::{ConnectConfig, MoRef, Session};
 use k8s_openapi::api::core::v1::Secret;
@@ -50,7 +52,11 @@ pub struct Context {
     written: Mutex<HashMap<String, String>>,
     /// Every source VM's name per Provider, shared by the discoveries of [`VM_INDEX_TTL`] (one listing at a time).
     vm_names: tokio::sync::Mutex<HashMap<String, VmNameIndex>>,
+    /// Staging stores per bucket, endpoint and keys (a hash of them: the keys are not kept twice).
+    stores: Mutex<HashMap<u64, Staging>>,
 }
+
+const MAX_STAGING_STORES: usize = 16;
 
 /// How long one listing of the VMs' names serves discoveries by name.
 pub const VM_INDEX_TTL: Duration = Duration::from_secs(30);
@@ -70,6 +76,7 @@ impl Context {
             failures: Mutex::default(),
             written: Mutex::default(),
             vm_names: Default::default(),
+            stores: Mutex::default(),
         }
     }
 
@@ -143,8 +150,13 @@ impl Context {
         self.vm_names.lock().await.remove(&provider_key(provider));
     }
 
-    /// Reads a Secret by name (never lists), and one key of it.
-    pub async fn secret_value(&self, namespace: &str, name: &str, key: &str) -> Result<String> {
+    /// Reads a Secret by name (never lists), and the keys `keys` of it.
+    pub async fn secret_values<const N: usize>(
+        &self,
+        namespace: &str,
+        name: &str,
+        keys: [&str; N],
+    ) -> Result<[String; N]> {
         let secret = Api::<Secret>::namespaced(self.client.clone(), namespace)
             .get_opt(name)
             .await?
@@ -154,7 +166,52 @@ impl Context {
                     format!("Secret {namespace}/{name} does not exist; create it, and the migration resumes"),
                 )
             })?;
-        secret_key(&secret, key)
+        let mut values = keys.map(|_| String::new());
+        for (value, key) in values.iter_mut().zip(keys) {
+            *value = secret_key(&secret, key)?;
+        }
+        Ok(values)
+    }
+
+    /// A staging store for `spec`'s bucket with these keys, opened once and kept: a new one reads the system's
+    /// CA certificates, which cost more than the rest of a reconcile.
+    pub fn staging_store(
+        &self,
+        spec: &StagingSpec,
+        access: String,
+        secret: String,
+    ) -> Result<Staging> {
+        let url = spec.url.trim_end_matches('/');
+        let (bucket, _) = s3_bucket_and_prefix(url).unwrap_or((url, ""));
+        let key = [
+            bucket,
+            spec.endpoint.as_deref().unwrap_or(""),
+            &access,
+            &secret,
+        ]
+        .join("\0");
+        let key = ferry_api::names::fnv1a(key.as_bytes());
+        let mut stores = self.stores.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(folder) = stores.get(&key).and_then(|root| root.within(url)) {
+            return Ok(folder);
+        }
+        let root = StagingSpec {
+            url: format!("s3://{bucket}"),
+            ..spec.clone()
+        };
+        let root = Staging::open_with_keys(&root, access, secret)?;
+        let folder = root.within(url).ok_or_else(|| {
+            Failure::permanent(
+                Reason::StagingUnsupported,
+                format!("staging {url} is not an s3:// bucket URL"),
+            )
+        })?;
+        // Rotated keys leave old entries behind: a few buckets are normal, many mean churn.
+        if stores.len() >= MAX_STAGING_STORES {
+            stores.clear();
+        }
+        stores.insert(key, root);
+        Ok(folder)
     }
 
     /// A logged-in session for `provider`, reused while the Provider and its Secret stay the same.

@@ -31,15 +31,16 @@ pub async fn open(ctx: &Context, vmm: &VirtualMachineMigration) -> Result<Stagin
         )
     })?;
     let ns = vmm.namespace().unwrap_or_default();
-    let access = ctx.secret_value(&ns, &secret.name, "accessKeyId").await?;
-    let key = ctx.secret_value(&ns, &secret.name, "secretKey").await?;
+    let [access, key] = ctx
+        .secret_values(&ns, &secret.name, ["accessKeyId", "secretKey"])
+        .await?;
     let spec = StagingSpec {
         url,
         credentials_dir: None,
         endpoint: vmm.spec.staging.endpoint.clone(),
         region: None,
     };
-    Ok(Staging::open_with_keys(&spec, access, key)?)
+    ctx.staging_store(&spec, access, key)
 }
 
 /// Every object name the conversion Job may have written for the migration's disks, in either format.

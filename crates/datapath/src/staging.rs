@@ -130,6 +130,12 @@ pub fn object_name(index: u32, format: DiskFormat) -> String {
     format!("disk-{index}.{ext}")
 }
 
+/// `s3://bucket/a/b` as (`bucket`, `a/b`).
+pub fn s3_bucket_and_prefix(url: &str) -> Option<(&str, &str)> {
+    let rest = url.strip_prefix("s3://")?;
+    Some(rest.split_once('/').unwrap_or((rest, "")))
+}
+
 pub struct Staging {
     store: Arc<dyn ObjectStore>,
     base_url: String,
@@ -165,8 +171,7 @@ impl Staging {
                 prefix: Path::default(),
             });
         }
-        if let Some(rest) = url.strip_prefix("s3://") {
-            let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
+        if let Some((bucket, prefix)) = s3_bucket_and_prefix(&url) {
             let (access_key, secret_key) = match (&keys, spec.credentials_dir.as_deref()) {
                 (Some(keys), _) => keys.clone(),
                 (None, Some(dir)) => (
@@ -202,6 +207,20 @@ impl Staging {
         Err(Error::Spec(format!(
             "staging url {url} must start with file:// or s3://"
         )))
+    }
+
+    /// The same store and keys for another folder of the same S3 bucket (`s3://bucket/folder`); `None` for
+    /// another bucket or a `file://` store. Opening a store builds an HTTP client, which reads the system's CA
+    /// certificates: too costly for every reconcile.
+    pub fn within(&self, url: &str) -> Option<Self> {
+        let url = url.trim_end_matches('/');
+        let (bucket, prefix) = s3_bucket_and_prefix(url)?;
+        let (own, _) = s3_bucket_and_prefix(&self.base_url)?;
+        (bucket == own).then(|| Self {
+            store: self.store.clone(),
+            base_url: url.to_string(),
+            prefix: Path::from(prefix),
+        })
     }
 
     fn path(&self, name: &str) -> Path {
@@ -307,6 +326,26 @@ mod tests {
 
     fn parts(size: u64, plan: PartPlan) -> u64 {
         size.div_ceil(plan.part_bytes)
+    }
+
+    #[test]
+    fn a_store_serves_other_folders_of_its_bucket_only() {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let spec = StagingSpec {
+            url: "s3://bucket".into(),
+            credentials_dir: None,
+            endpoint: Some("http://127.0.0.1:9".into()),
+            region: None,
+        };
+        let root = Staging::open_with_keys(&spec, "a".into(), "b".into()).unwrap();
+        let folder = root.within("s3://bucket/ns/vm-1/").unwrap();
+        assert_eq!(
+            folder.url_of("disk-0.raw"),
+            "s3://bucket/ns/vm-1/disk-0.raw"
+        );
+        assert_eq!(folder.path("disk-0.raw").as_ref(), "ns/vm-1/disk-0.raw");
+        assert!(root.within("s3://other/ns").is_none());
+        assert!(root.within("file:///tmp/x").is_none());
     }
 
     #[test]

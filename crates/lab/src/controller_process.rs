@@ -63,10 +63,15 @@ pub fn component(ferry: &Path, kubeconfig: &Path, metrics_port: u16, identity: &
                 // crashed one from blocking another for long.
                 "--lease-seconds=5".into(),
             ],
-            env: vec![(
-                "RUST_LOG".into(),
-                "info,kube=warn,kube_lease_manager=warn".into(),
-            )],
+            env: vec![
+                (
+                    "RUST_LOG".into(),
+                    "info,kube=warn,kube_lease_manager=warn".into(),
+                ),
+                // As deploy/controller.yaml: mimalloc returns freed memory at once (about 20 MiB less peak RSS).
+                ("MIMALLOC_PURGE_DELAY".into(), "0".into()),
+                ("MIMALLOC_ARENA_EAGER_COMMIT".into(), "0".into()),
+            ],
         },
         ports: vec![metrics_port],
         probe: Probe::HttpOk {

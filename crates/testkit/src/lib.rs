@@ -47,10 +47,10 @@ impl TestLab {
         Self::start_with(None).await
     }
 
-    /// The whole lab as `ferry lab up` runs it (stand-ins run by `ferry`, demo VMs), shared by every test of
-    /// this binary.
+    /// The whole lab as `ferry lab up` runs it (stand-ins run by `ferry`, demo VMs, a production-like vCenter),
+    /// shared by every test of this binary.
     pub async fn shared_with_standins(ferry: &Path) -> &'static TestLab {
-        Self::shared_with_standins_and(ferry, VcsimRealism::default()).await
+        Self::shared_with_standins_and(ferry, VcsimRealism::production_like()).await
     }
 
     /// As [`Self::shared_with_standins`], with vcsim's production-like behaviours `realism`. The first call in a

@@ -235,3 +235,67 @@ pub async fn guest_console(_client: &Client, ns: &str, vm: &str) -> String {
         .collect::<Vec<_>>()
         .join("\n")
 }
+
+/// vSphere's names for a VM's disk files: `<vm>.vmdk`, then `<vm>_1.vmdk`, ...
+pub fn disk_stem(vm: &str, index: usize) -> String {
+    match index {
+        0 => vm.to_string(),
+        i => format!("{vm}_{i}"),
+    }
+}
+
+/// Creates VM `vm` in the lab's vcsim, powered on, with one disk per size in `sizes_mib` on one PVSCSI
+/// controller; the first disk boots and prints the VM's marker, the others hold a pattern. Returns each disk's
+/// file stem and sha256. The files live under `dir` (in the lab's directory, removed with the lab).
+pub async fn seed_vm(dir: &Path, vm: &str, sizes_mib: &[u64]) -> Vec<(String, String)> {
+    use ferry_lab::linux_vms::{DATASTORE, GUEST_ID, HOST, NETWORK};
+    use ferry_vsphere::provision::{self, NewVm, Transfer, VmdkFiles};
+    std::fs::create_dir_all(dir).unwrap();
+    let mut disks = Vec::new();
+    for (i, mib) in sizes_mib.iter().enumerate() {
+        let stem = disk_stem(vm, i);
+        let raw = dir.join(format!("{stem}.raw"));
+        let sha = if i == 0 {
+            ferry_lab::bootdisk::make_boot_disk(&raw, mib << 20, &ferry_lab::demo::marker(vm))
+        } else {
+            ferry_lab::disks::write_pattern(&raw, mib << 20, 100 + i as u64)
+        }
+        .unwrap();
+        disks.push(ferry_lab::disks::raw_to_flat_vmdk(&raw, &stem, sha, mib << 20).unwrap());
+    }
+    let vcsim = lab().await.state().vcsim.clone().unwrap();
+    let session =
+        ferry_vsphere::Session::connect(vcsim.connect_config(Duration::from_secs(60)).unwrap())
+            .await
+            .unwrap();
+    let spec = NewVm {
+        name: vm.into(),
+        guest_id: GUEST_ID.into(),
+        cpus: 1,
+        cores_per_socket: 1,
+        memory_mib: 64,
+        firmware: ferry_api::Firmware::Bios,
+        efi_secure_boot: false,
+        host: HOST.into(),
+        datastore: DATASTORE.into(),
+        network: NETWORK.into(),
+    };
+    let files: Vec<VmdkFiles> = disks
+        .iter()
+        .map(|d| VmdkFiles {
+            descriptor: &d.descriptor,
+            extent: &d.extent,
+        })
+        .collect();
+    let moref = provision::provision_vm(&session, &spec, &files, Transfer::LinkIntoLocalDatastore)
+        .await
+        .unwrap();
+    ferry_vsphere::power::power_on(&session, &moref, Duration::from_secs(60))
+        .await
+        .unwrap();
+    session.logout().await;
+    (0..sizes_mib.len())
+        .map(|i| disk_stem(vm, i))
+        .zip(disks.into_iter().map(|d| d.sha256))
+        .collect()
+}

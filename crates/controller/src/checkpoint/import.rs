@@ -17,7 +17,8 @@ use crate::build::{self, dv_resource};
 use crate::error::{Failure, Result};
 use crate::{children, status};
 
-const WAIT: Duration = Duration::from_secs(30);
+// DataVolumes and Jobs are watched: this only catches a lost event or a leftover claim going away.
+const WAIT: Duration = Duration::from_secs(60);
 
 pub async fn run(step: &mut Step<'_>) -> Result<Next> {
     let ns = step.vmm.namespace().unwrap_or_default();

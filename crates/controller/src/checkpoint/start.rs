@@ -60,8 +60,8 @@ pub async fn run(step: &mut Step<'_>) -> Result<Next> {
         other => Ok(Next::wait(
             "VMStarting",
             format!("VirtualMachineInstance {name} is {other}"),
-            // VMIs are not watched: this is how soon a started instance is seen.
-            Duration::from_secs(3),
+            // VMIs are watched (by the target name in status): a started instance wakes this sooner.
+            Duration::from_secs(30),
         )),
     }
 }

@@ -67,7 +67,8 @@ pub fn judge(
             return Verdict::Proven(agent_answered(observed));
         }
         return Verdict::Waiting {
-            recheck: Duration::from_secs(2),
+            // An address arrives as a VMI change (watched); the time only tells when the settle ends.
+            recheck: until(now, observed.agent_since.unwrap_or(now) + check.settle),
             reason: "WaitingForAddress",
             message: format!(
                 "the guest agent answered; waiting until {} for the guest's IP address",
@@ -125,7 +126,7 @@ pub fn judge(
     let deadline = window_start + Duration::from_secs(timeout);
     match (check.agent_required, steady_since) {
         (true, _) => Verdict::Waiting {
-            recheck: Duration::from_secs(5),
+            recheck: until(now, deadline),
             reason: "WaitingForAgent",
             message: format!(
                 "waiting for the guest agent to answer until {} ({state})",
@@ -133,11 +134,8 @@ pub fn judge(
             ),
         },
         (false, Some(since)) => Verdict::Waiting {
-            // Just after the settle time ends, or sooner to catch an agent that answers.
-            recheck: check
-                .settle
-                .saturating_sub(Duration::from_secs(seconds_between(since, now)))
-                .clamp(Duration::from_secs(1), Duration::from_secs(5)),
+            // Just after the settle time ends; an agent that answers sooner is a VMI change (watched).
+            recheck: until(now, since + check.settle),
             reason: "SettlingGuest",
             message: format!(
                 "running since {}; proven once it runs until {} without a crash, or its agent answers",
@@ -146,7 +144,7 @@ pub fn judge(
             ),
         },
         (false, None) => Verdict::Waiting {
-            recheck: Duration::from_secs(5),
+            recheck: until(now, deadline),
             reason: "WaitingForGuest",
             message: format!(
                 "waiting for the VM to run, until {} ({state})",
@@ -155,6 +153,14 @@ pub fn judge(
         },
     }
 }
+
+/// How long to wait before looking again: VMI changes wake the check, so the clock only has to catch `at` (a
+/// settle end or the deadline), and a lost watch event at the latest after `LOOK_AGAIN`.
+fn until(now: Timestamp, at: Timestamp) -> Duration {
+    Duration::from_secs(seconds_between(now, at) + 1).min(LOOK_AGAIN)
+}
+
+const LOOK_AGAIN: Duration = Duration::from_secs(30);
 
 fn failed(cause: String) -> Verdict {
     Verdict::Failed { cause }
