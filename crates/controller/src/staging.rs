@@ -160,6 +160,7 @@ mod tests {
             },
             e_tag: None,
             run: Some(run.into()),
+            bytes_read: None,
         }
     }
 
