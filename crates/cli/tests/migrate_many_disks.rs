@@ -46,6 +46,7 @@ fn as_earlier_releases_reported(
             },
             e_tag: None,
             run: None,
+            bytes_read: None,
         },
         bytes_read: bytes,
         skipped: false,

@@ -161,6 +161,7 @@ mod tests {
             },
             e_tag: None,
             run: Some(run.into()),
+            bytes_read: None,
         }
     }
 

@@ -1,5 +1,6 @@
 //! One disk: read once from the datastore, hash in the same pass, convert, and stage. A raw target streams
-//! straight from the download into the upload; qcow2 goes through one scratch copy for qemu-img.
+//! straight from the download into the upload, and resumes an upload an earlier attempt left (`upload.rs`);
+//! qcow2 goes through one scratch copy for qemu-img.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -10,13 +11,14 @@ use ferry_vsphere::datastore::{Download, FlatDisk, flat_disk};
 use ferry_vsphere::{ConnectConfig, Session};
 use futures::{StreamExt, TryStreamExt};
 use serde::{Deserialize, Serialize};
-use sha2::{Digest, Sha256};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::error::{Error, Result};
+use crate::hash::Hasher;
 use crate::progress::Progress;
 use crate::spec::{ConvertSpec, DiskSpec, read_secret};
 use crate::staging::{PartPlan, SourceIdentity, StagedObject, Staging, object_name};
+use crate::upload::{Target, Upload};
 
 /// One disk's result. The controller reads it back from the disk's manifest (`StagedObject`); earlier releases
 /// sent the whole list in the pod's termination message.
@@ -94,6 +96,10 @@ async fn convert_disk(
     };
     let format = format!("{:?}", spec.format).to_lowercase();
     if let Some(done) = already_staged(staging, &name, &identity, &format).await? {
+        if spec.format == DiskFormat::Raw {
+            // An attempt that died between writing the manifest and removing the journal left it.
+            forget_journal(staging, &name).await;
+        }
         progress.skipped(disk.index, done.source_bytes);
         return Ok(result(disk, done, 0, true));
     }
@@ -108,22 +114,28 @@ async fn convert_disk(
             capacity: disk.capacity_bytes,
         });
     }
-    let (object_sha256, object_bytes, source_sha256) = match spec.format {
+    let (object_sha256, object_bytes, source_sha256, bytes_read) = match spec.format {
         DiskFormat::Raw => {
-            let (sha, bytes) = stream_raw(
+            let target = Target {
+                name: &name,
+                source: &identity,
+                format: &format,
+                bytes: flat.size,
+                plan: PartPlan::of(&name, flat.size)?,
+            };
+            let from = Source {
                 session,
-                staging,
-                &spec.source.datacenter,
-                &flat,
-                disk.index,
-                &name,
-                progress,
-            )
-            .await?;
-            (sha.clone(), bytes, sha)
+                datacenter: &spec.source.datacenter,
+                flat: &flat,
+                index: disk.index,
+            };
+            let (sha, read) = stream_raw(staging, &from, &target, progress).await?;
+            (sha.clone(), flat.size, sha, read)
         }
         DiskFormat::Qcow2 => {
-            via_qcow2(session, staging, spec, &flat, disk.index, &name, progress).await?
+            let (object_sha, bytes, source_sha) =
+                via_qcow2(session, staging, spec, &flat, disk.index, &name, progress).await?;
+            (object_sha, bytes, source_sha, flat.size)
         }
     };
     let (stored_bytes, e_tag) = staging.head(&name).await?.ok_or_else(|| Error::Staging {
@@ -147,10 +159,22 @@ async fn convert_disk(
         source: identity,
         e_tag,
         run: Some(run.to_string()),
+        bytes_read: Some(bytes_read),
     };
     staging.write_manifest(&name, &staged).await?;
+    if spec.format == DiskFormat::Raw {
+        forget_journal(staging, &name).await;
+    }
     progress.done(disk.index, flat.size);
-    Ok(result(disk, staged, flat.size, false))
+    Ok(result(disk, staged, bytes_read, false))
+}
+
+/// Removes a finished upload's journal. Left behind, it only costs a read at the next attempt (the manifest
+/// wins) and is removed with the object, so failing here does not fail the disk.
+async fn forget_journal(staging: &Staging, name: &str) {
+    if let Err(e) = staging.delete_journal(name).await {
+        tracing::warn!(object = name, "removing the finished upload's journal: {e}");
+    }
 }
 
 fn describe(disk: &DiskSpec) -> String {
@@ -200,76 +224,69 @@ async fn already_staged(
     }
 }
 
-/// Download → hash → multipart upload, overlapped: parts upload while the next bytes arrive.
-async fn stream_raw(
-    session: &Session,
-    staging: &Staging,
-    datacenter: &str,
-    flat: &FlatDisk,
+/// Where a raw disk is read from.
+struct Source<'a> {
+    session: &'a Session,
+    datacenter: &'a str,
+    flat: &'a FlatDisk,
     index: u32,
-    name: &str,
+}
+
+/// Download → hash → multipart upload, overlapped: parts upload while the next bytes arrive. Goes on with the
+/// upload an earlier attempt left, and starts over once if the store lost it. Returns the sha256 of the disk and
+/// the bytes read from the source in this run.
+async fn stream_raw(
+    staging: &Staging,
+    from: &Source<'_>,
+    target: &Target<'_>,
     progress: &Progress,
 ) -> Result<(String, u64)> {
-    let plan = PartPlan::of(name, flat.size)?;
-    let mut download = Download::open(session, datacenter, &flat.extent, 0).await?;
-    let mut upload = staging.writer(name, plan).await?;
-    let hasher = Hasher::start();
-    let outcome: Result<()> = async {
-        while let Some(chunk) = download.next_chunk().await? {
-            send(staging, &mut upload, plan, &hasher, chunk).await?;
-            progress.bytes(index, download.offset(), flat.size);
+    let upload = Upload::open(staging, target).await?;
+    let resumed = upload.resumed();
+    match copy(from, upload, progress).await {
+        Err(Error::UploadGone { .. }) if resumed => {
+            tracing::warn!(
+                disk = from.index,
+                "the upload to resume is gone from staging (aborted or expired); uploading again from byte 0"
+            );
+            copy(from, Upload::fresh(staging, target).await?, progress).await
         }
-        if download.offset() != flat.size {
+        outcome => outcome,
+    }
+}
+
+/// Streams the source from where `upload` stands to its end into it.
+async fn copy(
+    from: &Source<'_>,
+    mut upload: Upload<'_>,
+    progress: &Progress,
+) -> Result<(String, u64)> {
+    let (size, start) = (from.flat.size, upload.offset());
+    if upload.resumed() {
+        let (done, total) = upload.parts();
+        tracing::info!(
+            "resuming disk {} at part {done} of {total} ({start} bytes already staged)",
+            from.index
+        );
+        progress.resumed(from.index, start, size);
+    }
+    if start < size {
+        let mut download =
+            Download::open(from.session, from.datacenter, &from.flat.extent, start).await?;
+        while let Some(chunk) = download.next_chunk().await? {
+            upload.push(chunk).await?;
+            progress.bytes(from.index, download.offset(), size);
+        }
+        if download.offset() != size {
             return Err(Error::ShortRead {
-                index,
+                index: from.index,
                 got: download.offset(),
-                expected: flat.size,
+                expected: size,
             });
         }
-        Ok(())
     }
-    .await;
-    let sha = hasher.finish();
-    match outcome {
-        Ok(()) => {
-            upload.finish().await.map_err(|e| staging.error(e))?;
-            Ok((sha, flat.size))
-        }
-        Err(e) => {
-            let _ = upload.abort().await;
-            Err(e)
-        }
-    }
-}
-
-/// sha256 on a thread of its own, so hashing overlaps the network reads instead of adding to them.
-struct Hasher {
-    chunks: std::sync::mpsc::SyncSender<Bytes>,
-    thread: std::thread::JoinHandle<String>,
-}
-
-impl Hasher {
-    fn start() -> Self {
-        let (chunks, incoming) = std::sync::mpsc::sync_channel::<Bytes>(64);
-        let thread = std::thread::spawn(move || {
-            let mut hash = Sha256::new();
-            for chunk in incoming {
-                hash.update(&chunk);
-            }
-            crate::hex(&hash.finalize())
-        });
-        Self { chunks, thread }
-    }
-
-    fn update(&self, chunk: Bytes) {
-        // Blocks only when the hasher is 64 chunks behind, which bounds memory.
-        let _ = self.chunks.send(chunk);
-    }
-
-    fn finish(self) -> String {
-        drop(self.chunks);
-        self.thread.join().unwrap_or_default()
-    }
+    let sha = upload.finish().await?;
+    Ok((sha, size - start))
 }
 
 /// Downloads to a scratch file (hashing the source), converts with qemu-img, then uploads the qcow2 (hashing it).

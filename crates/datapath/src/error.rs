@@ -10,6 +10,9 @@ pub enum Error {
     Source(#[from] ferry_vsphere::Error),
     #[error("staging {url}: {detail}")]
     Staging { url: String, detail: String },
+    /// The store no longer knows the multipart upload (aborted, or expired by a lifecycle rule).
+    #[error("staging {url}: the upload in progress is gone from the store")]
+    UploadGone { url: String },
     #[error("disk {index}: read {got} bytes from the source, expected {expected}")]
     ShortRead { index: u32, got: u64, expected: u64 },
     #[error("disk {index} ({file}) is empty, but its capacity is {capacity} bytes")]
@@ -37,7 +40,7 @@ impl Error {
         match self {
             Error::Spec(_) | Error::TooLargeToStage { .. } => ErrorClass::Permanent,
             Error::Source(e) => e.class(),
-            Error::Staging { .. } => ErrorClass::Transient,
+            Error::Staging { .. } | Error::UploadGone { .. } => ErrorClass::Transient,
             Error::ShortRead { .. } | Error::EmptyDisk { .. } | Error::ChecksumMismatch { .. } => {
                 ErrorClass::BoundedRetryable
             }
@@ -49,7 +52,7 @@ impl Error {
         match self {
             Error::Spec(_) => Reason::InvalidConversionSpec,
             Error::Source(e) => e.reason(),
-            Error::Staging { .. } => Reason::StagingUnavailable,
+            Error::Staging { .. } | Error::UploadGone { .. } => Reason::StagingUnavailable,
             Error::ShortRead { .. } => Reason::ShortRead,
             Error::EmptyDisk { .. } => Reason::EmptyDisk,
             Error::TooLargeToStage { .. } => Reason::DiskTooLargeToStage,

@@ -1,13 +1,17 @@
 //! Ferry's data path, run by the conversion Job (`ferry convert`): each disk is read once from the datastore,
 //! hashed in the same pass, converted to raw or qcow2, and staged with a manifest that proves it complete.
-//! A rerun skips disks already staged from the same source.
+//! A rerun skips disks already staged from the same source, and goes on with a raw upload an earlier run left
+//! unfinished.
 
 pub mod convert;
 pub mod error;
+mod hash;
+mod local_parts;
 pub mod progress;
 pub mod report;
 pub mod spec;
 pub mod staging;
+mod upload;
 pub mod verify;
 
 pub use convert::{DiskResult, convert_all};
@@ -16,4 +20,15 @@ pub use spec::ConvertSpec;
 
 pub(crate) fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The bytes of lowercase or uppercase hex; `None` for anything else.
+pub(crate) fn unhex(text: &str) -> Option<Vec<u8>> {
+    if !text.len().is_multiple_of(2) || !text.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return None;
+    }
+    (0..text.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(text.get(i..i + 2)?, 16).ok())
+        .collect()
 }

@@ -40,6 +40,11 @@ impl Progress {
         self.emit(disk, total, total, "staged");
     }
 
+    /// An earlier attempt staged the first `done` bytes already; copying goes on from there.
+    pub fn resumed(&self, disk: u32, done: u64, total: u64) {
+        self.emit(disk, done, total, "resuming");
+    }
+
     pub fn skipped(&self, disk: u32, total: u64) {
         self.emit(disk, total, total, "already-staged");
     }

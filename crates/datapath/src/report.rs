@@ -93,9 +93,10 @@ impl StagedSummary {
     /// Disk `index`'s result, from its manifest: copied in this run if the run marked it, else found staged.
     pub fn disk(&self, index: u32, manifest: StagedObject) -> DiskResult {
         let copied = manifest.run.as_deref() == Some(self.run.as_str());
+        let read = manifest.bytes_read.unwrap_or(manifest.source_bytes);
         DiskResult {
             index,
-            bytes_read: if copied { manifest.source_bytes } else { 0 },
+            bytes_read: if copied { read } else { 0 },
             skipped: !copied,
             staged: manifest,
         }
@@ -227,6 +228,7 @@ mod tests {
                 },
                 e_tag: None,
                 run: None,
+                bytes_read: None,
             },
             bytes_read: 4,
             skipped: false,
@@ -337,6 +339,12 @@ mod tests {
             (copied.index, copied.bytes_read, copied.skipped),
             (3, 1 << 20, false)
         );
+        // It resumed an upload an earlier attempt left: it read only the rest.
+        let resumed = StagedObject {
+            bytes_read: Some(1 << 19),
+            ..staged.clone()
+        };
+        assert_eq!(summary().disk(3, resumed).bytes_read, 1 << 19);
         for run in [None, Some("an earlier run".to_string())] {
             let found = summary().disk(
                 3,

@@ -1,5 +1,7 @@
 //! The staging store (object_store: `file://` or `s3://`). Each object gets a manifest written after its data,
-//! so a manifest proves a complete object, and a partial upload never shows under the object's name.
+//! so a manifest proves a complete object, and a partial upload never shows under the object's name. A raw
+//! disk's upload in progress has a journal beside it (`<name>.upload.json`, see `upload.rs`), so the next Job
+//! attempt resumes it and [`Staging::delete`] can abort it.
 
 use std::sync::Arc;
 
@@ -7,12 +9,14 @@ use ferry_types::DiskFormat;
 use futures::StreamExt;
 use object_store::aws::AmazonS3Builder;
 use object_store::local::LocalFileSystem;
+use object_store::multipart::{MultipartStore, PartId};
 use object_store::path::Path;
-use object_store::{ObjectStore, ObjectStoreExt, PutPayload, WriteMultipart};
+use object_store::{MultipartId, ObjectStore, ObjectStoreExt, PutPayload, WriteMultipart};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use crate::error::{Error, Result};
+use crate::local_parts::LocalParts;
 use crate::spec::{StagingSpec, read_secret};
 
 const MIB: u64 = 1 << 20;
@@ -110,6 +114,10 @@ pub struct StagedObject {
     /// staged already. Absent in manifests of earlier releases.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub run: Option<String>,
+    /// Bytes that run read from the source: less than `source_bytes` when it resumed an upload an earlier
+    /// attempt left. Absent in manifests of earlier releases, which read the whole source.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bytes_read: Option<u64>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
@@ -118,6 +126,36 @@ pub struct SourceIdentity {
     pub vm_uuid: String,
     pub disk_file: String,
     pub capacity_bytes: u64,
+}
+
+/// A raw disk's upload in progress, `<name>.upload.json` beside the object: enough for the next Job attempt to
+/// go on where this one stopped. Rewritten each time the run of finished parts from the first grows; removed
+/// once the manifest is written, or by [`Staging::delete`] with the upload.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct UploadJournal {
+    /// What is uploaded, as the manifest will say: a journal of another source or format is not resumed.
+    pub source: SourceIdentity,
+    pub format: String,
+    pub object_bytes: u64,
+    pub part_bytes: u64,
+    pub upload_id: String,
+    /// Ids of parts 0, 1, ... as the store answered them: the finished parts in a row from the first.
+    pub parts: Vec<String>,
+    /// sha256 of the bytes of `parts`, as sha2's serialized hasher state (hex), so the hash resumes exactly.
+    pub sha256_state: String,
+}
+
+impl UploadJournal {
+    /// Where the bytes not yet staged start.
+    pub fn offset(&self) -> u64 {
+        (self.parts.len() as u64 * self.part_bytes).min(self.object_bytes)
+    }
+
+    /// Parts of the whole object.
+    pub fn part_count(&self) -> u64 {
+        self.object_bytes.div_ceil(self.part_bytes)
+    }
 }
 
 /// The object a disk is staged as, `disk-<index>.<raw|qcow2>`: the conversion Job writes it, the controller
@@ -138,6 +176,8 @@ pub fn s3_bucket_and_prefix(url: &str) -> Option<(&str, &str)> {
 
 pub struct Staging {
     store: Arc<dyn ObjectStore>,
+    /// The same store's multipart uploads, part by part (object_store has them in a trait of their own).
+    parts: Arc<dyn MultipartStore>,
     base_url: String,
     prefix: Path,
 }
@@ -164,9 +204,11 @@ impl Staging {
         };
         if let Some(dir) = url.strip_prefix("file://") {
             std::fs::create_dir_all(dir).map_err(|e| fail(e.to_string()))?;
-            let store = LocalFileSystem::new_with_prefix(dir).map_err(|e| fail(e.to_string()))?;
+            let store =
+                Arc::new(LocalFileSystem::new_with_prefix(dir).map_err(|e| fail(e.to_string()))?);
             return Ok(Self {
-                store: Arc::new(store),
+                parts: Arc::new(LocalParts::new(store.clone())),
+                store,
                 base_url: url.clone(),
                 prefix: Path::default(),
             });
@@ -197,9 +239,10 @@ impl Staging {
                     .with_endpoint(endpoint)
                     .with_allow_http(endpoint.starts_with("http://"));
             }
-            let store = builder.build().map_err(|e| fail(e.to_string()))?;
+            let store = Arc::new(builder.build().map_err(|e| fail(e.to_string()))?);
             return Ok(Self {
-                store: Arc::new(store),
+                parts: store.clone(),
+                store,
                 base_url: url.clone(),
                 prefix: Path::from(prefix),
             });
@@ -218,13 +261,19 @@ impl Staging {
         let (own, _) = s3_bucket_and_prefix(&self.base_url)?;
         (bucket == own).then(|| Self {
             store: self.store.clone(),
+            parts: self.parts.clone(),
             base_url: url.to_string(),
             prefix: Path::from(prefix),
         })
     }
 
-    fn path(&self, name: &str) -> Path {
+    pub(crate) fn path(&self, name: &str) -> Path {
         self.prefix.clone().join(name)
+    }
+
+    /// The store's multipart uploads, for tasks that outlive a borrow of `self`.
+    pub(crate) fn parts(&self) -> Arc<dyn MultipartStore> {
+        self.parts.clone()
     }
 
     /// The object's URL, as the CDI stand-in or a real CDI importer reads it.
@@ -233,17 +282,77 @@ impl Staging {
     }
 
     pub async fn manifest(&self, name: &str) -> Result<Option<StagedObject>> {
-        match self
-            .store
-            .get(&self.path(&format!("{name}.manifest.json")))
-            .await
-        {
+        self.read_json(&format!("{name}.manifest.json")).await
+    }
+
+    /// The journal of `name`'s upload in progress, if there is one that parses.
+    pub async fn journal(&self, name: &str) -> Result<Option<UploadJournal>> {
+        self.read_json(&journal_name(name)).await
+    }
+
+    pub async fn write_journal(&self, name: &str, journal: &UploadJournal) -> Result<()> {
+        self.write_json(&journal_name(name), journal).await
+    }
+
+    /// `file`'s JSON; `None` when it is absent or does not parse.
+    async fn read_json<T: serde::de::DeserializeOwned>(&self, file: &str) -> Result<Option<T>> {
+        match self.store.get(&self.path(file)).await {
             Ok(found) => {
                 let bytes = found.bytes().await.map_err(|e| self.error(e))?;
                 Ok(serde_json::from_slice(&bytes).ok())
             }
             Err(object_store::Error::NotFound { .. }) => Ok(None),
             Err(e) => Err(self.error(e)),
+        }
+    }
+
+    async fn write_json<T: Serialize>(&self, file: &str, value: &T) -> Result<()> {
+        let body = serde_json::to_vec_pretty(value).map_err(|e| Error::Spec(e.to_string()))?;
+        self.store
+            .put(&self.path(file), PutPayload::from(body))
+            .await
+            .map_err(|e| self.error(e))?;
+        Ok(())
+    }
+
+    /// Starts a multipart upload of `name`; its parts go through [`Self::parts`].
+    pub(crate) async fn create_upload(&self, name: &str) -> Result<MultipartId> {
+        self.parts
+            .create_multipart(&self.path(name))
+            .await
+            .map_err(|e| self.error(e))
+    }
+
+    /// Makes the object of upload `id` from its parts, in order.
+    pub(crate) async fn complete_upload(
+        &self,
+        name: &str,
+        id: &MultipartId,
+        parts: Vec<PartId>,
+    ) -> Result<()> {
+        self.parts
+            .complete_multipart(&self.path(name), id, parts)
+            .await
+            .map(|_| ())
+            .map_err(|e| self.upload_error(name, e))
+    }
+
+    /// Drops upload `id` and its parts; one already gone is fine.
+    pub(crate) async fn abort_upload(&self, name: &str, id: &MultipartId) -> Result<()> {
+        match self.parts.abort_multipart(&self.path(name), id).await {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+            Err(e) => Err(self.error(e)),
+        }
+    }
+
+    /// An upload's `NotFound` (S3's NoSuchUpload: aborted, or expired by a lifecycle rule) is
+    /// [`Error::UploadGone`]: starting over helps, unlike other errors.
+    pub(crate) fn upload_error(&self, name: &str, e: object_store::Error) -> Error {
+        match e {
+            object_store::Error::NotFound { .. } => Error::UploadGone {
+                url: self.url_of(name),
+            },
+            e => self.error(e),
         }
     }
 
@@ -270,15 +379,8 @@ impl Staging {
     }
 
     pub async fn write_manifest(&self, name: &str, manifest: &StagedObject) -> Result<()> {
-        let body = serde_json::to_vec_pretty(manifest).map_err(|e| Error::Spec(e.to_string()))?;
-        self.store
-            .put(
-                &self.path(&format!("{name}.manifest.json")),
-                PutPayload::from(body),
-            )
+        self.write_json(&format!("{name}.manifest.json"), manifest)
             .await
-            .map_err(|e| self.error(e))?;
-        Ok(())
     }
 
     /// Reads the whole object back and hashes it.
@@ -298,15 +400,32 @@ impl Staging {
         Ok((crate::hex(&hash.finalize()), bytes))
     }
 
-    /// Removes the object and its manifest; absent ones are fine.
+    /// Removes the object, its manifest, and an upload in progress with its journal; absent ones are fine.
+    /// The upload goes first: should that fail, its journal is still there for the next try.
     pub async fn delete(&self, name: &str) -> Result<()> {
-        for path in [self.path(&format!("{name}.manifest.json")), self.path(name)] {
-            match self.store.delete(&path).await {
-                Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
-                Err(e) => return Err(self.error(e)),
-            }
+        if let Some(journal) = self.journal(name).await? {
+            self.abort_upload(name, &journal.upload_id).await?;
+        }
+        for file in [
+            format!("{name}.manifest.json"),
+            name.to_string(),
+            journal_name(name),
+        ] {
+            self.delete_file(&file).await?;
         }
         Ok(())
+    }
+
+    /// Removes the journal of `name`'s upload, once the upload is complete.
+    pub async fn delete_journal(&self, name: &str) -> Result<()> {
+        self.delete_file(&journal_name(name)).await
+    }
+
+    async fn delete_file(&self, file: &str) -> Result<()> {
+        match self.store.delete(&self.path(file)).await {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+            Err(e) => Err(self.error(e)),
+        }
     }
 
     pub(crate) fn error(&self, e: object_store::Error) -> Error {
@@ -314,6 +433,18 @@ impl Staging {
             url: self.base_url.clone(),
             detail: e.to_string(),
         }
+    }
+}
+
+fn journal_name(name: &str) -> String {
+    format!("{name}.upload.json")
+}
+
+#[cfg(test)]
+impl Staging {
+    /// This staging with its multipart uploads going through `parts` (a wrapper that counts or fails them).
+    pub(crate) fn with_parts(self, parts: Arc<dyn MultipartStore>) -> Self {
+        Self { parts, ..self }
     }
 }
 

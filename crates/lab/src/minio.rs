@@ -43,6 +43,80 @@ impl StagingEndpoint {
     }
 }
 
+impl StagingEndpoint {
+    fn store(&self) -> Result<object_store::aws::AmazonS3> {
+        // HTTP clients take the process's TLS provider, even for plain HTTP.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let read = |key: &str| std::fs::read_to_string(self.credentials_dir.join(key));
+        Ok(object_store::aws::AmazonS3Builder::new()
+            .with_endpoint(&self.endpoint)
+            .with_allow_http(true)
+            .with_bucket_name(&self.bucket)
+            .with_region("us-east-1")
+            .with_virtual_hosted_style_request(false)
+            .with_access_key_id(read("accessKeyId")?.trim())
+            .with_secret_access_key(read("secretKey")?.trim())
+            .build()?)
+    }
+
+    /// The keys of the objects under `prefix`.
+    pub async fn objects(&self, prefix: &str) -> Result<Vec<String>> {
+        use futures::TryStreamExt;
+        use object_store::ObjectStore;
+        let prefix = object_store::path::Path::from(prefix);
+        let found: Vec<_> = self.store()?.list(Some(&prefix)).try_collect().await?;
+        Ok(found.into_iter().map(|o| o.location.to_string()).collect())
+    }
+
+    /// The keys of the multipart uploads under `prefix` neither completed nor aborted. object_store has no
+    /// ListMultipartUploads, so this sends it as a presigned GET.
+    pub async fn uploads_in_progress(&self, prefix: &str) -> Result<Vec<String>> {
+        use object_store::signer::{Method, SignedUrlOptions, Signer};
+        let options = SignedUrlOptions::new().with_query([("uploads", ""), ("prefix", prefix)]);
+        let url = self
+            .store()?
+            .signed_url_opts(
+                Method::GET,
+                &object_store::path::Path::default(),
+                Duration::from_secs(60),
+                &options,
+            )
+            .await?;
+        let response = reqwest::get(url).await?.error_for_status()?.text().await?;
+        Ok(xml_values(&response, "Key"))
+    }
+
+    /// S3 requests of `api` (MinIO's name: `PutObjectPart`, `PutObject`, ...) the server counted since it
+    /// started, from its Prometheus metrics. Version 3 of them: version 2's
+    /// (`/minio/v2/metrics/cluster`, `minio_s3_requests_total`) are the same counters, but cached for 10 s.
+    pub async fn s3_requests(&self, api: &str) -> Result<u64> {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let url = format!("{}/minio/metrics/v3/api/requests", self.endpoint);
+        let text = reqwest::get(url).await?.error_for_status()?.text().await?;
+        Ok(counter(&text, "minio_api_requests_total", "name", api))
+    }
+}
+
+/// The sum of the samples of `metric` whose label `label` is `value`, in Prometheus' text format. Pure.
+fn counter(text: &str, metric: &str, label: &str, value: &str) -> u64 {
+    let wanted = format!("{label}=\"{value}\"");
+    text.lines()
+        .filter_map(|line| line.strip_prefix(metric)?.strip_prefix('{'))
+        .filter_map(|rest| rest.split_once('}'))
+        .filter(|(labels, _)| labels.split(',').any(|l| l == wanted))
+        .filter_map(|(_, sample)| sample.split_whitespace().next()?.parse::<f64>().ok())
+        .sum::<f64>() as u64
+}
+
+/// The text of every `<tag>` element, in order. Enough for S3's flat listings. Pure.
+fn xml_values(xml: &str, tag: &str) -> Vec<String> {
+    let (open, close) = (format!("<{tag}>"), format!("</{tag}>"));
+    xml.split(open.as_str())
+        .skip(1)
+        .filter_map(|rest| rest.split_once(close.as_str()).map(|(v, _)| v.to_string()))
+        .collect()
+}
+
 /// Prepares `dir` (data with the bucket, fresh credentials) and returns MinIO's process on `port`.
 pub fn component(dir: &Path, tools: &Path, port: u16, console: u16) -> Result<Component> {
     let data = dir.join("data");
@@ -71,9 +145,11 @@ pub fn component(dir: &Path, tools: &Path, port: u16, console: u16) -> Result<Co
                 "--quiet".into(),
             ],
             // MinIO takes its root credentials from the environment only; it is the lab's server, not Ferry.
+            // Its Prometheus metrics are open (on loopback), so tests count the requests staging made.
             env: vec![
                 ("MINIO_ROOT_USER".into(), ACCESS_KEY.into()),
                 ("MINIO_ROOT_PASSWORD".into(), secret),
+                ("MINIO_PROMETHEUS_AUTH_TYPE".into(), "public".into()),
             ],
         },
         ports: vec![port, console],
@@ -127,5 +203,36 @@ impl StandaloneMinio {
 
     pub fn stop(&self) -> Result<()> {
         process::stop(&self.process, Duration::from_secs(10))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_counter_sums_its_samples_with_the_label() {
+        let text = "# HELP minio_api_requests_total Total number of requests\n\
+            # TYPE minio_api_requests_total counter\n\
+            minio_api_requests_total{name=\"PutObjectPart\",server=\"127.0.0.1:9000\",type=\"s3\"} 6\n\
+            minio_api_requests_total{name=\"PutObject\",server=\"127.0.0.1:9000\",type=\"s3\"} 14\n\
+            minio_api_requests_total_other{name=\"PutObjectPart\"} 99\n\
+            minio_api_requests_total{name=\"PutObjectPart\",server=\"127.0.0.1:9001\",type=\"s3\"} 1.2e+01\n";
+        assert_eq!(
+            counter(text, "minio_api_requests_total", "name", "PutObjectPart"),
+            18
+        );
+        assert_eq!(
+            counter(text, "minio_api_requests_total", "name", "GetObject"),
+            0
+        );
+    }
+
+    #[test]
+    fn xml_values_in_order() {
+        let xml = "<ListMultipartUploadsResult><Upload><Key>a/disk-0.raw</Key><UploadId>1</UploadId></Upload>\
+            <Upload><Key>a/disk-1.raw</Key></Upload></ListMultipartUploadsResult>";
+        assert_eq!(xml_values(xml, "Key"), ["a/disk-0.raw", "a/disk-1.raw"]);
+        assert!(xml_values("<Empty/>", "Key").is_empty());
     }
 }

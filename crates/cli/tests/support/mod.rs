@@ -181,6 +181,7 @@ pub async fn staged_objects(ns: &str, name: &str, uid: &str, disks: usize) -> Ve
             format!("disk-{i}.raw"),
             format!("disk-{i}.qcow2"),
             format!("disk-{i}.raw.manifest.json"),
+            format!("disk-{i}.raw.upload.json"),
         ] {
             if store.head(&object).await.unwrap().is_some() {
                 found.push(object);
