@@ -11,11 +11,8 @@ use ferry_api::keys::{step_selector, uid_selector};
 use ferry_datapath::spec::StagingSpec;
 use ferry_datapath::staging::{MIN_PART_BYTES, Staging, UploadJournal};
 use ferry_lab::lab::VcsimRealism;
-use ferry_lab::linux_vms::{DATASTORE, GUEST_ID, HOST, NETWORK};
 use ferry_lab::minio::StagingEndpoint;
 use ferry_testkit::{TestLab, eventually, migration};
-use ferry_vsphere::provision::{self, NewVm, Transfer, VmdkFiles};
-use ferry_vsphere::{Session, power};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{DeleteParams, ListParams};
 use kube::{Api, ResourceExt};
@@ -36,43 +33,6 @@ async fn throttled_lab() -> &'static TestLab {
         ..VcsimRealism::production_like()
     };
     TestLab::shared_with_standins_and(ferry(), realism).await
-}
-
-/// Creates the VM in the lab's vcsim with one bootable disk, powered on; returns the disk's sha256.
-async fn seed_vm(dir: &std::path::Path) -> String {
-    std::fs::create_dir_all(dir).unwrap();
-    let raw = dir.join(format!("{VM}.raw"));
-    let sha = ferry_lab::bootdisk::make_boot_disk(&raw, DISK_BYTES, &ferry_lab::demo::marker(VM))
-        .unwrap();
-    let disk = ferry_lab::disks::raw_to_flat_vmdk(&raw, VM, sha, DISK_BYTES).unwrap();
-    let vcsim = lab().await.state().vcsim.clone().unwrap();
-    let session = Session::connect(vcsim.connect_config(Duration::from_secs(60)).unwrap())
-        .await
-        .unwrap();
-    let spec = NewVm {
-        name: VM.into(),
-        guest_id: GUEST_ID.into(),
-        cpus: 1,
-        cores_per_socket: 1,
-        memory_mib: 64,
-        firmware: ferry_api::Firmware::Bios,
-        efi_secure_boot: false,
-        host: HOST.into(),
-        datastore: DATASTORE.into(),
-        network: NETWORK.into(),
-    };
-    let files = [VmdkFiles {
-        descriptor: &disk.descriptor,
-        extent: &disk.extent,
-    }];
-    let vm = provision::provision_vm(&session, &spec, &files, Transfer::LinkIntoLocalDatastore)
-        .await
-        .unwrap();
-    power::power_on(&session, &vm, Duration::from_secs(60))
-        .await
-        .unwrap();
-    session.logout().await;
-    disk.sha256
 }
 
 /// The migration's folder in the lab's MinIO: its key prefix, and the store as the conversion Job opens it.
@@ -125,7 +85,9 @@ async fn a_conversion_pod_killed_mid_upload_resumes_and_uploads_only_the_missing
     let started = Instant::now();
     let (client, ns) = setup("resume").await;
     let lab = lab().await;
-    let sha = seed_vm(&lab.dir().join(VM)).await;
+    let sha = seed_vm(&lab.dir().join(VM), VM, &[DISK_BYTES >> 20]).await[0]
+        .1
+        .clone();
     let staging = lab_staging().await;
     let parts_before = part_requests().await;
 
