@@ -53,14 +53,33 @@ pub struct LabFiles {
     audit_policy: PathBuf,
 }
 
+/// Metadata level (who did what to which object) for everything; request bodies only for Events and migration
+/// status writes, which hold no secrets by design, so the benchmark can say what each write carried.
+fn audit_policy_text() -> String {
+    format!(
+        "apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: [RequestReceived]
+rules:
+- level: Request
+  verbs: [create, patch, update]
+  resources:
+  - group: events.k8s.io
+    resources: [events]
+  - group: \"\"
+    resources: [events]
+  - group: {group}
+    resources: [virtualmachinemigrations/status]
+- level: Metadata
+",
+        group = ferry_api::GROUP
+    )
+}
+
 impl LabFiles {
     pub fn prepare(dir: &Path, tools: &Path, pki: &Pki) -> Result<Self> {
         let audit_policy = dir.join("audit-policy.yaml");
-        // Metadata level: who did what to which object, never request bodies (which may hold Secret data).
-        std::fs::write(
-            &audit_policy,
-            "apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStages: [RequestReceived]\nrules:\n- level: Metadata\n",
-        )?;
+        std::fs::write(&audit_policy, audit_policy_text())?;
         crate::vcsim::ensure_password(dir)?;
         let (sa_key, sa_pub) = pki.service_account_keys()?;
         Ok(Self {

@@ -46,17 +46,112 @@ pub fn peak_rss_mib(pid: i32) -> Result<f64> {
     Ok(kib / 1024.0)
 }
 
-/// Requests by verb and resource (`get jobs`, `patch virtualmachinemigrations/status`) that `user` made in namespace `ns`, from every audit log file in `dir` (the API server
-/// rotates `audit.log`; the namespace alone tells the runs apart).
+/// Requests by verb and resource (`get jobs`, `patch virtualmachinemigrations/status`) that `user` made in
+/// namespace `ns`, from every audit log file in `dir`.
 pub fn requests_by_verb(dir: &Path, user: &str, ns: &str) -> Result<BTreeMap<String, u64>> {
     let mut counts = BTreeMap::new();
+    for_each_request(dir, user, ns, |event| {
+        let verb = event["verb"].as_str().unwrap_or("?");
+        let resource = event["objectRef"]["resource"].as_str().unwrap_or("?");
+        let key = match event["objectRef"]["subresource"].as_str() {
+            Some(sub) => format!("{verb} {resource}/{sub}"),
+            None => format!("{verb} {resource}"),
+        };
+        *counts.entry(key).or_default() += 1;
+        if event["responseStatus"]["code"] == 409 {
+            *counts.entry(CONFLICTS.to_string()).or_default() += 1;
+        }
+    })?;
+    Ok(counts)
+}
+
+/// What `user`'s Event and status writes in `ns` carried: Events by reason, and status writes by the reason they
+/// recorded and the fields they changed against the same migration's previous write (the audit policy keeps
+/// these bodies). Tells a write that records progress from one that repeats what was on record.
+pub fn writes_by_content(dir: &Path, user: &str, ns: &str) -> Result<BTreeMap<String, u64>> {
+    let mut counts = BTreeMap::new();
+    let mut last_status: BTreeMap<String, serde_json::Value> = BTreeMap::new();
+    for_each_request(dir, user, ns, |event| {
+        let body = &event["requestObject"];
+        let resource = event["objectRef"]["resource"].as_str().unwrap_or("?");
+        let key = match (resource, event["objectRef"]["subresource"].as_str()) {
+            ("events", _) => match body["reason"].as_str() {
+                Some(reason) => format!("Event {reason}"),
+                None => "Event (series count)".to_string(),
+            },
+            ("virtualmachinemigrations", Some("status")) => {
+                let name = event["objectRef"]["name"].as_str().unwrap_or("?");
+                let status = body["status"].clone();
+                let before = last_status.insert(name.to_string(), status.clone());
+                let reason = status["reason"].as_str().unwrap_or("-");
+                let changed =
+                    changed_fields(before.as_ref().unwrap_or(&serde_json::Value::Null), &status);
+                format!("status {reason}: {}", changed.join(","))
+            }
+            _ => return,
+        };
+        *counts.entry(key).or_default() += 1;
+    })?;
+    Ok(counts)
+}
+
+/// The status fields that differ between two writes, conditions by type; phase, reason and message are left
+/// out (the key names the reason).
+fn changed_fields(before: &serde_json::Value, after: &serde_json::Value) -> Vec<String> {
+    let empty = serde_json::Map::new();
+    let (b, a) = (
+        before.as_object().unwrap_or(&empty),
+        after.as_object().unwrap_or(&empty),
+    );
+    let mut changed = Vec::new();
+    let keys: std::collections::BTreeSet<&String> = b.keys().chain(a.keys()).collect();
+    for key in keys {
+        if matches!(key.as_str(), "phase" | "reason" | "message") || b.get(key) == a.get(key) {
+            continue;
+        }
+        if key == "conditions" {
+            let by_type = |v: Option<&serde_json::Value>| -> BTreeMap<String, serde_json::Value> {
+                v.and_then(|v| v.as_array())
+                    .into_iter()
+                    .flatten()
+                    .map(|c| (c["type"].as_str().unwrap_or("?").to_string(), c.clone()))
+                    .collect()
+            };
+            let (cb, ca) = (by_type(b.get(key)), by_type(a.get(key)));
+            let types: std::collections::BTreeSet<&String> = cb.keys().chain(ca.keys()).collect();
+            for t in types.into_iter().filter(|t| cb.get(*t) != ca.get(*t)) {
+                changed.push(format!("conditions.{t}"));
+            }
+        } else {
+            changed.push(key.clone());
+        }
+    }
+    if changed.is_empty() {
+        changed.push("(only phase, reason or message)".into());
+    }
+    changed
+}
+
+/// Calls `f` with each completed request `user` made in namespace `ns`, oldest log file first (the API server
+/// rotates `audit.log` into timestamped files; the namespace alone tells the runs apart).
+fn for_each_request(
+    dir: &Path,
+    user: &str,
+    ns: &str,
+    mut f: impl FnMut(&serde_json::Value),
+) -> Result<()> {
     let quoted_ns = format!("\"namespace\":\"{ns}\"");
+    let mut files = Vec::new();
     for entry in std::fs::read_dir(dir)? {
         let path = entry?.path();
         let name = path.file_name().unwrap_or_default().to_string_lossy();
-        if !(name.starts_with("audit") && name.ends_with(".log")) {
-            continue;
+        if name.starts_with("audit") && name.ends_with(".log") {
+            files.push(path);
         }
+    }
+    // "audit-<time>.log" sorts before "audit.log", the newest.
+    files.sort();
+    for path in files {
         let file =
             std::fs::File::open(&path).with_context(|| format!("opening {}", path.display()))?;
         for line in std::io::BufReader::new(file).lines() {
@@ -68,25 +163,15 @@ pub fn requests_by_verb(dir: &Path, user: &str, ns: &str) -> Result<BTreeMap<Str
             let Ok(event) = serde_json::from_str::<serde_json::Value>(&line) else {
                 continue;
             };
-            if event["stage"] != "ResponseComplete"
-                || event["user"]["username"] != user
-                || event["objectRef"]["namespace"] != ns
+            if event["stage"] == "ResponseComplete"
+                && event["user"]["username"] == user
+                && event["objectRef"]["namespace"] == ns
             {
-                continue;
-            }
-            let verb = event["verb"].as_str().unwrap_or("?");
-            let resource = event["objectRef"]["resource"].as_str().unwrap_or("?");
-            let key = match event["objectRef"]["subresource"].as_str() {
-                Some(sub) => format!("{verb} {resource}/{sub}"),
-                None => format!("{verb} {resource}"),
-            };
-            *counts.entry(key).or_default() += 1;
-            if event["responseStatus"]["code"] == 409 {
-                *counts.entry(CONFLICTS.to_string()).or_default() += 1;
+                f(&event);
             }
         }
     }
-    Ok(counts)
+    Ok(())
 }
 
 /// The key counting requests answered 409 Conflict (also counted under their verb).
@@ -178,6 +263,33 @@ mod tests {
         .map(|(k, v)| (k.to_string(), v))
         .collect();
         assert_eq!(writes(&counts), 8);
+    }
+
+    #[test]
+    fn a_status_write_is_named_by_the_fields_it_changed() {
+        let before = serde_json::json!({
+            "phase": "Converting", "reason": "A", "progress": "1/8",
+            "conditions": [{"type": "SourceReady", "status": "True"}, {"type": "Converted", "status": "False"}],
+        });
+        let after = serde_json::json!({
+            "phase": "Importing", "reason": "B", "progress": "2/8",
+            "conditions": [{"type": "SourceReady", "status": "True"}, {"type": "Converted", "status": "True"}],
+        });
+        assert_eq!(
+            changed_fields(&before, &after),
+            ["conditions.Converted", "progress"]
+        );
+        assert_eq!(
+            changed_fields(&after, &after),
+            ["(only phase, reason or message)"]
+        );
+        assert_eq!(
+            changed_fields(
+                &serde_json::Value::Null,
+                &serde_json::json!({"progress": "0/8"})
+            ),
+            ["progress"]
+        );
     }
 
     #[test]

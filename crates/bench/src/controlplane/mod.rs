@@ -121,6 +121,11 @@ pub async fn run(options: &Options) -> Result<Report> {
         floor_wall,
         floor_requests: audit(FLOOR_USER, &floor_ns)?,
         ferry_requests: audit(ferry_lab::controller_process::SERVICE_ACCOUNT, &ferry_ns)?,
+        ferry_write_content: measure::writes_by_content(
+            &state.dir,
+            ferry_lab::controller_process::SERVICE_ACCOUNT,
+            &ferry_ns,
+        )?,
         ferry,
     })
 }

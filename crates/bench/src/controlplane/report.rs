@@ -13,6 +13,8 @@ pub struct Report {
     pub floor_wall: Duration,
     pub floor_requests: BTreeMap<String, u64>,
     pub ferry_requests: BTreeMap<String, u64>,
+    /// Ferry's Event and status writes by what they carried (`measure::writes_by_content`).
+    pub ferry_write_content: BTreeMap<String, u64>,
     pub ferry: FerryRun,
 }
 
@@ -114,6 +116,25 @@ impl Report {
             self.per_migration(writes(&self.floor_requests)),
             self.per_migration(writes(&self.ferry_requests))
         );
+        let _ = writeln!(
+            out,
+            "ferry's Events and status writes per migration, by what they carried (audit log bodies):"
+        );
+        let mut content: Vec<(&String, &u64)> = self.ferry_write_content.iter().collect();
+        content.sort_by(|a, b| b.1.cmp(a.1).then(a.0.cmp(b.0)));
+        let (shown, rest) = content.split_at(content.len().min(24));
+        for (what, n) in shown {
+            let _ = writeln!(out, "  {:>6.2}  {what}", self.per_migration(**n));
+        }
+        if !rest.is_empty() {
+            let n = rest.iter().map(|(_, n)| **n).sum();
+            let _ = writeln!(
+                out,
+                "  {:>6.2}  ({} others)",
+                self.per_migration(n),
+                rest.len()
+            );
+        }
         let _ = writeln!(
             out,
             "controller CPU                    {:.2}s, {:.1} ms per migration",

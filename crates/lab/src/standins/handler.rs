@@ -16,7 +16,7 @@ use kube::runtime::finalizer::{Event, finalizer};
 use kube::{Api, ResourceExt};
 use serde_json::{Map, Value, json};
 
-use super::agent::{self, AgentReport, GuestInterface, GuestOsInfo};
+use super::agent::{self, AgentReport, GuestInterface, GuestIpAddress, GuestOsInfo};
 use super::domain::{Domain, Firmware, Launch, Nic, Ovmf};
 use super::kubevirt::{
     Boot, Error, KubeVirt, MARKER_ANNOTATION, NO_BOOT_REASON, NODE, READY_MARKER, vmi_resource,
@@ -382,7 +382,14 @@ fn vmi_status(
     };
     if defined {
         status.insert("nodeName".into(), json!(NODE));
-        if !bench {
+        if bench {
+            // The guest it pretends to be has an agent, so it reports its addresses with it.
+            let pretended = matches!(phase, Phase::Running { .. }).then(|| pretended_guest(nics));
+            status.insert(
+                "interfaces".into(),
+                json!(interfaces_status(nics, pretended.as_deref())),
+            );
+        } else {
             status.insert("machine".into(), json!({"type": "q35"}));
             status.insert(
                 "interfaces".into(),
@@ -428,6 +435,22 @@ fn is_link_local_v6(address: &str) -> bool {
     address
         .parse::<std::net::Ipv6Addr>()
         .is_ok_and(|a| (a.segments()[0] & 0xffc0) == 0xfe80)
+}
+
+/// What the agent of a `--no-boot` guest would report: one address per NIC, in QEMU's user network.
+fn pretended_guest(nics: &[Nic]) -> Vec<GuestInterface> {
+    nics.iter()
+        .enumerate()
+        .map(|(i, nic)| GuestInterface {
+            name: format!("eth{i}"),
+            hardware_address: Some(nic.mac.clone()),
+            ip_addresses: vec![GuestIpAddress {
+                ip_address_type: "ipv4".into(),
+                ip_address: format!("10.0.2.{}", 15 + i),
+                prefix: 24,
+            }],
+        })
+        .collect()
 }
 
 /// `status.interfaces` as KubeVirt merges them: the domain's NICs first (`domain`), joined by MAC with what

@@ -44,8 +44,8 @@ pub enum Error {
 pub enum Boot {
     /// Run the VMI's domain in QEMU, as virt-launcher would.
     Qemu,
-    /// For `ferry bench controlplane` only: Running, Ready and AgentConnected as soon as its volumes are
-    /// imported, with no QEMU, so a thousand migrations do not start a thousand guests. Marked by the
+    /// For `ferry bench controlplane` only: Running, Ready and AgentConnected (an address per NIC) as soon as
+    /// its volumes are imported, with no QEMU, so a thousand migrations do not start a thousand guests. Marked by the
     /// `NoBootBenchmark` reason.
     ReportReadyWithoutBooting,
 }
