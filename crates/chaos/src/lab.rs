@@ -45,6 +45,7 @@ impl ChaosLab {
             boot_guests: true,
             // As `ferry lab up`: sessions that idle out, the datacenter in a folder, `/folder` behind sessions.
             vcsim_realism: ferry_lab::lab::VcsimRealism::production_like(),
+            compress_staging: false,
         };
         let state = ferry_lab::up(&options).await?.into_state();
         ferry_lab::controller_process::apply_rbac(&state.tools, &state.kubeconfig)?;

@@ -135,6 +135,7 @@ pub fn options(dir: PathBuf) -> Result<LabOptions> {
         vcsim_vms: ferry_lab::lab::DEFAULT_VCSIM_VMS,
         boot_guests: true,
         vcsim_realism: ferry_lab::lab::VcsimRealism::production_like(),
+        compress_staging: false,
     })
 }
 

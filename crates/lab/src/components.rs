@@ -222,12 +222,13 @@ impl LabFiles {
     }
 
     /// The staging store, in `DIR/staging`.
-    pub fn minio(&self, ports: &Ports) -> Result<Component> {
+    pub fn minio(&self, ports: &Ports, compress: bool) -> Result<Component> {
         crate::minio::component(
             &self.dir.join("staging"),
             &self.tools,
             ports.0[0],
             ports.0[1],
+            compress,
         )
     }
 

@@ -41,6 +41,9 @@ pub struct LabOptions {
     /// Production-vCenter behaviours of vcsim (sessions on `/folder`, a datacenter in a folder, transfer faults,
     /// storage fixtures, SHA-1 host thumbprints); the default switches none on.
     pub vcsim_realism: VcsimRealism,
+    /// MinIO compresses staged raw images, as a deployment with compression on does: a lab can then stage a
+    /// mostly empty disk far larger than its own free space.
+    pub compress_staging: bool,
 }
 
 /// vcsim's VMs per host and per resource pool in an ordinary lab.
@@ -217,7 +220,10 @@ async fn start_all(state: &mut LabState, options: &LabOptions) -> Result<()> {
     }
     state.vcsim = Some(endpoint);
     state.save()?;
-    start_component(state, lifetime, |ports| ctx.minio(ports)).await?;
+    start_component(state, lifetime, |ports| {
+        ctx.minio(ports, options.compress_staging)
+    })
+    .await?;
     let minio_port = *state
         .ports
         .iter()

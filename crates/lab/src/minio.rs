@@ -117,8 +117,15 @@ fn xml_values(xml: &str, tag: &str) -> Vec<String> {
         .collect()
 }
 
-/// Prepares `dir` (data with the bucket, fresh credentials) and returns MinIO's process on `port`.
-pub fn component(dir: &Path, tools: &Path, port: u16, console: u16) -> Result<Component> {
+/// Prepares `dir` (data with the bucket, fresh credentials) and returns MinIO's process on `port`; with
+/// `compress`, MinIO compresses (S2) the staged raw images it stores.
+pub fn component(
+    dir: &Path,
+    tools: &Path,
+    port: u16,
+    console: u16,
+    compress: bool,
+) -> Result<Component> {
     let data = dir.join("data");
     // A top-level directory of a fresh single-drive MinIO is served as a bucket.
     std::fs::create_dir_all(data.join(BUCKET))?;
@@ -133,6 +140,15 @@ pub fn component(dir: &Path, tools: &Path, port: u16, console: u16) -> Result<Co
             fresh
         }
     };
+    let mut env = vec![
+        ("MINIO_ROOT_USER".into(), ACCESS_KEY.into()),
+        ("MINIO_ROOT_PASSWORD".into(), secret),
+        ("MINIO_PROMETHEUS_AUTH_TYPE".into(), "public".into()),
+    ];
+    if compress {
+        env.push(("MINIO_COMPRESSION_ENABLE".into(), "on".into()));
+        env.push(("MINIO_COMPRESSION_EXTENSIONS".into(), ".raw".into()));
+    }
     Ok(Component {
         spec: ProcessSpec {
             name: "minio".into(),
@@ -146,11 +162,7 @@ pub fn component(dir: &Path, tools: &Path, port: u16, console: u16) -> Result<Co
             ],
             // MinIO takes its root credentials from the environment only; it is the lab's server, not Ferry.
             // Its Prometheus metrics are open (on loopback), so tests count the requests staging made.
-            env: vec![
-                ("MINIO_ROOT_USER".into(), ACCESS_KEY.into()),
-                ("MINIO_ROOT_PASSWORD".into(), secret),
-                ("MINIO_PROMETHEUS_AUTH_TYPE".into(), "public".into()),
-            ],
+            env,
         },
         ports: vec![port, console],
         probe: Probe::HttpOk {
@@ -181,7 +193,7 @@ impl StandaloneMinio {
     /// Starts MinIO over `dir/data` with the bucket `ferry-staging` already there.
     pub async fn start(dir: &Path, tools: &Path, lifetime: Lifetime) -> Result<Self> {
         let (port, console) = (free_port()?, free_port()?);
-        let component = component(dir, tools, port, console)?;
+        let component = component(dir, tools, port, console, false)?;
         let log = dir.join("minio.log");
         let record = process::start(&component.spec, &log, lifetime)?;
         if let Err(e) = crate::probe::wait_ready(&component.probe, &record, dir).await {

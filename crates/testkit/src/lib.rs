@@ -56,19 +56,36 @@ impl TestLab {
     /// As [`Self::shared_with_standins`], with vcsim's production-like behaviours `realism`. The first call in a
     /// test binary starts the lab, so a binary that needs them calls this before anything else.
     pub async fn shared_with_standins_and(ferry: &Path, realism: VcsimRealism) -> &'static TestLab {
+        Self::shared_full(ferry, realism, false).await
+    }
+
+    /// As [`Self::shared_with_standins`], with MinIO compressing staged raw images, so a test can stage a mostly
+    /// empty disk larger than the machine's free space. Call it first, as above.
+    pub async fn shared_with_standins_compressing_staging(ferry: &Path) -> &'static TestLab {
+        Self::shared_full(ferry, VcsimRealism::production_like(), true).await
+    }
+
+    async fn shared_full(
+        ferry: &Path,
+        realism: VcsimRealism,
+        compress_staging: bool,
+    ) -> &'static TestLab {
         static FULL: tokio::sync::OnceCell<TestLab> = tokio::sync::OnceCell::const_new();
-        FULL.get_or_try_init(|| TestLab::start_with_realism(Some(ferry.to_path_buf()), realism))
-            .await
-            .expect("starting the shared lab with stand-ins")
+        FULL.get_or_try_init(|| {
+            TestLab::start_shaped(Some(ferry.to_path_buf()), realism, compress_staging)
+        })
+        .await
+        .expect("starting the shared lab with stand-ins")
     }
 
     async fn start_with(standins: Option<PathBuf>) -> Result<TestLab> {
-        Self::start_with_realism(standins, VcsimRealism::default()).await
+        Self::start_shaped(standins, VcsimRealism::default(), false).await
     }
 
-    async fn start_with_realism(
+    async fn start_shaped(
         standins: Option<PathBuf>,
         vcsim_realism: VcsimRealism,
+        compress_staging: bool,
     ) -> Result<TestLab> {
         let dir = fresh_dir()?;
         let options = LabOptions {
@@ -81,6 +98,7 @@ impl TestLab {
             vcsim_vms: ferry_lab::lab::DEFAULT_VCSIM_VMS,
             boot_guests: true,
             vcsim_realism,
+            compress_staging,
         };
         match ferry_lab::up(&options).await {
             Ok(outcome) => Ok(TestLab {

@@ -92,6 +92,7 @@ async fn up_twice_starts_no_second_copy_and_down_leaves_nothing() {
         vcsim_vms: ferry_lab::lab::DEFAULT_VCSIM_VMS,
         boot_guests: true,
         vcsim_realism: Default::default(),
+        compress_staging: false,
     })
     .await
     .unwrap();

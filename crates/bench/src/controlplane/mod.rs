@@ -65,6 +65,7 @@ pub async fn run(options: &Options) -> Result<Report> {
         vcsim_vms: n.div_ceil(2).max(ferry_lab::lab::DEFAULT_VCSIM_VMS),
         boot_guests: false,
         vcsim_realism: Default::default(),
+        compress_staging: false,
     };
     let state = ferry_lab::up(&lab).await?.into_state();
     ferry_lab::controller_process::apply_rbac(&state.tools, &state.kubeconfig)?;

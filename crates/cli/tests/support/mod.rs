@@ -249,8 +249,6 @@ pub fn disk_stem(vm: &str, index: usize) -> String {
 /// controller; the first disk boots and prints the VM's marker, the others hold a pattern. Returns each disk's
 /// file stem and sha256. The files live under `dir` (in the lab's directory, removed with the lab).
 pub async fn seed_vm(dir: &Path, vm: &str, sizes_mib: &[u64]) -> Vec<(String, String)> {
-    use ferry_lab::linux_vms::{DATASTORE, GUEST_ID, HOST, NETWORK};
-    use ferry_vsphere::provision::{self, NewVm, Transfer, VmdkFiles};
     std::fs::create_dir_all(dir).unwrap();
     let mut disks = Vec::new();
     for (i, mib) in sizes_mib.iter().enumerate() {
@@ -264,6 +262,17 @@ pub async fn seed_vm(dir: &Path, vm: &str, sizes_mib: &[u64]) -> Vec<(String, St
         .unwrap();
         disks.push(ferry_lab::disks::raw_to_flat_vmdk(&raw, &stem, sha, mib << 20).unwrap());
     }
+    provision_seeded(vm, &disks).await;
+    (0..sizes_mib.len())
+        .map(|i| disk_stem(vm, i))
+        .zip(disks.into_iter().map(|d| d.sha256))
+        .collect()
+}
+
+/// Creates VM `vm` in the lab's vcsim, powered on, with `disks` on one PVSCSI controller.
+pub async fn provision_seeded(vm: &str, disks: &[ferry_lab::disks::FlatVmdk]) {
+    use ferry_lab::linux_vms::{DATASTORE, GUEST_ID, HOST, NETWORK};
+    use ferry_vsphere::provision::{self, NewVm, Transfer, VmdkFiles};
     let vcsim = lab().await.state().vcsim.clone().unwrap();
     let session =
         ferry_vsphere::Session::connect(vcsim.connect_config(Duration::from_secs(60)).unwrap())
@@ -295,8 +304,4 @@ pub async fn seed_vm(dir: &Path, vm: &str, sizes_mib: &[u64]) -> Vec<(String, St
         .await
         .unwrap();
     session.logout().await;
-    (0..sizes_mib.len())
-        .map(|i| disk_stem(vm, i))
-        .zip(disks.into_iter().map(|d| d.sha256))
-        .collect()
 }

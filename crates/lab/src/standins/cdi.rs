@@ -368,9 +368,16 @@ async fn import_once(
     .await?;
     let stall = dv.annotations().get(FAULT_ANNOTATION).map(String::as_str) == Some("stall");
     while let Some(chunk) = body.next().await {
-        use tokio::io::AsyncWriteExt;
+        use tokio::io::{AsyncSeekExt, AsyncWriteExt};
         let chunk = chunk?;
-        file.write_all(&chunk).await?;
+        // Zeros become a hole, as qemu-img leaves them in the volume: a mostly empty disk stays small on the
+        // lab's own disk, and reads back the same.
+        if is_zero(&chunk) {
+            file.seek(std::io::SeekFrom::Current(chunk.len() as i64))
+                .await?;
+        } else {
+            file.write_all(&chunk).await?;
+        }
         done += chunk.len() as u64;
         if killed {
             return Ok(());
@@ -413,12 +420,24 @@ async fn import_once(
         use tokio::io::AsyncWriteExt;
         file.flush().await?;
     }
+    // A trailing hole has no bytes written after it: the length says where the source ended.
+    file.set_len(done).await?;
     drop(file);
     // CDI's importer converts whatever it gets (raw, qcow2, ...) to a raw disk.img.
     let image = dir.join("disk.img");
     crate::disks::qemu_img(&["convert", "-O", "raw"], &[&partial, &image])?;
     tokio::fs::remove_file(&partial).await?;
     Ok(())
+}
+
+/// Whether every byte of `bytes` is zero, sixteen at a time.
+fn is_zero(bytes: &[u8]) -> bool {
+    let words = bytes.chunks_exact(16);
+    let tail = words.remainder();
+    words
+        .into_iter()
+        .all(|w| u128::from_ne_bytes(w.try_into().unwrap_or_default()) == 0)
+        && tail.iter().all(|b| *b == 0)
 }
 
 type ByteStream = futures::stream::BoxStream<'static, anyhow::Result<bytes::Bytes>>;
@@ -507,4 +526,21 @@ async fn open_source(
             .boxed(),
         total,
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_zero;
+
+    #[test]
+    fn only_all_zero_chunks_become_holes() {
+        assert!(is_zero(&[]));
+        assert!(is_zero(&[0; 65_537]));
+        let mut chunk = vec![0u8; 65_537];
+        chunk[65_536] = 1;
+        assert!(!is_zero(&chunk), "a byte in the tail");
+        chunk[65_536] = 0;
+        chunk[4_000] = 0x80;
+        assert!(!is_zero(&chunk), "a byte in a word");
+    }
 }
