@@ -29,7 +29,11 @@ fn write_sparse_boot_disk(raw: &std::path::Path) -> String {
     ferry_lab::bootdisk::make_boot_disk(raw, 4 * MIB, &ferry_lab::demo::marker(VM)).unwrap();
     let pattern = raw.with_extension("pattern");
     ferry_lab::disks::write_pattern(&pattern, MIB, 7).unwrap();
-    let pattern = std::fs::read(&pattern).unwrap();
+    let pattern = {
+        let bytes = std::fs::read(&pattern).unwrap();
+        std::fs::remove_file(&pattern).unwrap();
+        bytes
+    };
     let mut file = std::fs::OpenOptions::new().write(true).open(raw).unwrap();
     file.set_len(DISK_BYTES).unwrap();
     for at in [100 << 30, DISK_BYTES - MIB] {
