@@ -4,9 +4,11 @@
 //! attempt resumes it and [`Staging::delete`] can abort it.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use ferry_types::DiskFormat;
 use futures::StreamExt;
+use object_store::ClientOptions;
 use object_store::aws::AmazonS3Builder;
 use object_store::local::LocalFileSystem;
 use object_store::multipart::{MultipartStore, PartId};
@@ -30,6 +32,19 @@ pub const TARGET_PARTS: u64 = 9_000;
 pub const MAX_STAGED_BYTES: u64 = MAX_PART_BYTES * TARGET_PARTS;
 /// Part bytes in flight per upload while parts are small (4 of 16 MiB); larger parts keep two in flight.
 const IN_FLIGHT_BYTES: u64 = 64 * MIB;
+
+/// The HTTP client of an S3 store: no limit on a whole request, since a part grows with the disk (up to 5 GiB)
+/// and a download streams a whole disk; a response that stalls for `STALLED` still fails (and is retried).
+/// (object_store's default, 30 s per request, cut every part slower than 30 s and every longer download.)
+pub fn s3_client_options() -> ClientOptions {
+    ClientOptions::new()
+        .with_timeout_disabled()
+        .with_connect_timeout(Duration::from_secs(10))
+        .with_read_timeout(STALLED)
+}
+
+/// How long an S3 connection may go without a byte before the request fails (and is retried).
+pub const STALLED: Duration = Duration::from_secs(60);
 
 /// How an object of a known size is uploaded. `WriteMultipart` keeps its chunk size for the whole upload and
 /// sends the remainder as a smaller last part, so the part count is `ceil(size / part_bytes)`.
@@ -232,6 +247,8 @@ impl Staging {
                 .with_secret_access_key(secret_key)
                 .with_region(spec.region.clone().unwrap_or_else(|| "us-east-1".into()))
                 .with_virtual_hosted_style_request(false)
+                // Before `with_allow_http` below, which edits these options.
+                .with_client_options(s3_client_options())
                 // The manifest's sha256 already proves the content; signing each part would hash every byte again.
                 .with_unsigned_payload(true);
             if let Some(endpoint) = &spec.endpoint {
@@ -450,6 +467,24 @@ impl Staging {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn an_s3_request_has_no_deadline_only_a_stall_limit() {
+        use object_store::ClientConfigKey;
+        let options = s3_client_options();
+        assert_eq!(options.get_config_value(&ClientConfigKey::Timeout), None);
+        assert!(
+            options
+                .get_config_value(&ClientConfigKey::ReadTimeout)
+                .is_some()
+        );
+        assert!(
+            options
+                .get_config_value(&ClientConfigKey::ConnectTimeout)
+                .is_some()
+        );
+    }
+
     use super::*;
 
     const GIB: u64 = 1 << 30;

@@ -480,6 +480,13 @@ async fn open_source(
             .split_once('/')
             .ok_or_else(|| anyhow::anyhow!("s3 url {url} has no bucket and key"))?;
         let store = object_store::aws::AmazonS3Builder::new()
+            // As CDI's importer: a disk's download has no deadline, only a stall does. (First: it replaces
+            // the client options `with_allow_http` sets.)
+            .with_client_options(
+                object_store::ClientOptions::new()
+                    .with_timeout_disabled()
+                    .with_read_timeout(Duration::from_secs(60)),
+            )
             .with_endpoint(&endpoint)
             .with_allow_http(endpoint.starts_with("http://"))
             .with_bucket_name(bucket)
