@@ -16,21 +16,8 @@ async fn migrate_and_hand_over(vm: &str, name: &str, disks: usize, quiet_check: 
     let (client, ns) = setup(name).await;
     let lab = lab().await;
     set_source_power(vm, true).await;
-    migration::apply(
-        &client,
-        ns.name(),
-        migration::migration(lab, ns.name(), name, vm),
-    )
-    .await
-    .unwrap();
-    let done = wait_for_phase(
-        &client,
-        ns.name(),
-        name,
-        Phase::Succeeded,
-        Duration::from_secs(600),
-    )
-    .await;
+    let done =
+        migrate_until_succeeded(&client, ns.name(), name, vm, Duration::from_secs(600)).await;
     let status = done.status.clone().unwrap();
     let uid = done.uid().unwrap();
 

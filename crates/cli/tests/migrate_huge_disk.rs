@@ -12,9 +12,8 @@ mod support;
 use std::io::{Seek, SeekFrom, Write};
 use std::time::{Duration, Instant};
 
-use ferry_api::Phase;
 use ferry_datapath::staging::{MIN_PART_BYTES, PartPlan};
-use ferry_testkit::{TestLab, migration};
+use ferry_testkit::TestLab;
 use support::*;
 
 const VM: &str = "ferry-huge-disk";
@@ -69,21 +68,8 @@ async fn a_161_gib_disk_stages_in_fewer_parts_than_s3_allows_and_migrates() {
     let parts_before = staging.s3_requests("PutObjectPart").await.unwrap();
 
     let name = "huge";
-    migration::apply(
-        &client,
-        ns.name(),
-        migration::migration(lab, ns.name(), name, VM),
-    )
-    .await
-    .unwrap();
-    let done = wait_for_phase(
-        &client,
-        ns.name(),
-        name,
-        Phase::Succeeded,
-        Duration::from_secs(4 * 3600),
-    )
-    .await;
+    let done =
+        migrate_until_succeeded(&client, ns.name(), name, VM, Duration::from_secs(4 * 3600)).await;
     let migrated = started.elapsed() - seeded;
 
     let status = done.status.clone().unwrap();

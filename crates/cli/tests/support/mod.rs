@@ -62,6 +62,21 @@ pub fn migrations(client: &Client, ns: &str) -> Api<VirtualMachineMigration> {
     Api::namespaced(client.clone(), ns)
 }
 
+/// Applies the lab's migration `name` of source VM `vm` in `ns`, then waits until it Succeeded.
+pub async fn migrate_until_succeeded(
+    client: &Client,
+    ns: &str,
+    name: &str,
+    vm: &str,
+    timeout: Duration,
+) -> VirtualMachineMigration {
+    let manifest = ferry_testkit::migration::migration(lab().await, ns, name, vm);
+    ferry_testkit::migration::apply(client, ns, manifest)
+        .await
+        .unwrap();
+    wait_for_phase(client, ns, name, Phase::Succeeded, timeout).await
+}
+
 /// Waits for `phase`, failing early with the whole status when the migration ends elsewhere.
 pub async fn wait_for_phase(
     client: &Client,
