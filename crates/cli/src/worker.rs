@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 use clap::Args;
-use ferry_datapath::report::{JobReport, StagedSummary};
+use ferry_datapath::report::{JobReport, StagedSummary, WrittenSummary};
 use ferry_datapath::{ConvertSpec, progress::Progress};
 
 #[derive(Args)]
@@ -36,8 +36,14 @@ pub async fn convert(args: ConvertArgs) -> Result<()> {
         (None, None) => anyhow::bail!("give --spec or --spec-json"),
     };
     let run = ferry_datapath::report::run_id();
-    let outcome =
-        ferry_datapath::convert::convert_run(&spec, &Progress::new(args.quiet), &run).await;
+    let progress = Progress::new(args.quiet);
+    if spec.staging.is_none() {
+        let outcome = ferry_datapath::direct::write_all(&spec, &progress).await;
+        return report(&args.result_file, outcome, |disks| {
+            JobReport::Written(WrittenSummary::of(disks, &run))
+        });
+    }
+    let outcome = ferry_datapath::convert::convert_run(&spec, &progress, &run).await;
     if let Ok(disks) = &outcome {
         // Every disk's result for the log; the termination message keeps 4 KiB, so it gets the summary.
         println!("{}", JobReport::Disks(disks.clone()).to_json());

@@ -68,14 +68,16 @@ pub fn vm_name(vmm: &VirtualMachineMigration) -> String {
 }
 
 /// The migration's own folder in staging: `<url>/<namespace>/<name>-<uid>`, so cleanup never touches another's.
-pub fn staging_url(vmm: &VirtualMachineMigration) -> String {
-    format!(
+/// None on the direct path.
+pub fn staging_url(vmm: &VirtualMachineMigration) -> Option<String> {
+    let staging = vmm.spec.staging.as_ref()?;
+    Some(format!(
         "{}/{}/{}-{}",
-        vmm.spec.staging.url.trim_end_matches('/'),
+        staging.url.trim_end_matches('/'),
         vmm.namespace().unwrap_or_default(),
         vmm.name_any(),
         uid(vmm)
-    )
+    ))
 }
 
 #[cfg(test)]

@@ -12,19 +12,29 @@ use crate::children;
 use crate::context::Context;
 use crate::error::{Failure, Result};
 
+/// Whether the migration stages its disks (`spec.staging`), or writes them into the volumes directly.
+pub fn staged(vmm: &VirtualMachineMigration) -> bool {
+    vmm.spec.staging.is_some()
+}
+
 pub async fn open(ctx: &Context, vmm: &VirtualMachineMigration) -> Result<Staging> {
-    let url = children::staging_url(vmm);
+    let (Some(url), Some(staging)) = (children::staging_url(vmm), vmm.spec.staging.as_ref()) else {
+        return Err(Failure::permanent(
+            Reason::StagingUnsupported,
+            "this migration writes its volumes directly: it has no spec.staging",
+        ));
+    };
     if !url.starts_with("s3://") {
         return Err(Failure::permanent(
             Reason::StagingUnsupported,
             format!(
                 "staging {} is not s3://: CDI imports staged disks over S3 (use s3://bucket/prefix and, outside AWS, \
                  spec.staging.endpoint)",
-                vmm.spec.staging.url
+                staging.url
             ),
         ));
     }
-    let secret = vmm.spec.staging.secret_ref.as_ref().ok_or_else(|| {
+    let secret = staging.secret_ref.as_ref().ok_or_else(|| {
         Failure::permanent(
             Reason::StagingSecretMissing,
             "s3 staging needs spec.staging.secretRef",
@@ -37,7 +47,7 @@ pub async fn open(ctx: &Context, vmm: &VirtualMachineMigration) -> Result<Stagin
     let spec = StagingSpec {
         url,
         credentials_dir: None,
-        endpoint: vmm.spec.staging.endpoint.clone(),
+        endpoint: staging.endpoint.clone(),
         region: None,
     };
     ctx.staging_store(&spec, access, key)

@@ -33,6 +33,7 @@ pub struct DiskResult {
     pub skipped: bool,
 }
 
+/// Logs in to the source's vCenter or ESXi, as the spec's credentials and trust say.
 pub async fn connect(spec: &ConvertSpec) -> Result<Session> {
     let source = &spec.source;
     let config = ConnectConfig {
@@ -68,7 +69,11 @@ pub async fn convert_run(
         .transfer
         .keepalive()
         .map(|every| session.keep_alive_every(every));
-    let staging = Staging::open(&spec.staging)?;
+    let staging = spec
+        .staging
+        .as_ref()
+        .ok_or_else(|| Error::Spec("this spec stages nothing; its disks go to volumes".into()))?;
+    let staging = Staging::open(staging)?;
     let mut results: Vec<DiskResult> = futures::stream::iter(spec.disks.iter())
         .map(|disk| convert_disk(&session, &staging, spec, disk, run, progress))
         .buffer_unordered(spec.parallel.max(1))

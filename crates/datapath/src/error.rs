@@ -33,6 +33,22 @@ pub enum Error {
     QemuImg { what: String, detail: String },
     #[error("local I/O on {path}: {detail}")]
     Io { path: String, detail: String },
+    #[error(
+        "disk {index} needs {needed} bytes, but its volume {path} holds {size}: give the StorageClass more \
+         filesystem overhead (CDIConfig spec.filesystemOverhead.storageClass) or more capacity"
+    )]
+    VolumeTooSmall {
+        index: u32,
+        path: String,
+        size: u64,
+        needed: u64,
+    },
+    #[error(
+        "disk {index}: {path} is not there; the blank DataVolume was not allocated as CDI does"
+    )]
+    DiskImageMissing { index: u32, path: String },
+    #[error("writing the volume {path}: {detail}")]
+    Volume { path: String, detail: String },
 }
 
 impl Error {
@@ -45,6 +61,9 @@ impl Error {
                 ErrorClass::BoundedRetryable
             }
             Error::QemuImg { .. } | Error::Io { .. } => ErrorClass::BoundedRetryable,
+            // CDI's size is the contract: another attempt gets the same volume.
+            Error::VolumeTooSmall { .. } => ErrorClass::Permanent,
+            Error::DiskImageMissing { .. } | Error::Volume { .. } => ErrorClass::BoundedRetryable,
         }
     }
 
@@ -59,6 +78,9 @@ impl Error {
             Error::ChecksumMismatch { .. } => Reason::ChecksumMismatch,
             Error::QemuImg { .. } => Reason::ConversionFailed,
             Error::Io { .. } => Reason::ScratchIOFailed,
+            Error::VolumeTooSmall { .. } => Reason::VolumeTooSmall,
+            Error::DiskImageMissing { .. } => Reason::DiskImageMissing,
+            Error::Volume { .. } => Reason::VolumeWriteFailed,
         }
     }
 }

@@ -4,6 +4,7 @@
 //! unfinished.
 
 pub mod convert;
+pub mod direct;
 pub mod error;
 mod hash;
 mod local_parts;

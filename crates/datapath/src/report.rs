@@ -12,6 +12,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use crate::convert::DiskResult;
+use crate::direct::{ReadBack, WrittenDisk};
 use crate::error::{Error, Result};
 use crate::staging::StagedObject;
 use crate::verify::Verified;
@@ -30,6 +31,8 @@ pub enum JobReport {
     Disks(Vec<DiskResult>),
     /// `ferry convert`: every disk staged; each one's result is in its manifest.
     Staged(StagedSummary),
+    /// `ferry convert` without staging: every disk written into its volume, synced and read back equal.
+    Written(WrittenSummary),
     /// `ferry verify`: the imported image hashes to the source's sha256.
     Verified(Verified),
     /// Either Job failed: its error's class, reason and message.
@@ -99,6 +102,40 @@ impl StagedSummary {
             bytes_read: if copied { read } else { 0 },
             skipped: !copied,
             staged: manifest,
+        }
+    }
+}
+
+/// `ferry convert`'s summary on the direct path: each disk's sha256 (the source's, which its volume was read back
+/// to match) in index order, in hex. About 67 bytes a disk, so up to [`MAX_WRITTEN_DISKS`] fit in a termination
+/// message.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct WrittenSummary {
+    pub run: String,
+    pub read_back: ReadBack,
+    pub bytes_read: u64,
+    /// Data written to the volumes; zeros were punched instead of written.
+    pub bytes_written: u64,
+    pub sha256: Vec<String>,
+}
+
+/// The most disks whose [`WrittenSummary`] fits in a termination message.
+pub const MAX_WRITTEN_DISKS: usize = 56;
+
+impl WrittenSummary {
+    pub fn of(disks: &[WrittenDisk], run: &str) -> Self {
+        let buffered = disks.iter().any(|d| d.read_back == ReadBack::Buffered);
+        Self {
+            run: run.to_string(),
+            read_back: if buffered {
+                ReadBack::Buffered
+            } else {
+                ReadBack::Direct
+            },
+            bytes_read: disks.iter().map(|d| d.bytes_read).sum(),
+            bytes_written: disks.iter().map(|d| d.bytes_written).sum(),
+            sha256: disks.iter().map(|d| d.sha256.clone()).collect(),
         }
     }
 }
@@ -291,6 +328,25 @@ mod tests {
             bytes_read: 48 << 20,
             run: "0123456789abcdef".into(),
         }
+    }
+
+    #[test]
+    fn the_most_disks_written_directly_still_fit_a_termination_message() {
+        let disk = |index| WrittenDisk {
+            index,
+            sha256: "f".repeat(64),
+            bytes_read: u64::MAX / 64,
+            bytes_written: u64::MAX / 64,
+            read_back: ReadBack::Buffered,
+        };
+        let disks: Vec<_> = (0..MAX_WRITTEN_DISKS as u32).map(disk).collect();
+        let report = JobReport::Written(WrittenSummary::of(&disks, &"r".repeat(16)));
+        let text = report.to_message();
+        assert!(text.len() <= TERMINATION_MESSAGE_BYTES, "{}", text.len());
+        assert_eq!(JobReport::parse(&text), Some(report));
+        let more: Vec<_> = (0..MAX_WRITTEN_DISKS as u32 + 4).map(disk).collect();
+        let over = JobReport::Written(WrittenSummary::of(&more, "r")).to_message();
+        assert!(over.contains("JobResultUnreadable"), "{over}");
     }
 
     #[test]

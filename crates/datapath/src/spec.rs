@@ -16,7 +16,12 @@ pub struct ConvertSpec {
     pub source: SourceSpec,
     pub disks: Vec<DiskSpec>,
     pub format: DiskFormat,
-    pub staging: StagingSpec,
+    /// Stage each disk in an object store; unset, each disk is written into its volume (`volumes`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub staging: Option<StagingSpec>,
+    /// Where each disk is written when nothing is staged: a blank DataVolume's `disk.img` or block device.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub volumes: Vec<VolumeSpec>,
     /// Where qcow2 conversion keeps its scratch copy.
     #[serde(default = "default_scratch")]
     pub scratch_dir: PathBuf,
@@ -209,6 +214,17 @@ pub struct DiskSpec {
     pub capacity_bytes: u64,
 }
 
+/// The volume disk `index` is written into: an existing file (`disk.img` on a Filesystem volume) or a block
+/// device. It is never created, truncated or resized: its size is what CDI gave the volume.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct VolumeSpec {
+    pub index: u32,
+    pub path: PathBuf,
+    #[serde(default)]
+    pub block: bool,
+}
+
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct StagingSpec {
@@ -236,7 +252,35 @@ impl ConvertSpec {
         if spec.disks.is_empty() {
             return Err(Error::Spec("the spec lists no disk".into()));
         }
+        match &spec.staging {
+            Some(_) if !spec.volumes.is_empty() => {
+                return Err(Error::Spec(
+                    "the spec names both staging and volumes: a disk goes to one of them".into(),
+                ));
+            }
+            Some(_) => {}
+            None => {
+                if spec.format != DiskFormat::Raw {
+                    return Err(Error::Spec(
+                        "only raw disks are written into volumes; qcow2 needs staging".into(),
+                    ));
+                }
+                for disk in &spec.disks {
+                    if spec.volume(disk.index).is_none() {
+                        return Err(Error::Spec(format!(
+                            "disk {} has neither staging nor a volume to go to",
+                            disk.index
+                        )));
+                    }
+                }
+            }
+        }
         Ok(spec)
+    }
+
+    /// The volume disk `index` is written into.
+    pub fn volume(&self, index: u32) -> Option<&VolumeSpec> {
+        self.volumes.iter().find(|v| v.index == index)
     }
 }
 
@@ -271,6 +315,33 @@ mod tests {
         let e = ConvertSpec::load(&path).unwrap_err();
         assert!(e.to_string().contains("no disk"), "{e}");
         assert_eq!(e.class(), ferry_types::ErrorClass::Permanent);
+    }
+
+    #[test]
+    fn each_disk_goes_to_staging_or_to_its_volume() {
+        let spec = |rest: serde_json::Value| {
+            let mut spec = serde_json::json!({
+                "source": {"url": "https://vc/sdk", "credentialsDir": "/creds", "insecure": true, "datacenter": "DC0", "vmUuid": "u"},
+                "disks": [{"index": 0, "file": "[ds] a.vmdk", "capacityBytes": 1}, {"index": 1, "file": "[ds] b.vmdk", "capacityBytes": 1}],
+                "format": "raw"
+            });
+            spec.as_object_mut()
+                .unwrap()
+                .extend(rest.as_object().unwrap().clone());
+            ConvertSpec::parse(&spec.to_string())
+        };
+        let volumes = serde_json::json!([{"index": 0, "path": "/disks/0/disk.img"}, {"index": 1, "path": "/dev/ferry-disk-1", "block": true}]);
+        let direct = spec(serde_json::json!({"volumes": volumes})).unwrap();
+        assert!(direct.staging.is_none());
+        assert!(direct.volume(1).unwrap().block);
+        let e = spec(serde_json::json!({"volumes": [volumes[0]]})).unwrap_err();
+        assert!(e.to_string().contains("disk 1 has neither"), "{e}");
+        let e = spec(serde_json::json!({"volumes": volumes, "staging": {"url": "file:///s"}}))
+            .unwrap_err();
+        assert!(e.to_string().contains("both staging and volumes"), "{e}");
+        let e = spec(serde_json::json!({"volumes": volumes, "format": "qcow2"})).unwrap_err();
+        assert!(e.to_string().contains("qcow2 needs staging"), "{e}");
+        assert!(spec(serde_json::json!({"staging": {"url": "file:///s"}})).is_ok());
     }
 
     #[test]

@@ -74,12 +74,13 @@ impl Fixture {
                 capacity_bytes: DISK_BYTES,
             }],
             format,
-            staging: StagingSpec {
+            staging: Some(StagingSpec {
                 url: format!("file://{}", self.staging_dir().display()),
                 credentials_dir: None,
                 endpoint: None,
                 region: None,
-            },
+            }),
+            volumes: vec![],
             scratch_dir: self.work.path().join("scratch"),
             parallel: 2,
             transfer: Default::default(),
@@ -163,8 +164,10 @@ async fn a_replaced_staged_object_is_detected_and_staged_again() {
     let object = staged(&f.staging_dir(), "disk-0.raw");
     std::thread::sleep(std::time::Duration::from_millis(20));
     write_pattern(&object, DISK_BYTES, 99);
-    let store =
-        ferry_datapath::staging::Staging::open(&f.spec(DiskFormat::Raw, None).staging).unwrap();
+    let store = ferry_datapath::staging::Staging::open(
+        f.spec(DiskFormat::Raw, None).staging.as_ref().unwrap(),
+    )
+    .unwrap();
     let manifest = store.manifest("disk-0.raw").await.unwrap().unwrap();
     assert_ne!(
         store.read_sha256("disk-0.raw").await.unwrap().0,
@@ -231,12 +234,12 @@ async fn staging_to_a_real_s3_server_in_both_formats() {
     let quiet = Progress::new(true);
     for format in [DiskFormat::Raw, DiskFormat::Qcow2] {
         let mut spec = f.spec(format, None);
-        spec.staging = StagingSpec {
+        spec.staging = Some(StagingSpec {
             url: format!("{}/migrations/legacy-1", minio.bucket_url()),
             credentials_dir: Some(minio.credentials_dir().to_path_buf()),
             endpoint: Some(minio.endpoint().to_string()),
             region: None,
-        };
+        });
         let result = &convert_all(&spec, &quiet).await.unwrap()[0];
         assert_eq!(result.staged.source_sha256, f.disk.sha256);
         assert!(
@@ -249,7 +252,7 @@ async fn staging_to_a_real_s3_server_in_both_formats() {
         );
 
         // Read back through S3: the object and its manifest agree.
-        let store = ferry_datapath::staging::Staging::open(&spec.staging).unwrap();
+        let store = ferry_datapath::staging::Staging::open(spec.staging.as_ref().unwrap()).unwrap();
         let name = ferry_datapath::staging::object_name(spec.disks[0].index, format);
         let (sha, bytes) = store.read_sha256(&name).await.unwrap();
         assert_eq!(

@@ -52,12 +52,13 @@ async fn the_session_is_kept_alive_while_a_disk_streams_and_no_longer_after() {
             capacity_bytes: DISK_BYTES,
         }],
         format: DiskFormat::Raw,
-        staging: StagingSpec {
+        staging: Some(StagingSpec {
             url: format!("file://{}", work.path().join("staging").display()),
             credentials_dir: None,
             endpoint: None,
             region: None,
-        },
+        }),
+        volumes: vec![],
         scratch_dir: work.path().join("scratch"),
         parallel: 1,
         transfer: TransferSpec {

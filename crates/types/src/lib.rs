@@ -105,6 +105,9 @@ reasons! {
         ChecksumMismatch,
         ConversionFailed,
         ScratchIOFailed,
+        VolumeTooSmall,
+        DiskImageMissing,
+        VolumeWriteFailed,
         // The Kubernetes API, as the controller sees it.
         APIRejected,
         APIServerBusy,
@@ -138,6 +141,9 @@ reasons! {
         StagingUnsupported,
         StorageClassNotFound,
         TargetVMExists,
+        TooManyDisksForDirect,
+        VolumeAllocationFailed,
+        VolumeReplaced,
         VMIFailed,
         VMMissing,
     }

@@ -25,7 +25,11 @@ use crate::{DiskFormat, LocalObjectReference, SecretReference, VirtualMachineMig
     validation = Rule::new("has(self.spec.target.name) || self.metadata.name.size() <= 63")
         .message("metadata.name is longer than 63 characters, so spec.target.name must name the VM (a DNS-1123 label)"),
     validation = Rule::new("!has(self.spec.guestCheck) || !has(self.spec.guestCheck.agent) || self.spec.guestCheck.agent != 'Required' || !has(self.spec.target.runStrategy) || self.spec.target.runStrategy != 'Halted'")
-        .message("spec.guestCheck.agent Required needs the VM started: with spec.target.runStrategy Halted the guest is never checked")
+        .message("spec.guestCheck.agent Required needs the VM started: with spec.target.runStrategy Halted the guest is never checked"),
+    validation = Rule::new("has(self.spec.staging) || !has(self.spec.conversion) || !has(self.spec.conversion.format) || self.spec.conversion.format != 'qcow2'")
+        .message("spec.conversion.format qcow2 is a staging format: set spec.staging, or leave the format raw to write the volumes directly"),
+    validation = Rule::new("has(self.spec.staging) == has(oldSelf.spec.staging)")
+        .message("spec.staging cannot be added or removed once a migration exists: create a new migration instead")
 )]
 #[serde(rename_all = "camelCase")]
 pub struct VirtualMachineMigrationSpec {
@@ -36,7 +40,11 @@ pub struct VirtualMachineMigrationSpec {
     pub target: TargetSpec,
     #[serde(default)]
     pub conversion: ConversionSpec,
-    pub staging: StagingSpec,
+    /// Stage each disk in an object store and let CDI import it from there. Unset (the default): the conversion
+    /// Job writes each disk straight into a blank DataVolume, and no object store is needed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self == oldSelf").message("spec.staging is immutable: create a new migration instead"))]
+    pub staging: Option<StagingSpec>,
     #[serde(default)]
     pub retry: RetrySpec,
     /// How Ferry decides that the migrated guest came up. It can change while the migration runs.

@@ -14,6 +14,8 @@ pub enum Phase {
     Discovering,
     /// Preflight: pure checks before any side effect.
     Validating,
+    /// Blank volumes for the disks, before the source is touched (the direct path only).
+    Allocating,
     /// Source power per policy.
     Preparing,
     Converting,

@@ -139,7 +139,10 @@ pub fn render(vmm: &VirtualMachineMigration, events: &[Event], now: Timestamp) -
     line(
         &mut out,
         "Staging:",
-        format!("{} ({:?})", spec.staging.url, spec.conversion.format),
+        match &spec.staging {
+            Some(staging) => format!("{} ({:?})", staging.url, spec.conversion.format),
+            None => "none: each disk is written straight into its volume".to_string(),
+        },
     );
     line(
         &mut out,

@@ -1,4 +1,5 @@
-//! One DataVolume per disk, importing the staged image through CDI's s3 source.
+//! One DataVolume per disk: blank, for the conversion Job to write into (the direct path), or importing the staged
+//! image through CDI's s3 source.
 
 use ferry_api::foreign::DataVolumeStatus;
 use ferry_api::{DiskStatus, VirtualMachineMigration, VolumeMode};
@@ -20,22 +21,13 @@ pub fn data_volume(
     disk: &DiskStatus,
     storage_class: Option<&str>,
 ) -> Option<DynamicObject> {
-    let url = s3_http_url(
-        disk.staged_url.as_deref()?,
-        vmm.spec.staging.endpoint.as_deref(),
-    )?;
+    let staging = vmm.spec.staging.as_ref()?;
+    let url = s3_http_url(disk.staged_url.as_deref()?, staging.endpoint.as_deref())?;
     let mut source = json!({"url": url});
-    if let Some(secret) = &vmm.spec.staging.secret_ref {
+    if let Some(secret) = &staging.secret_ref {
         source["secretRef"] = json!(secret.name);
     }
-    let mut storage = json!({
-        "accessModes": ["ReadWriteOnce"],
-        "volumeMode": match vmm.spec.target.volume_mode { VolumeMode::Block => "Block", VolumeMode::Filesystem => "Filesystem" },
-        "resources": {"requests": {"storage": disk.capacity_bytes.to_string()}},
-    });
-    if let Some(class) = storage_class {
-        storage["storageClassName"] = json!(class);
-    }
+    let storage = storage(vmm, disk.capacity_bytes, storage_class);
     let object = json!({
         "apiVersion": "cdi.kubevirt.io/v1beta1",
         "kind": "DataVolume",
@@ -50,6 +42,51 @@ pub fn data_volume(
         "spec": {"source": {"s3": source}, "storage": storage},
     });
     serde_json::from_value(object).ok()
+}
+
+/// A blank DataVolume for disk `disk` of `capacity` bytes, which the conversion Job writes into. Sized through
+/// `spec.storage`, so CDI adds the StorageClass's filesystem overhead on Filesystem volumes (`spec.pvc` would
+/// not). No immediate binding: on a WaitForFirstConsumer class the conversion pod is the first consumer, so
+/// the volumes land where it runs (as Forklift's cold migrations do).
+pub fn blank_data_volume(
+    vmm: &VirtualMachineMigration,
+    disk: i32,
+    capacity: i64,
+    storage_class: Option<&str>,
+) -> Option<DynamicObject> {
+    let object = json!({
+        "apiVersion": "cdi.kubevirt.io/v1beta1",
+        "kind": "DataVolume",
+        "metadata": {
+            "name": children::data_volume(vmm, disk),
+            "namespace": vmm.namespace(),
+            "labels": children::labels(vmm, "import"),
+            "ownerReferences": [children::owner(vmm)],
+        },
+        "spec": {"source": {"blank": {}}, "storage": storage(vmm, whole_mebibytes(capacity), storage_class)},
+    });
+    serde_json::from_value(object).ok()
+}
+
+/// CDI refuses sizes under 1 MiB and rounds to whole MiB; a disk's capacity is rounded up to them.
+fn whole_mebibytes(bytes: i64) -> i64 {
+    (bytes.max(1) as u64).next_multiple_of(1 << 20) as i64
+}
+
+fn storage(
+    vmm: &VirtualMachineMigration,
+    bytes: i64,
+    storage_class: Option<&str>,
+) -> serde_json::Value {
+    let mut storage = json!({
+        "accessModes": ["ReadWriteOnce"],
+        "volumeMode": match vmm.spec.target.volume_mode { VolumeMode::Block => "Block", VolumeMode::Filesystem => "Filesystem" },
+        "resources": {"requests": {"storage": bytes.to_string()}},
+    });
+    if let Some(class) = storage_class {
+        storage["storageClassName"] = json!(class);
+    }
+    storage
 }
 
 /// What CDI reports about a DataVolume.
@@ -106,6 +143,30 @@ mod tests {
             "https://s3.amazonaws.com/b/k"
         );
         assert!(s3_http_url("file:///x", None).is_none());
+    }
+
+    #[test]
+    fn blank_volumes_are_sized_in_whole_mebibytes_through_spec_storage() {
+        let spec = json!({"source": {"providerRef": {"name": "p"}, "vm": {"name": "x"}},
+                          "target": {"volumeMode": "Block"}});
+        let mut vmm = VirtualMachineMigration::new("m", serde_json::from_value(spec).unwrap());
+        vmm.metadata.uid = Some("u".into());
+        vmm.metadata.namespace = Some("ns".into());
+        let dv = blank_data_volume(&vmm, 1, (1 << 30) + 1, Some("fast")).unwrap();
+        assert_eq!(dv.metadata.name.as_deref(), Some("m-disk-1"));
+        assert_eq!(dv.data["spec"]["source"], json!({"blank": {}}));
+        let storage = &dv.data["spec"]["storage"];
+        assert_eq!(
+            storage["resources"]["requests"]["storage"],
+            json!(((1u64 << 30) + (1 << 20)).to_string())
+        );
+        assert_eq!(storage["volumeMode"], "Block");
+        assert_eq!(storage["storageClassName"], "fast");
+        assert!(dv.data["spec"].get("pvc").is_none());
+        assert!(
+            dv.metadata.annotations.is_none(),
+            "the conversion pod binds it"
+        );
     }
 
     #[test]

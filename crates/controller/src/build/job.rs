@@ -3,7 +3,9 @@
 //! result, or its classed error, to the termination message.
 
 use ferry_api::{Provider, ProviderTls, SourceVmStatus, VirtualMachineMigration, VolumeMode};
-use ferry_datapath::spec::{ConvertSpec, DiskSpec, SourceSpec, SourceTrust, StagingSpec};
+use ferry_datapath::spec::{
+    ConvertSpec, DiskSpec, SourceSpec, SourceTrust, StagingSpec, VolumeSpec,
+};
 use ferry_datapath::staging::PartPlan;
 use std::collections::BTreeMap;
 
@@ -24,9 +26,13 @@ const STAGING_CREDENTIALS: &str = "/run/ferry/staging";
 const SCRATCH: &str = "/scratch";
 const DISK_MOUNT: &str = "/disk";
 const DISK_DEVICE: &str = "/dev/ferry-disk";
+/// The direct path's volumes: disk `i` at `/disks/<i>/disk.img`, or the device `/dev/ferry-disk-<i>`.
+const DISKS_MOUNT: &str = "/disks";
+/// CDI's importer and virt-launcher's qemu run as this user and group; a blank `disk.img` is theirs, mode 0660.
+const QEMU_ID: i64 = 107;
 
 /// What `ferry convert` runs with: every disk discovery found (`source`, from the working status), staged under
-/// the migration's own prefix.
+/// the migration's own prefix, or written into its DataVolume's volume when the migration has no staging.
 pub fn convert_spec(
     vmm: &VirtualMachineMigration,
     source: &SourceVmStatus,
@@ -55,16 +61,24 @@ pub fn convert_spec(
             })
             .collect(),
         format: vmm.spec.conversion.format,
-        staging: StagingSpec {
-            url: children::staging_url(vmm),
-            credentials_dir: vmm
-                .spec
-                .staging
+        staging: vmm.spec.staging.as_ref().map(|staging| StagingSpec {
+            url: children::staging_url(vmm).unwrap_or_default(),
+            credentials_dir: staging
                 .secret_ref
                 .as_ref()
                 .map(|_| STAGING_CREDENTIALS.into()),
-            endpoint: vmm.spec.staging.endpoint.clone(),
+            endpoint: staging.endpoint.clone(),
             region: None,
+        }),
+        volumes: match vmm.spec.staging {
+            Some(_) => vec![],
+            None => (0..source.disks.len() as u32)
+                .map(|index| VolumeSpec {
+                    index,
+                    path: disk_path(vmm, index).into(),
+                    block: block(vmm),
+                })
+                .collect(),
         },
         scratch_dir: SCRATCH.into(),
         parallel: 2,
@@ -117,20 +131,69 @@ pub fn convert_job(
         ],
         devices: vec![],
         memory_limit_mib,
+        user: NOBODY_ID,
     };
-    if let Some(secret) = &vmm.spec.staging.secret_ref {
-        let keys = ["accessKeyId", "secretKey"];
-        work.volumes
-            .push(secret_volume("staging-credentials", &secret.name, &keys));
-        work.mounts
-            .push(mount("staging-credentials", STAGING_CREDENTIALS, true));
+    match &vmm.spec.staging {
+        Some(staging) => {
+            if let Some(secret) = &staging.secret_ref {
+                let keys = ["accessKeyId", "secretKey"];
+                work.volumes
+                    .push(secret_volume("staging-credentials", &secret.name, &keys));
+                work.mounts
+                    .push(mount("staging-credentials", STAGING_CREDENTIALS, true));
+            }
+        }
+        None => {
+            for index in 0..source.disks.len() as u32 {
+                let name = format!("disk-{index}");
+                work.volumes.push(claim_volume(&name, vmm, index, false));
+                if block(vmm) {
+                    work.devices.push(VolumeDevice {
+                        name,
+                        device_path: disk_path(vmm, index),
+                    });
+                } else {
+                    work.mounts
+                        .push(mount(&name, &format!("{DISKS_MOUNT}/{index}"), false));
+                }
+            }
+            work.user = QEMU_ID;
+        }
     }
     job(vmm, &children::convert_job(vmm, attempt), image, work)
+}
+
+fn block(vmm: &VirtualMachineMigration) -> bool {
+    vmm.spec.target.volume_mode == VolumeMode::Block
+}
+
+/// Where the direct path's conversion Job finds disk `index`'s volume.
+fn disk_path(vmm: &VirtualMachineMigration, index: u32) -> String {
+    if block(vmm) {
+        format!("{DISK_DEVICE}-{index}")
+    } else {
+        format!("{DISKS_MOUNT}/{index}/disk.img")
+    }
+}
+
+fn claim_volume(name: &str, vmm: &VirtualMachineMigration, disk: u32, read_only: bool) -> Volume {
+    Volume {
+        name: name.into(),
+        persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
+            claim_name: children::data_volume(vmm, disk as i32),
+            read_only: read_only.then_some(true),
+        }),
+        ..Volume::default()
+    }
 }
 
 /// The conversion Job's memory limit: 1 GiB, or more when large disks upload in large parts (S3 takes 10,000
 /// parts, and each part is held whole in memory while it uploads, for `parallel` disks at once).
 fn convert_memory_mib(spec: &ConvertSpec) -> u64 {
+    if spec.staging.is_none() {
+        // Writing a volume holds a few MiB per disk; the page cache it dirties is bounded by the limit itself.
+        return DEFAULT_MEMORY_MIB;
+    }
     let upload = spec
         .disks
         .iter()
@@ -161,8 +224,7 @@ pub fn verify_job(
     size: i64,
     image: &str,
 ) -> Job {
-    let claim = children::data_volume(vmm, disk);
-    let block = vmm.spec.target.volume_mode == VolumeMode::Block;
+    let block = block(vmm);
     let file = if block {
         DISK_DEVICE.to_string()
     } else {
@@ -176,14 +238,7 @@ pub fn verify_job(
             format!("--sha256={sha256}"),
             format!("--size={size}"),
         ],
-        volumes: vec![Volume {
-            name: "disk".into(),
-            persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
-                claim_name: claim,
-                read_only: Some(true),
-            }),
-            ..Volume::default()
-        }],
+        volumes: vec![claim_volume("disk", vmm, disk as u32, true)],
         mounts: if block {
             vec![]
         } else {
@@ -198,6 +253,7 @@ pub fn verify_job(
             vec![]
         },
         memory_limit_mib: DEFAULT_MEMORY_MIB,
+        user: NOBODY_ID,
     };
     job(vmm, &children::verify_job(vmm, disk, attempt), image, work)
 }
@@ -211,7 +267,12 @@ struct Work {
     mounts: Vec<VolumeMount>,
     devices: Vec<VolumeDevice>,
     memory_limit_mib: u64,
+    /// The pod's user, group and fsGroup.
+    user: i64,
 }
+
+/// The distroless image's unprivileged user.
+const NOBODY_ID: i64 = 65532;
 
 fn secret_volume(name: &str, secret: &str, keys: &[&str]) -> Volume {
     let items = keys.iter().map(|key| KeyToPath {
@@ -303,9 +364,9 @@ fn job(vmm: &VirtualMachineMigration, name: &str, image: &str, work: Work) -> Jo
                     enable_service_links: Some(false),
                     security_context: Some(PodSecurityContext {
                         run_as_non_root: Some(true),
-                        run_as_user: Some(65532),
-                        run_as_group: Some(65532),
-                        fs_group: Some(65532),
+                        run_as_user: Some(work.user),
+                        run_as_group: Some(work.user),
+                        fs_group: Some(work.user),
                         seccomp_profile: runtime_default_seccomp(),
                         ..PodSecurityContext::default()
                     }),

@@ -1,5 +1,5 @@
 //! Cleanup after a cancel, a delete or a failure. Desired: nothing labelled with the migration's UID left (VM,
-//! DataVolumes, Jobs), no staged image, and the source powered on again if `restorePowerState` asks and Ferry
+//! DataVolumes, Jobs), no staged image (with `spec.staging`), and the source powered on again if `restorePowerState` asks and Ferry
 //! powered it off. Observed: those objects by label, the staged objects by name, the source's power. Action:
 //! delete what is there; power on only once the target VM and its instance are gone (never both running).
 //! Recorded: power.restored.
@@ -41,7 +41,7 @@ async fn remove_staged(step: &Step<'_>) -> Result<()> {
         .source
         .as_ref()
         .map_or(step.status.disks.len(), |s| s.disks.len());
-    if disks == 0 {
+    if disks == 0 || !crate::staging::staged(step.vmm) {
         return Ok(());
     }
     match crate::staging::open(step.ctx, step.vmm).await {

@@ -89,7 +89,7 @@ async fn record(step: &mut Step<'_>, job: &str, report: JobReport) -> Result<Nex
 
 /// A failed attempt: permanent errors stop; anything else is charged to the budget (recorded first), and the
 /// failed Job removed on the next pass, which makes room for the next attempt's Job.
-async fn retry(
+pub(super) async fn retry(
     step: &mut Step<'_>,
     ns: &str,
     job: &str,

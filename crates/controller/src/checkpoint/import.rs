@@ -6,12 +6,11 @@
 use std::time::Duration;
 
 use ferry_api::{ErrorClass, Phase, Reason};
-use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use kube::api::DynamicObject;
 use kube::{Api, ResourceExt};
 
 use super::jobs::{self, JobState};
-use super::{Next, Step};
+use super::{Next, Step, volumes};
 use crate::build::datavolume::{DvState, dv_state};
 use crate::build::{self, dv_resource};
 use crate::error::{Failure, Result};
@@ -46,7 +45,7 @@ pub async fn run(step: &mut Step<'_>) -> Result<Next> {
                 )
                 .await?;
             }
-            delete_dv(&dvs, &name).await?;
+            volumes::delete_dv(&dvs, &name).await?;
             step.status.disks[i].progress = None;
             waiting.push(format!("{name} removed for a new import"));
             continue;
@@ -54,19 +53,7 @@ pub async fn run(step: &mut Step<'_>) -> Result<Next> {
         let dv_uid = observed.as_ref().and_then(|d| d.uid()).unwrap_or_default();
         match dv_state(observed.as_ref()) {
             DvState::Absent => {
-                // A claim of that name left by an earlier import (being collected) would be taken for the new one.
-                let claims = Api::<PersistentVolumeClaim>::namespaced(step.ctx.client.clone(), &ns);
-                if let Some(claim) = claims.get_opt(&name).await? {
-                    if claim.metadata.deletion_timestamp.is_none()
-                        && claim.labels().get(children::UID_LABEL) != Some(&children::uid(step.vmm))
-                    {
-                        return Err(Failure::fixable(
-                            Reason::PersistentVolumeClaimExists,
-                            format!(
-                                "PersistentVolumeClaim {ns}/{name} exists and is not this migration's; delete it"
-                            ),
-                        ));
-                    }
+                if volumes::earlier_claim_left(step, &ns, &name).await? {
                     waiting.push(format!("the previous claim {name} is being removed"));
                     continue;
                 }
@@ -165,8 +152,4 @@ fn retry(step: &mut Step<'_>, i: usize, failed: &str, failure: Failure) -> Resul
             status::budget_used(step.status, Phase::Importing)
         ),
     ))
-}
-
-async fn delete_dv(dvs: &Api<DynamicObject>, name: &str) -> Result<()> {
-    Ok(ferry_kube::delete::delete_if_present(dvs, name).await?)
 }

@@ -1,10 +1,14 @@
-//! The checkpoints, in the order of [`CHECKPOINTS`]. Each file reads as desired (what must be true to leave it),
+//! The checkpoints, in the order of [`CHECKPOINTS`]. A migration with `spec.staging` takes the staged rows, one
+//! without it the direct rows ([`Route`]); the rest are the same for both. Each file reads as desired (what must be true to leave it),
 //! observed (what is read fresh on every reconcile), action (the one idempotent step it may take) and recorded
 //! (what it writes into the status working copy). The reconciler turns the returned [`Next`] into the phase move,
 //! conditions, Events and the single status write.
 
+mod allocate;
 mod cleanup;
 mod convert;
+mod direct_convert;
+mod direct_import;
 pub(crate) mod discover;
 mod disk_files;
 mod guest;
@@ -15,6 +19,7 @@ mod source;
 mod start;
 mod validate;
 mod vm;
+mod volumes;
 
 use std::time::Duration;
 
@@ -23,6 +28,7 @@ use ferry_api::{
 };
 use futures::future::BoxFuture;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+pub use route::Route;
 
 pub use cleanup::cleanup;
 
@@ -34,77 +40,149 @@ use crate::status::StatusEditor;
 /// its step. Adding a checkpoint is a file and a row of [`CHECKPOINTS`].
 pub struct Checkpoint {
     pub phase: Phase,
+    /// The migrations that run it.
+    pub route: Route,
     pub condition: Option<ConditionType>,
     run: for<'a, 'b> fn(&'a mut Step<'b>) -> BoxFuture<'a, Result<Next>>,
 }
 
-/// The itinerary: every migration runs these in this order, and is `Succeeded` after the last.
-pub const CHECKPOINTS: [Checkpoint; 8] = [
+/// The itinerary: every migration runs the rows of its route in this order, and is `Succeeded` after the last.
+/// A phase that two routes share keeps one meaning: its condition is the same on both.
+pub const CHECKPOINTS: [Checkpoint; 11] = [
     Checkpoint {
         phase: Phase::Discovering,
+        route: Route::Both,
         condition: Some(ConditionType::SourceDiscovered),
         run: |step| Box::pin(discover::run(step)),
     },
     Checkpoint {
         phase: Phase::Validating,
+        route: Route::Both,
         condition: Some(ConditionType::Validated),
         run: |step| Box::pin(validate::run(step)),
     },
     Checkpoint {
+        phase: Phase::Allocating,
+        route: Route::Direct,
+        condition: None,
+        run: |step| Box::pin(allocate::run(step)),
+    },
+    Checkpoint {
         phase: Phase::Preparing,
+        route: Route::Both,
         condition: None,
         run: |step| Box::pin(prepare::run(step)),
     },
     Checkpoint {
         phase: Phase::Converting,
+        route: Route::Staged,
         condition: Some(ConditionType::DiskConverted),
         run: |step| Box::pin(convert::run(step)),
     },
     Checkpoint {
         phase: Phase::Importing,
+        route: Route::Staged,
         condition: Some(ConditionType::DiskImported),
         run: |step| Box::pin(import::run(step)),
     },
     Checkpoint {
+        phase: Phase::Converting,
+        route: Route::Direct,
+        condition: Some(ConditionType::DiskConverted),
+        run: |step| Box::pin(direct_convert::run(step)),
+    },
+    Checkpoint {
+        phase: Phase::Importing,
+        route: Route::Direct,
+        condition: Some(ConditionType::DiskImported),
+        run: |step| Box::pin(direct_import::run(step)),
+    },
+    Checkpoint {
         phase: Phase::CreatingVm,
+        route: Route::Both,
         condition: Some(ConditionType::VmCreated),
         run: |step| Box::pin(vm::run(step)),
     },
     Checkpoint {
         phase: Phase::Starting,
+        route: Route::Both,
         condition: Some(ConditionType::VmStarted),
         run: |step| Box::pin(start::run(step)),
     },
     Checkpoint {
         phase: Phase::ValidatingGuest,
+        route: Route::Both,
         condition: Some(ConditionType::GuestReady),
         run: |step| Box::pin(guest::run(step)),
     },
 ];
 
-/// The checkpoint a migration in `phase` runs; none for phases that are not checkpoints.
-pub fn find(phase: Phase) -> Option<&'static Checkpoint> {
-    CHECKPOINTS.iter().find(|c| c.phase == phase)
+mod route {
+    use ferry_api::VirtualMachineMigration;
+
+    /// Which rows of the itinerary a migration takes.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub enum Route {
+        /// Rows every migration runs.
+        Both,
+        /// `spec.staging`: the disks go through an object store, and CDI imports them.
+        Staged,
+        /// No staging: blank DataVolumes, written by the conversion Job.
+        Direct,
+    }
+
+    impl Route {
+        pub fn of(vmm: &VirtualMachineMigration) -> Self {
+            if crate::staging::staged(vmm) {
+                Route::Staged
+            } else {
+                Route::Direct
+            }
+        }
+
+        /// Whether a row of this route is run by a migration of `route`.
+        pub fn runs_on(self, route: Route) -> bool {
+            self == Route::Both || self == route
+        }
+    }
 }
 
-/// The phase that follows checkpoint `phase`: the next row, or `Succeeded` after the last.
-pub fn after(phase: Phase) -> Phase {
-    let i = CHECKPOINTS.iter().position(|c| c.phase == phase);
-    i.and_then(|i| CHECKPOINTS.get(i + 1))
-        .map_or(Phase::Succeeded, |c| c.phase)
+fn rows(route: Route) -> impl Iterator<Item = &'static Checkpoint> {
+    CHECKPOINTS.iter().filter(move |c| c.route.runs_on(route))
 }
 
-/// The checkpoints' phases in order, then `Succeeded`: the only way a phase may move forward.
+/// The checkpoint a migration of `route` in `phase` runs; none for phases that are not checkpoints.
+pub fn find(route: Route, phase: Phase) -> Option<&'static Checkpoint> {
+    rows(route).find(|c| c.phase == phase)
+}
+
+/// The phase that follows checkpoint `phase` on `route`: its next row, or `Succeeded` after the last.
+pub fn after(route: Route, phase: Phase) -> Phase {
+    let mut rows = rows(route).skip_while(|c| c.phase != phase);
+    rows.next();
+    rows.next().map_or(Phase::Succeeded, |c| c.phase)
+}
+
+/// The phases of either route in order, then `Succeeded`: the only way a phase may move forward.
 pub fn phases() -> impl Iterator<Item = Phase> {
+    let mut seen = Vec::new();
     CHECKPOINTS
         .iter()
         .map(|c| c.phase)
+        .filter(move |p| {
+            let new = !seen.contains(p);
+            seen.push(*p);
+            new
+        })
         .chain([Phase::Succeeded])
 }
 
-/// The condition checkpoint `phase` makes true when it is left.
+/// The condition checkpoint `phase` makes true when it is left (the same on every route).
 pub fn condition_of(phase: Phase) -> Option<ConditionType> {
-    find(phase).and_then(|c| c.condition)
+    CHECKPOINTS
+        .iter()
+        .find(|c| c.phase == phase)
+        .and_then(|c| c.condition)
 }
 
 /// What one reconcile of a checkpoint concluded.
@@ -179,7 +257,7 @@ impl<'a> Step<'a> {
 
 /// Runs checkpoint `phase`'s step; a phase that is no checkpoint has nothing to do.
 pub async fn run(phase: Phase, step: &mut Step<'_>) -> Result<Next> {
-    match find(phase) {
+    match find(Route::of(step.vmm), phase) {
         Some(checkpoint) => (checkpoint.run)(step).await,
         None => Ok(Next::wait(
             "NothingToDo",
@@ -193,6 +271,47 @@ pub async fn run(phase: Phase, step: &mut Step<'_>) -> Result<Next> {
 mod tests {
     use super::*;
 
+    fn route_phases(route: Route) -> Vec<Phase> {
+        rows(route).map(|c| c.phase).collect()
+    }
+
+    #[test]
+    fn each_route_runs_its_rows_once_in_the_order_of_all_phases() {
+        let all: Vec<Phase> = phases().collect();
+        for route in [Route::Staged, Route::Direct] {
+            let mut phase = CHECKPOINTS[0].phase;
+            let mut walked = vec![phase];
+            while phase != Phase::Succeeded {
+                phase = after(route, phase);
+                walked.push(phase);
+            }
+            let mut expected = route_phases(route);
+            expected.push(Phase::Succeeded);
+            assert_eq!(walked, expected, "{route:?}");
+            let ranks: Vec<_> = walked
+                .iter()
+                .map(|p| all.iter().position(|a| a == p).unwrap())
+                .collect();
+            assert!(
+                ranks.windows(2).all(|w| w[0] < w[1]),
+                "{route:?}: {ranks:?}"
+            );
+        }
+        assert_eq!(after(Route::Direct, Phase::Validating), Phase::Allocating);
+        assert_eq!(after(Route::Staged, Phase::Validating), Phase::Preparing);
+        assert!(find(Route::Staged, Phase::Allocating).is_none());
+        assert_eq!(condition_of(Phase::Allocating), None);
+        for phase in [Phase::Converting, Phase::Importing] {
+            let conditions: Vec<_> = CHECKPOINTS
+                .iter()
+                .filter(|c| c.phase == phase)
+                .map(|c| c.condition)
+                .collect();
+            assert_eq!(conditions.len(), 2);
+            assert_eq!(conditions[0], conditions[1], "{phase:?} keeps one meaning");
+        }
+    }
+
     #[test]
     fn the_itinerary_runs_every_checkpoint_once_and_ends_in_succeeded() {
         let order: Vec<Phase> = phases().collect();
@@ -201,6 +320,7 @@ mod tests {
             [
                 Phase::Discovering,
                 Phase::Validating,
+                Phase::Allocating,
                 Phase::Preparing,
                 Phase::Converting,
                 Phase::Importing,
@@ -210,13 +330,16 @@ mod tests {
                 Phase::Succeeded,
             ]
         );
-        assert_eq!(after(Phase::Preparing), Phase::Converting);
-        assert_eq!(after(Phase::ValidatingGuest), Phase::Succeeded);
+        assert_eq!(after(Route::Staged, Phase::Preparing), Phase::Converting);
+        assert_eq!(
+            after(Route::Direct, Phase::ValidatingGuest),
+            Phase::Succeeded
+        );
         assert_eq!(condition_of(Phase::Preparing), None);
         assert_eq!(
             condition_of(Phase::Importing),
             Some(ConditionType::DiskImported)
         );
-        assert!(find(Phase::Cancelling).is_none());
+        assert!(find(Route::Direct, Phase::Cancelling).is_none());
     }
 }

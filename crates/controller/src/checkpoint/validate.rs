@@ -29,12 +29,17 @@ pub async fn run(step: &mut Step<'_>) -> Result<Next> {
     super::disk_files::check(step, &source).await?;
     let storage_class = check_storage_class(step).await?;
     check_collisions(step).await?;
-    let staging = crate::staging::open(step.ctx, step.vmm).await?;
-    staging.head("preflight").await?;
+    let route = if crate::staging::staged(step.vmm) {
+        let staging = crate::staging::open(step.ctx, step.vmm).await?;
+        staging.head("preflight").await?;
+        "staging reachable"
+    } else {
+        "each disk goes straight into its volume"
+    };
     Ok(Next::advance(
         "PreflightPassed",
         format!(
-            "{} disk(s) supported and readable, every NIC mapped, StorageClass {storage_class}, staging reachable",
+            "{} disk(s) supported and readable, every NIC mapped, StorageClass {storage_class}, {route}",
             source.disks.len()
         ),
     ))
@@ -52,6 +57,18 @@ pub fn check_source(vmm: &VirtualMachineMigration, source: &SourceVmStatus) -> R
         return Err(Failure::permanent(
             Reason::NoDisks,
             format!("{} has no virtual disk to migrate", source.name),
+        ));
+    }
+    let most = super::direct_convert::MAX_DISKS;
+    if !crate::staging::staged(vmm) && source.disks.len() > most {
+        return Err(Failure::permanent(
+            Reason::TooManyDisksForDirect,
+            format!(
+                "{} has {} disks; written directly, at most {most} fit one conversion Job's report: set \
+                 spec.staging in a new migration",
+                source.name,
+                source.disks.len()
+            ),
         ));
     }
     for disk in &source.disks {
@@ -83,7 +100,7 @@ pub fn check_source(vmm: &VirtualMachineMigration, source: &SourceVmStatus) -> R
         }
         // The conversion Job would refuse it too, but only after the VM was powered off.
         let capacity = disk.capacity_bytes as u64;
-        if PartPlan::for_size(capacity).is_none() {
+        if crate::staging::staged(vmm) && PartPlan::for_size(capacity).is_none() {
             return Err(Failure::permanent(
                 Reason::DiskTooLargeToStage,
                 too_large_message(&format!("disk {}", disk.file), capacity),

@@ -176,7 +176,7 @@ impl<'a> Reconcile<'a> {
                     };
                 }
             };
-            let to = checkpoint::after(checkpoint);
+            let to = checkpoint::after(checkpoint::Route::of(self.vmm), checkpoint);
             self.edit.advance(checkpoint, to, reason, message.clone());
             if let Some(retry) = &mut self.edit.status.retry {
                 retry.last_error = None;

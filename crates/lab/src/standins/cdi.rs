@@ -1,6 +1,8 @@
 //! The CDI stand-in: each DataVolume gets a PVC and a hostPath PV that the real binder binds, then its `http` or
 //! `s3` source is really downloaded, converted to a raw `disk.img` as CDI's importer does, and reported through
-//! the phases and `progress` CDI uses. The annotation `lab.ferry.dev/fault: fail|stall`, or the namespace's
+//! the phases and `progress` CDI uses. A `blank` source gets what CDI's importer leaves: a sparse `disk.img` of
+//! the usable size on a Filesystem volume, and on a Block volume nothing at all (the lab's device is a file, with
+//! a few stale blocks, as a recycled device may have). The annotation `lab.ferry.dev/fault: fail|stall`, or the namespace's
 //! fault switch (`faults`), injects failures.
 
 use std::collections::HashMap;
@@ -21,6 +23,12 @@ use serde_json::json;
 pub const FAULT_ANNOTATION: &str = "lab.ferry.dev/fault";
 pub const STORAGE_CLASS: &str = "lab-hostpath";
 const MANAGER: &str = "cdi-standin";
+/// CDI's default `filesystemOverhead.global`: the share of a Filesystem volume its file system takes.
+const FILESYSTEM_OVERHEAD: f64 = 0.06;
+/// CDI aligns image sizes to this.
+const ALIGN: u64 = 1 << 20;
+/// Where a Block volume's device lives in its directory.
+const BLOCK_FILE: &str = "block";
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -177,13 +185,20 @@ async fn ensure_volume(client: &Client, dv: &DynamicObject, dir: &Path) -> Resul
     let ns = dv.namespace().unwrap_or_default();
     let name = dv.name_any();
     std::fs::create_dir_all(dir).map_err(|e| Error::Volume(format!("{}: {e}", dir.display())))?;
-    let storage = &dv.data["spec"]["storage"];
-    let size = storage["resources"]["requests"]["storage"]
-        .as_str()
-        .or(dv.data["spec"]["pvc"]["resources"]["requests"]["storage"].as_str())
-        .unwrap_or("1Gi")
-        .to_string();
-    let volume_mode = storage["volumeMode"].as_str().unwrap_or("Filesystem");
+    let (size, block) = claim_size(dv);
+    let size = size.to_string();
+    let volume_mode = if block { "Block" } else { "Filesystem" };
+    // A Block volume is a file the node binds as the device; a Filesystem one a directory.
+    let host_path = if block {
+        let device = dir.join(BLOCK_FILE);
+        if !device.exists() {
+            stale_device(&device, claim_size(dv).0)
+                .map_err(|e| Error::Volume(format!("{}: {e}", device.display())))?;
+        }
+        device
+    } else {
+        dir.to_path_buf()
+    };
     let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), &ns);
     let pv_name = format!(
         "lab-{}-{}",
@@ -218,7 +233,7 @@ async fn ensure_volume(client: &Client, dv: &DynamicObject, dir: &Path) -> Resul
             "metadata": {"name": pv_name, "labels": {"lab.ferry.dev/datavolume-uid": dv.uid()}},
             "spec": {"capacity": {"storage": size}, "accessModes": ["ReadWriteOnce"], "storageClassName": STORAGE_CLASS,
                      "volumeMode": volume_mode, "persistentVolumeReclaimPolicy": "Delete",
-                     "hostPath": {"path": dir.display().to_string()},
+                     "hostPath": {"path": host_path.display().to_string()},
                      "claimRef": {"namespace": ns, "name": name}},
         }))
         .map_err(|e| Error::Volume(e.to_string()))?;
@@ -229,6 +244,82 @@ async fn ensure_volume(client: &Client, dv: &DynamicObject, dir: &Path) -> Resul
         .and_then(|s| s.phase)
         .as_deref()
         == Some("Bound"))
+}
+
+/// The claim's size as CDI renders it, and whether it is a Block volume. `spec.storage` on a Filesystem volume
+/// gets the file system's overhead on top (`GetRequiredSpace`); `spec.pvc` is taken as written.
+fn claim_size(dv: &DynamicObject) -> (u64, bool) {
+    let storage = &dv.data["spec"]["storage"];
+    let pvc = &dv.data["spec"]["pvc"];
+    let spec = if storage.is_object() { storage } else { pvc };
+    let block = spec["volumeMode"].as_str() == Some("Block");
+    let asked = spec["resources"]["requests"]["storage"]
+        .as_str()
+        .and_then(parse_quantity)
+        .unwrap_or(1 << 30);
+    if block || !storage.is_object() {
+        return (asked, block);
+    }
+    let aligned = asked.next_multiple_of(ALIGN);
+    (
+        (aligned as f64 / (1.0 - FILESYSTEM_OVERHEAD)).ceil() as u64,
+        false,
+    )
+}
+
+/// What CDI's importer makes a blank image's size on a Filesystem volume of `available` bytes
+/// (`GetUsableSpace`): the share left after the file system's overhead, rounded down to whole MiB.
+fn usable_space(available: u64) -> u64 {
+    let usable = ((1.0 - FILESYSTEM_OVERHEAD) * available as f64).ceil() as u64;
+    usable / ALIGN * ALIGN
+}
+
+/// Bytes of a Kubernetes quantity in the forms DataVolumes use: plain bytes or a binary/decimal suffix.
+fn parse_quantity(text: &str) -> Option<u64> {
+    let units = [
+        ("Ki", 1u64 << 10),
+        ("Mi", 1 << 20),
+        ("Gi", 1 << 30),
+        ("Ti", 1 << 40),
+        ("k", 1_000),
+        ("M", 1_000_000),
+        ("G", 1_000_000_000),
+        ("T", 1_000_000_000_000),
+    ];
+    for (suffix, factor) in units {
+        if let Some(number) = text.strip_suffix(suffix) {
+            return number.parse::<u64>().ok()?.checked_mul(factor);
+        }
+    }
+    text.parse().ok()
+}
+
+/// A Block volume's device: `size` bytes, not zeroed (CDI leaves a blank Block volume as the storage gives it),
+/// with stale bytes at its start, middle and end.
+fn stale_device(path: &Path, size: u64) -> std::io::Result<()> {
+    use std::os::unix::fs::FileExt;
+    let file = std::fs::File::create(path)?;
+    file.set_len(size)?;
+    for at in [0, size / 2, size.saturating_sub(4096)] {
+        file.write_all_at(&[0xA5; 4096], at.min(size.saturating_sub(4096)))?;
+    }
+    file.sync_all()
+}
+
+/// CDI's importer for a `blank` source: on a Filesystem volume a sparse `disk.img` of the usable size, mode 0660
+/// and synced; on a Block volume nothing.
+fn create_blank(dv: &DynamicObject, dir: &Path) -> anyhow::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    let (size, block) = claim_size(dv);
+    if block {
+        return Ok(());
+    }
+    let image = dir.join("disk.img");
+    let file = std::fs::File::create(&image)?;
+    file.set_len(usable_space(size))?;
+    file.set_permissions(std::fs::Permissions::from_mode(0o660))?;
+    file.sync_all()?;
+    Ok(())
 }
 
 async fn set_status(
@@ -287,14 +378,19 @@ async fn fault_for(client: &Client, dv: &DynamicObject, switch: &str) -> bool {
 
 /// Downloads the source into the volume and converts it to raw `disk.img`, reporting progress.
 async fn import(client: Client, dv: DynamicObject, dir: PathBuf) {
-    let kill = fault_for(&client, &dv, super::faults::KILL_IMPORTS).await;
-    let mut result = import_once(&client, &dv, &dir, kill).await;
+    let blank = dv.data["spec"]["source"]["blank"].is_object();
+    let kill = !blank && fault_for(&client, &dv, super::faults::KILL_IMPORTS).await;
+    let mut result = if blank {
+        create_blank(&dv, &dir)
+    } else {
+        import_once(&client, &dv, &dir, kill).await
+    };
     if kill {
         // As CDI does when its importer pod dies: a new importer starts over.
         tracing::info!(dv = %dv.name_any(), "importer killed by the lab's fault switch; importing again");
         result = import_once(&client, &dv, &dir, false).await;
     }
-    if result.is_ok() && fault_for(&client, &dv, super::faults::CORRUPT_IMPORTS).await {
+    if result.is_ok() && !blank && fault_for(&client, &dv, super::faults::CORRUPT_IMPORTS).await {
         // Silent corruption on the way: the import still reports success; only reading it back can tell.
         tracing::info!(dv = %dv.name_any(), "corrupting the imported disk by the lab's fault switch");
         result = corrupt(&dir.join("disk.img"));
@@ -427,6 +523,10 @@ async fn import_once(
     let image = dir.join("disk.img");
     crate::disks::qemu_img(&["convert", "-O", "raw"], &[&partial, &image])?;
     tokio::fs::remove_file(&partial).await?;
+    if claim_size(dv).1 {
+        // On a Block volume the image is the device.
+        tokio::fs::rename(&image, dir.join(BLOCK_FILE)).await?;
+    }
     Ok(())
 }
 
@@ -537,7 +637,39 @@ async fn open_source(
 
 #[cfg(test)]
 mod tests {
-    use super::is_zero;
+    use super::*;
+
+    #[test]
+    fn volumes_are_sized_as_cdi_sizes_them() {
+        let dv = |spec: serde_json::Value| -> DynamicObject {
+            serde_json::from_value(
+                json!({"apiVersion": "cdi.kubevirt.io/v1beta1", "kind": "DataVolume",
+                "metadata": {"name": "d"}, "spec": spec}),
+            )
+            .unwrap()
+        };
+        let storage = |mode: &str, size: &str| {
+            dv(
+                json!({"source": {"blank": {}}, "storage": {"volumeMode": mode,
+                "resources": {"requests": {"storage": size}}}}),
+            )
+        };
+        // 1 GiB on a file system: 6 % overhead on top, and the image gets back exactly what was asked.
+        let (claim, block) = claim_size(&storage("Filesystem", "1073741824"));
+        assert!(!block);
+        assert_eq!(claim, (1_073_741_824f64 / 0.94).ceil() as u64);
+        assert_eq!(usable_space(claim), 1 << 30);
+        // Not whole MiB: aligned up first.
+        let (claim, _) = claim_size(&storage("Filesystem", "1048577"));
+        assert_eq!(usable_space(claim), 2 << 20);
+        assert_eq!(claim_size(&storage("Block", "1Gi")), (1 << 30, true));
+        let pvc = dv(json!({"pvc": {"resources": {"requests": {"storage": "10Mi"}}}}));
+        assert_eq!(
+            claim_size(&pvc),
+            (10 << 20, false),
+            "spec.pvc is taken as written"
+        );
+    }
 
     #[test]
     fn only_all_zero_chunks_become_holes() {

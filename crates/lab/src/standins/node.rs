@@ -456,6 +456,23 @@ async fn prepare(pod: &Pod, ctx: &NodeAgent) -> Result<tokio::process::Command, 
             mount.mount_path.clone(),
         ]);
     }
+    // A Block volume's PV is a file standing for the device; it appears at the device path (after `--dev`).
+    for device in container.volume_devices.clone().unwrap_or_default() {
+        let (source, read_only) = volumes
+            .get(&device.name)
+            .ok_or_else(|| format!("volume {} is not defined", device.name))?;
+        if !source.is_file() {
+            return Err(format!(
+                "volume {} is used as a device, but its volume is not a Block volume (the lab's devices are files)",
+                device.name
+            ));
+        }
+        sandbox.extend([
+            if *read_only { "--ro-bind" } else { "--bind" }.into(),
+            source.display().to_string(),
+            device.device_path.clone(),
+        ]);
+    }
     sandbox.extend([
         "--bind".into(),
         termination.display().to_string(),

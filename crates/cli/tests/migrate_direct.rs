@@ -1,0 +1,197 @@
+//! The direct path end to end: no `spec.staging`, no S3 Secret in the namespace. Blank DataVolumes are allocated
+//! before the source is touched, the conversion Job writes each disk into its volume (a `disk.img` on a
+//! Filesystem volume, the device on a Block one), zeros stay holes, and every volume hashes to its source.
+
+mod support;
+
+use std::os::unix::fs::{FileExt, MetadataExt};
+use std::path::Path;
+use std::time::Duration;
+
+use ferry_api::{Phase, VirtualMachineMigration};
+use ferry_lab::disks::{FlatVmdk, raw_to_flat_vmdk};
+use ferry_testkit::migration;
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::DeleteParams;
+use kube::{Api, ResourceExt};
+use support::*;
+
+const MIB: u64 = 1 << 20;
+
+/// A 1 GiB disk of which 900 MiB are zeros: 124 MiB of data in four runs, the rest holes.
+fn mostly_zeros(dir: &Path, stem: &str) -> FlatVmdk {
+    let raw = dir.join(format!("{stem}.raw"));
+    let file = std::fs::File::create(&raw).unwrap();
+    file.set_len(1024 * MIB).unwrap();
+    let mut seed = 0x2545_f491_4f6c_dd1du64;
+    let mut run = vec![0u8; 31 * MIB as usize];
+    for (i, at) in [0u64, 200, 513, 993].into_iter().enumerate() {
+        for byte in run.iter_mut() {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            *byte = (seed as u8) | (i as u8 + 1);
+        }
+        file.write_all_at(&run, at * MIB).unwrap();
+    }
+    drop(file);
+    let sha = ferry_lab::disks::sha256_file(&raw).unwrap();
+    raw_to_flat_vmdk(&raw, stem, sha, 1024 * MIB).unwrap()
+}
+
+/// The lab's migration of `vm` without staging, onto `volume_mode` volumes.
+fn direct_migration(
+    lab: &ferry_testkit::TestLab,
+    ns: &str,
+    name: &str,
+    vm: &str,
+    volume_mode: &str,
+) -> serde_json::Value {
+    let mut manifest = migration::migration(lab, ns, name, vm);
+    manifest["spec"].as_object_mut().unwrap().remove("staging");
+    manifest["spec"]["target"]["volumeMode"] = volume_mode.into();
+    // PVSCSI becomes virtio-scsi: the lab's q35 boots from it.
+    manifest["spec"]["target"]["devices"] = "Source".into();
+    manifest
+}
+
+async fn migrate(
+    client: &kube::Client,
+    ns: &str,
+    name: &str,
+    manifest: serde_json::Value,
+) -> VirtualMachineMigration {
+    migration::apply(client, ns, manifest).await.unwrap();
+    wait_for_phase(client, ns, name, Phase::Succeeded, Duration::from_secs(600)).await
+}
+
+/// The first `bytes` of `path`, hashed.
+fn sha256_prefix(path: &Path, bytes: u64) -> String {
+    use sha2::{Digest, Sha256};
+    use std::io::Read;
+    let (mut hash, mut buf) = (Sha256::new(), vec![0u8; MIB as usize]);
+    let mut from = std::fs::File::open(path).unwrap().take(bytes);
+    loop {
+        let n = from.read(&mut buf).unwrap();
+        if n == 0 {
+            break;
+        }
+        hash.update(&buf[..n]);
+    }
+    ferry_lab::disks::hex(&hash.finalize())
+}
+
+#[tokio::test]
+async fn three_disks_go_straight_into_filesystem_volumes_sparse_and_without_any_s3_secret() {
+    let vm = "ferry-direct-fs";
+    let (client, ns) = setup("direct-fs").await;
+    let lab = lab().await;
+    // Nothing in this namespace can reach the staging store.
+    Api::<Secret>::namespaced(client.clone(), ns.name())
+        .delete(ferry_lab::demo::STAGING_SECRET, &DeleteParams::default())
+        .await
+        .unwrap();
+    let dir = lab.dir().join(vm);
+    std::fs::create_dir_all(&dir).unwrap();
+    let boot = dir.join(format!("{}.raw", disk_stem(vm, 0)));
+    let boot_sha =
+        ferry_lab::bootdisk::make_boot_disk(&boot, 4 * MIB, &ferry_lab::demo::marker(vm)).unwrap();
+    let disks = vec![
+        raw_to_flat_vmdk(&boot, &disk_stem(vm, 0), boot_sha, 4 * MIB).unwrap(),
+        mostly_zeros(&dir, &disk_stem(vm, 1)),
+        ferry_lab::disks::make_flat_vmdk(&dir, &disk_stem(vm, 2), 3 * MIB, 7).unwrap(),
+    ];
+    provision_seeded(vm, &disks).await;
+
+    let name = "direct-fs";
+    let done = migrate(
+        &client,
+        ns.name(),
+        name,
+        direct_migration(lab, ns.name(), name, vm, "Filesystem"),
+    )
+    .await;
+    let status = done.status.clone().unwrap();
+    let phases: Vec<Phase> = status.checkpoints.iter().map(|c| c.phase).collect();
+    assert!(
+        phases
+            .windows(2)
+            .any(|w| w == [Phase::Allocating, Phase::Preparing]),
+        "the volumes were allocated before the source was touched: {phases:?}"
+    );
+    assert_eq!(status.disks.len(), 3);
+    for (disk, source) in status.disks.iter().zip(&disks) {
+        assert!(disk.verified, "{disk:?}");
+        assert_eq!(disk.sha256.as_deref(), Some(source.sha256.as_str()));
+        assert!(disk.staged_url.is_none(), "nothing staged: {disk:?}");
+        let image = volume_image(&client, ns.name(), disk.data_volume.as_deref().unwrap()).await;
+        assert_eq!(
+            sha256_prefix(&image, source.bytes),
+            source.sha256,
+            "disk {} in {}",
+            disk.index,
+            image.display()
+        );
+        let size = std::fs::metadata(&image).unwrap().len();
+        assert!(size >= source.bytes, "{size} < {}", source.bytes);
+    }
+    // 900 MiB of zeros stayed holes.
+    let zeros = volume_image(&client, ns.name(), &format!("{name}-disk-1")).await;
+    let allocated = std::fs::metadata(&zeros).unwrap().blocks() * 512;
+    assert!(
+        allocated < 200 * MIB,
+        "{} MiB allocated for 124 MiB of data",
+        allocated / MIB
+    );
+    assert!(
+        staged_objects(ns.name(), name, &done.uid().unwrap(), 3)
+            .await
+            .is_empty()
+    );
+    assert!(
+        guest_console(&client, ns.name(), name)
+            .await
+            .contains(&ferry_lab::demo::marker(vm)),
+        "the guest booted from its first volume"
+    );
+}
+
+#[tokio::test]
+async fn three_disks_go_straight_into_block_volumes_over_their_stale_bytes() {
+    let vm = "ferry-direct-block";
+    let (client, ns) = setup("direct-block").await;
+    let lab = lab().await;
+    let sources = seed_vm(&lab.dir().join(vm), vm, &[4, 2, 3]).await;
+    let name = "direct-block";
+    let done = migrate(
+        &client,
+        ns.name(),
+        name,
+        direct_migration(lab, ns.name(), name, vm, "Block"),
+    )
+    .await;
+    let status = done.status.clone().unwrap();
+    for (disk, (_, sha)) in status.disks.iter().zip(&sources) {
+        assert!(disk.verified, "{disk:?}");
+        assert_eq!(disk.sha256.as_ref(), Some(sha));
+        // The lab's device is a file that CDI left unzeroed, with stale bytes over the disk's range.
+        let device = volume_image(&client, ns.name(), disk.data_volume.as_deref().unwrap()).await;
+        assert!(
+            device.is_file() && device.file_name().unwrap() == "block",
+            "{}",
+            device.display()
+        );
+        assert_eq!(
+            &sha256_prefix(&device, disk.capacity_bytes as u64),
+            sha,
+            "disk {}",
+            disk.index
+        );
+    }
+    assert!(
+        guest_console(&client, ns.name(), name)
+            .await
+            .contains(&ferry_lab::demo::marker(vm)),
+        "the guest booted from its first volume"
+    );
+}

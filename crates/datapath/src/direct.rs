@@ -1,0 +1,550 @@
+//! The direct path: each disk is read once from the datastore, hashed in the same pass, and written into the
+//! blank volume CDI allocated for it (`disk.img` on a Filesystem volume, the device on a Block one). Runs of
+//! zeros are punched, not written, so a file stays sparse and stale bytes of an earlier attempt or a recycled
+//! device cannot survive. Then the volume is synced and read back past the page cache (O_DIRECT), and only a
+//! read-back that hashes to the source counts.
+
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+use bytes::{Bytes, BytesMut};
+use ferry_vsphere::Session;
+use ferry_vsphere::datastore::{Download, flat_disk};
+use futures::{StreamExt, TryStreamExt};
+use rustix::fs::{FallocateFlags, FlockOperation, SeekFrom};
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use crate::error::{Error, Result};
+use crate::hash::Hasher;
+use crate::progress::Progress;
+use crate::spec::{ConvertSpec, DiskSpec, VolumeSpec};
+
+/// How a volume was read back: past the page cache, or (where O_DIRECT is refused, as on tmpfs) through it
+/// after dropping the cached pages.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum ReadBack {
+    Direct,
+    Buffered,
+}
+
+/// One disk written into its volume.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WrittenDisk {
+    pub index: u32,
+    /// The source's sha256, which the volume's first `bytes_read` bytes were read back to match.
+    pub sha256: String,
+    pub bytes_read: u64,
+    /// Bytes of data written; runs of zeros were punched instead.
+    pub bytes_written: u64,
+    pub read_back: ReadBack,
+}
+
+/// Writes every disk of `spec` into its volume, `spec.parallel` at a time.
+pub async fn write_all(spec: &ConvertSpec, progress: &Progress) -> Result<Vec<WrittenDisk>> {
+    let session = crate::convert::connect(spec).await?;
+    let keepalive = spec
+        .transfer
+        .keepalive()
+        .map(|every| session.keep_alive_every(every));
+    let mut written: Vec<WrittenDisk> = futures::stream::iter(spec.disks.iter())
+        .map(|disk| write_disk(&session, spec, disk, progress))
+        .buffer_unordered(spec.parallel.max(1))
+        .try_collect()
+        .await?;
+    drop(keepalive);
+    session.logout().await;
+    written.sort_by_key(|w| w.index);
+    Ok(written)
+}
+
+async fn write_disk(
+    session: &Session,
+    spec: &ConvertSpec,
+    disk: &DiskSpec,
+    progress: &Progress,
+) -> Result<WrittenDisk> {
+    let volume = spec
+        .volume(disk.index)
+        .ok_or_else(|| Error::Spec(format!("disk {} has no volume", disk.index)))?
+        .clone();
+    let flat = flat_disk(session, &spec.source.datacenter, &disk.file).await?;
+    if flat.size == 0 && disk.capacity_bytes > 0 {
+        return Err(Error::EmptyDisk {
+            index: disk.index,
+            file: disk.file.clone(),
+            capacity: disk.capacity_bytes,
+        });
+    }
+    let size = flat.size;
+    let target = {
+        let (volume, index) = (volume.clone(), disk.index);
+        blocking(move || Target::open(&volume, index, size)).await?
+    };
+    let (chunks, received) = tokio::sync::mpsc::channel::<Bytes>(16);
+    let writer = tokio::task::spawn_blocking(move || target.write_from(received));
+    let hasher = Hasher::start();
+    let mut download = Download::open(session, &spec.source.datacenter, &flat.extent, 0).await?;
+    while let Some(chunk) = download.next_chunk().await? {
+        hasher.update(chunk.clone());
+        if chunks.send(chunk).await.is_err() {
+            // The writer failed: its error is the one to report.
+            break;
+        }
+        progress.bytes(disk.index, download.offset(), size);
+    }
+    drop(chunks);
+    let bytes_written = writer
+        .await
+        .map_err(|e| volume_error(&volume.path, e.to_string()))??;
+    let source_sha256 = hasher.finish();
+    if download.offset() != size {
+        return Err(Error::ShortRead {
+            index: disk.index,
+            got: download.offset(),
+            expected: size,
+        });
+    }
+    let path = volume.path.clone();
+    let (sha256, read_back) = blocking(move || read_back(&path, size)).await?;
+    if sha256 != source_sha256 {
+        return Err(Error::ChecksumMismatch {
+            what: format!(
+                "disk {} read back from {}",
+                disk.index,
+                volume.path.display()
+            ),
+            expected: source_sha256,
+            actual: sha256,
+        });
+    }
+    progress.done(disk.index, size);
+    Ok(WrittenDisk {
+        index: disk.index,
+        sha256,
+        bytes_read: size,
+        bytes_written,
+        read_back,
+    })
+}
+
+async fn blocking<T: Send + 'static>(
+    work: impl FnOnce() -> Result<T> + Send + 'static,
+) -> Result<T> {
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(|e| Error::Volume {
+            path: String::new(),
+            detail: format!("the I/O thread ended: {e}"),
+        })?
+}
+
+fn volume_error(path: &Path, detail: impl Into<String>) -> Error {
+    Error::Volume {
+        path: path.display().to_string(),
+        detail: detail.into(),
+    }
+}
+
+/// Zero runs are found, and data written, in blocks of this size (a multiple of any file system's block).
+const BLOCK: usize = 64 << 10;
+/// Data blocks in a row are written with one call up to this size.
+const WRITE_AT_MOST: usize = 4 << 20;
+
+/// An open volume, checked large enough for the disk.
+struct Target {
+    file: File,
+    path: PathBuf,
+    /// The source disk's size: what is written, synced and read back.
+    size: u64,
+    /// Whether punching holes still works here; once refused, zeros are written.
+    punch: bool,
+}
+
+impl Target {
+    /// Opens the volume as CDI left it: never created, truncated or resized, since its size is CDI's.
+    fn open(volume: &VolumeSpec, index: u32, size: u64) -> Result<Self> {
+        let path = volume.path.clone();
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&path)
+            .map_err(|e| match e.kind() {
+                std::io::ErrorKind::NotFound => Error::DiskImageMissing {
+                    index,
+                    path: path.display().to_string(),
+                },
+                _ => volume_error(&path, e.to_string()),
+            })?;
+        let capacity = rustix::fs::seek(&file, SeekFrom::End(0))
+            .map_err(|e| volume_error(&path, format!("finding its size: {e}")))?;
+        if capacity < size {
+            return Err(Error::VolumeTooSmall {
+                index,
+                path: path.display().to_string(),
+                size: capacity,
+                needed: size,
+            });
+        }
+        if !volume.block {
+            // Two writers on one image would interleave; a pod of an earlier attempt may still be running.
+            rustix::fs::flock(&file, FlockOperation::NonBlockingLockExclusive)
+                .map_err(|e| volume_error(&path, format!("another writer holds it ({e})")))?;
+        }
+        Ok(Self {
+            file,
+            path,
+            size,
+            punch: true,
+        })
+    }
+
+    /// Writes the chunks, in order from byte 0, then syncs: data blocks are written, zero blocks punched.
+    /// Returns the bytes of data written.
+    fn write_from(mut self, mut chunks: tokio::sync::mpsc::Receiver<Bytes>) -> Result<u64> {
+        let mut pending = BytesMut::new();
+        let mut run = Run::default();
+        let mut offset = 0u64;
+        let mut written = 0u64;
+        while let Some(chunk) = chunks.blocking_recv() {
+            pending.extend_from_slice(&chunk);
+            while pending.len() >= BLOCK {
+                let block = pending.split_to(BLOCK).freeze();
+                written += self.take(&mut run, offset, block)?;
+                offset += BLOCK as u64;
+            }
+        }
+        if !pending.is_empty() {
+            let len = pending.len() as u64;
+            written += self.take(&mut run, offset, pending.freeze())?;
+            offset += len;
+        }
+        written += self.flush(&mut run)?;
+        if offset < self.size {
+            // The source ended early; the caller reports the short read, nothing here counts.
+            return Ok(written);
+        }
+        rustix::fs::fdatasync(&self.file)
+            .map_err(|e| volume_error(&self.path, format!("syncing: {e}")))?;
+        Ok(written)
+    }
+
+    /// Adds one block at `offset` to the run in progress, flushing the run when the block's kind differs.
+    fn take(&mut self, run: &mut Run, offset: u64, block: Bytes) -> Result<u64> {
+        let zero = is_zero(&block);
+        let mut written = 0;
+        if run.len() > 0 && (run.zero != zero || run.data.len() >= WRITE_AT_MOST) {
+            written = self.flush(run)?;
+        }
+        if run.len() == 0 {
+            run.start = offset;
+            run.zero = zero;
+        }
+        if zero {
+            run.zeros += block.len() as u64;
+        } else {
+            run.data.extend_from_slice(&block);
+        }
+        Ok(written)
+    }
+
+    fn flush(&mut self, run: &mut Run) -> Result<u64> {
+        let done = std::mem::take(run);
+        if done.zero {
+            self.zero(done.start, done.zeros)?;
+            return Ok(0);
+        }
+        self.file
+            .write_all_at(&done.data, done.start)
+            .map_err(|e| volume_error(&self.path, format!("at byte {}: {e}", done.start)))?;
+        Ok(done.data.len() as u64)
+    }
+
+    /// Makes `len` bytes at `offset` read as zeros: a hole (files; a discard on thin block devices), else
+    /// zeros written.
+    fn zero(&mut self, offset: u64, len: u64) -> Result<()> {
+        if len == 0 {
+            return Ok(());
+        }
+        if self.punch {
+            let punch = FallocateFlags::PUNCH_HOLE | FallocateFlags::KEEP_SIZE;
+            match rustix::fs::fallocate(&self.file, punch, offset, len) {
+                Ok(()) => return Ok(()),
+                Err(rustix::io::Errno::OPNOTSUPP | rustix::io::Errno::INVAL) => {
+                    tracing::info!(path = %self.path.display(), "holes cannot be punched here; writing zeros");
+                    self.punch = false;
+                }
+                Err(e) => return Err(volume_error(&self.path, format!("punching a hole: {e}"))),
+            }
+        }
+        let zeros = vec![0u8; WRITE_AT_MOST];
+        let mut at = offset;
+        while at < offset + len {
+            let n = (offset + len - at).min(zeros.len() as u64) as usize;
+            self.file
+                .write_all_at(&zeros[..n], at)
+                .map_err(|e| volume_error(&self.path, format!("at byte {at}: {e}")))?;
+            at += n as u64;
+        }
+        Ok(())
+    }
+}
+
+/// Blocks of one kind in a row, from `start`.
+#[derive(Default)]
+struct Run {
+    start: u64,
+    zero: bool,
+    zeros: u64,
+    data: BytesMut,
+}
+
+impl Run {
+    fn len(&self) -> u64 {
+        self.zeros + self.data.len() as u64
+    }
+}
+
+/// Whether every byte is zero, sixteen at a time.
+fn is_zero(bytes: &[u8]) -> bool {
+    let words = bytes.chunks_exact(16);
+    let tail = words.remainder();
+    words
+        .into_iter()
+        .all(|w| u128::from_ne_bytes(w.try_into().unwrap_or_default()) == 0)
+        && tail.iter().all(|b| *b == 0)
+}
+
+/// Buffers for O_DIRECT are aligned to this (the largest logical block size in use).
+const ALIGN: usize = 4096;
+const READ_AT_ONCE: usize = 4 << 20;
+static ZEROS: [u8; 1 << 20] = [0; 1 << 20];
+
+/// The sha256 of the first `size` bytes of `path`, read past the page cache where the file system allows it.
+/// Holes (found with SEEK_DATA) hash as the zeros they read as, without being read.
+pub fn read_back(path: &Path, size: u64) -> Result<(String, ReadBack)> {
+    let io = |what: &str, e: rustix::io::Errno| volume_error(path, format!("{what}: {e}"));
+    let mut mode = ReadBack::Direct;
+    let direct =
+        rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::DIRECT | rustix::fs::OFlags::CLOEXEC;
+    let mut fd = match rustix::fs::open(path, direct, rustix::fs::Mode::empty()) {
+        Ok(fd) => fd,
+        Err(rustix::io::Errno::INVAL) => {
+            mode = ReadBack::Buffered;
+            buffered(path)?
+        }
+        Err(e) => return Err(io("opening to read back", e)),
+    };
+    // Past its end a file reads as nothing, and SEEK_DATA would take that for a hole.
+    let length = rustix::fs::seek(&fd, SeekFrom::End(0)).map_err(|e| io("finding its size", e))?;
+    if length < size {
+        return Err(Error::ShortRead {
+            index: 0,
+            got: length,
+            expected: size,
+        });
+    }
+    let mut storage = vec![0u8; READ_AT_ONCE + ALIGN];
+    let skew = (ALIGN - storage.as_ptr() as usize % ALIGN) % ALIGN;
+    let buf = &mut storage[skew..skew + READ_AT_ONCE];
+    let (mut hash, mut pos) = (Sha256::new(), 0u64);
+    while pos < size {
+        let data = match rustix::fs::seek(&fd, SeekFrom::Data(pos)) {
+            Ok(at) => at.min(size),
+            Err(rustix::io::Errno::NXIO) => size,
+            Err(_) => pos,
+        };
+        hash_zeros(&mut hash, data - pos);
+        pos = data;
+        if pos >= size {
+            break;
+        }
+        let hole = match rustix::fs::seek(&fd, SeekFrom::Hole(pos)) {
+            Ok(at) => at.clamp(pos + 1, size),
+            Err(_) => size,
+        };
+        while pos < hole {
+            let want = (hole - pos).min(READ_AT_ONCE as u64) as usize;
+            let aligned = want.next_multiple_of(ALIGN);
+            let n = match rustix::io::pread(&fd, &mut buf[..aligned], pos) {
+                Ok(n) => n,
+                Err(rustix::io::Errno::INVAL) if mode == ReadBack::Direct => {
+                    // An offset or length this file system will not read directly.
+                    mode = ReadBack::Buffered;
+                    fd = buffered(path)?;
+                    continue;
+                }
+                Err(e) => return Err(io(&format!("reading at byte {pos}"), e)),
+            };
+            if n == 0 {
+                return Err(Error::ShortRead {
+                    index: 0,
+                    got: pos,
+                    expected: size,
+                });
+            }
+            let take = n.min(want);
+            hash.update(&buf[..take]);
+            pos += take as u64;
+        }
+    }
+    Ok((crate::hex(&hash.finalize()), mode))
+}
+
+/// Opens `path` for buffered reading after dropping its cached pages (already synced, so they can go).
+fn buffered(path: &Path) -> Result<rustix::fd::OwnedFd> {
+    let flags = rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::CLOEXEC;
+    let fd = rustix::fs::open(path, flags, rustix::fs::Mode::empty())
+        .map_err(|e| volume_error(path, format!("opening to read back: {e}")))?;
+    let _ = rustix::fs::fadvise(&fd, 0, None, rustix::fs::Advice::DontNeed);
+    Ok(fd)
+}
+
+fn hash_zeros(hash: &mut Sha256, mut len: u64) {
+    while len > 0 {
+        let n = len.min(ZEROS.len() as u64) as usize;
+        hash.update(&ZEROS[..n]);
+        len -= n as u64;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::MetadataExt;
+
+    fn sha(bytes: &[u8]) -> String {
+        crate::hex(&Sha256::digest(bytes))
+    }
+
+    /// A disk of `blocks` 64 KiB blocks, `data` of them (every 10th from the start) random, the rest zeros.
+    fn disk(blocks: usize, data: usize) -> Vec<u8> {
+        let mut bytes = vec![0u8; blocks * BLOCK];
+        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+        for b in (0..blocks).step_by(10).take(data) {
+            for byte in &mut bytes[b * BLOCK..(b + 1) * BLOCK] {
+                seed ^= seed << 13;
+                seed ^= seed >> 7;
+                seed ^= seed << 17;
+                *byte = seed as u8 | 1;
+            }
+        }
+        bytes
+    }
+
+    fn write(target: Target, source: &[u8], chunk: usize) -> Result<u64> {
+        let (tx, rx) = tokio::sync::mpsc::channel(source.len() / chunk + 2);
+        for piece in source.chunks(chunk) {
+            tx.try_send(Bytes::copy_from_slice(piece)).unwrap();
+        }
+        drop(tx);
+        target.write_from(rx)
+    }
+
+    #[test]
+    fn zeros_become_holes_stale_bytes_go_and_the_read_back_matches() {
+        let dir = tempfile::tempdir().unwrap();
+        let image = dir.path().join("disk.img");
+        // CDI's blank image: sparse and larger than the disk, with stale bytes a dead attempt left.
+        let source = disk(200, 5);
+        let file = File::create(&image).unwrap();
+        file.set_len(source.len() as u64 + (1 << 20)).unwrap();
+        file.write_all_at(&[0xAB; 8192], 20 * BLOCK as u64 + 7)
+            .unwrap();
+        drop(file);
+        let volume = VolumeSpec {
+            index: 0,
+            path: image.clone(),
+            block: false,
+        };
+        let target = Target::open(&volume, 0, source.len() as u64).unwrap();
+        // Chunks that do not line up with the blocks.
+        let written = write(target, &source, 100_000).unwrap();
+        assert_eq!(
+            written,
+            5 * BLOCK as u64,
+            "only the data blocks are written"
+        );
+        let allocated = std::fs::metadata(&image).unwrap().blocks() * 512;
+        assert!(
+            allocated <= 6 * BLOCK as u64,
+            "{allocated} bytes allocated: the zeros stayed holes"
+        );
+        let (got, mode) = read_back(&image, source.len() as u64).unwrap();
+        assert_eq!(got, sha(&source));
+        // tmpfs refuses O_DIRECT; the read-back says how it read.
+        assert!(matches!(mode, ReadBack::Direct | ReadBack::Buffered));
+        // Only the disk's size counts: the image is larger.
+        assert_eq!(
+            std::fs::metadata(&image).unwrap().len(),
+            source.len() as u64 + (1 << 20)
+        );
+    }
+
+    #[test]
+    fn a_short_or_missing_image_is_refused_before_any_write() {
+        let dir = tempfile::tempdir().unwrap();
+        let image = dir.path().join("disk.img");
+        let volume = VolumeSpec {
+            index: 3,
+            path: image.clone(),
+            block: false,
+        };
+        let e = Target::open(&volume, 3, 1 << 20).err().unwrap();
+        assert_eq!(e.reason(), "DiskImageMissing");
+        File::create(&image).unwrap().set_len(1 << 19).unwrap();
+        let e = Target::open(&volume, 3, 1 << 20).err().unwrap();
+        assert_eq!(
+            (e.reason().as_str(), e.class()),
+            ("VolumeTooSmall", ferry_types::ErrorClass::Permanent)
+        );
+        assert!(e.to_string().contains("filesystemOverhead"), "{e}");
+        assert_eq!(
+            std::fs::metadata(&image).unwrap().len(),
+            1 << 19,
+            "untouched"
+        );
+    }
+
+    #[test]
+    fn a_second_writer_on_one_image_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let image = dir.path().join("disk.img");
+        File::create(&image).unwrap().set_len(1 << 20).unwrap();
+        let volume = VolumeSpec {
+            index: 0,
+            path: image,
+            block: false,
+        };
+        let first = Target::open(&volume, 0, 1 << 20).unwrap();
+        let e = Target::open(&volume, 0, 1 << 20).err().unwrap();
+        assert_eq!(e.reason(), "VolumeWriteFailed");
+        drop(first);
+        assert!(Target::open(&volume, 0, 1 << 20).is_ok());
+    }
+
+    #[test]
+    fn a_read_back_of_changed_bytes_differs() {
+        let dir = tempfile::tempdir().unwrap();
+        let image = dir.path().join("disk.img");
+        let source = disk(30, 3);
+        std::fs::write(&image, &source).unwrap();
+        assert_eq!(
+            read_back(&image, source.len() as u64).unwrap().0,
+            sha(&source)
+        );
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&image)
+            .unwrap();
+        file.write_all_at(&[1], 15 * BLOCK as u64).unwrap();
+        assert_ne!(
+            read_back(&image, source.len() as u64).unwrap().0,
+            sha(&source)
+        );
+        let e = read_back(&image, source.len() as u64 + 1).unwrap_err();
+        assert_eq!(e.reason(), "ShortRead");
+    }
+}
