@@ -429,9 +429,13 @@ fn invalid_cases() -> Vec<Invalid> {
             "staging url must not carry credentials",
         ),
         create(
-            "staging missing",
-            with(m(), "/spec/staging", Value::Null),
-            "spec.staging: Required value",
+            "qcow2 without staging",
+            with(
+                with(m(), "/spec/staging", Value::Null),
+                "/spec/conversion",
+                json!({"format": "qcow2"}),
+            ),
+            "spec.conversion.format qcow2 is a staging format",
         ),
         create(
             "retry budget high",
@@ -487,6 +491,18 @@ fn invalid_cases() -> Vec<Invalid> {
             m(),
             with(m(), "/spec/target/devices", json!("Virtio")),
             "spec.target is immutable",
+        ),
+        update(
+            "staging cannot be added",
+            with(m(), "/spec/staging", Value::Null),
+            m(),
+            "spec.staging cannot be added or removed",
+        ),
+        update(
+            "staging cannot be removed",
+            m(),
+            with(m(), "/spec/staging", Value::Null),
+            "spec.staging cannot be added or removed",
         ),
         update(
             "source is immutable",
@@ -606,6 +622,11 @@ async fn valid_manifests_are_accepted_with_their_defaults() {
             ),
             "/spec/guestCheck",
             json!({"agent": "Required", "settleSeconds": 30, "timeoutSeconds": 600}),
+        ),
+        with(
+            with(migration(), "/metadata/name", json!("direct")),
+            "/spec/staging",
+            Value::Null,
         ),
         with(
             with(migration(), "/metadata/name", json!("by-path")),

@@ -163,7 +163,11 @@ impl ChaosLab {
         let (started_controller, port) = self.controller(Some(plan), &log)?;
         let controller = ControllerUnderTest(Some(started_controller));
         wait_ready(port, &log, &controller, &self.state.dir).await?;
-        let mut manifest = ferry_lab::demo::migration(&self.state, &ns, "m", workload.vm);
+        let mut manifest = if workload.staged {
+            ferry_lab::demo::staged_migration(&self.state, &ns, "m", workload.vm)
+        } else {
+            ferry_lab::demo::migration(&self.state, &ns, "m", workload.vm)
+        };
         if let Some((_, hold)) = &workload.act {
             manifest["metadata"]["annotations"] = json!({HOLD_ANNOTATION: hold});
         }

@@ -30,7 +30,7 @@ use workload::{WORKLOADS, Workload};
 
 #[derive(Args)]
 pub struct ChaosArgs {
-    /// happy-1, happy-3, cancel[@Checkpoint], delete[@Checkpoint], bad-spec, or all (repeat for several).
+    /// happy-1, happy-3, staged-3, cancel[@Checkpoint], delete[@Checkpoint], bad-spec, or all (repeat for several).
     #[arg(long, default_value = "happy-1")]
     workload: Vec<String>,
     /// P1..P12 (or their names), or all (repeat for several).

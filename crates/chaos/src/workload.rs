@@ -5,7 +5,9 @@ use ferry_api::Phase;
 use ferry_controller::surface::CHECKPOINTS;
 
 /// What `all` runs: the workloads on the demo VMs, seconds per trial.
-pub const WORKLOADS: [&str; 5] = ["happy-1", "happy-3", "cancel", "delete", "bad-spec"];
+pub const WORKLOADS: [&str; 6] = [
+    "happy-1", "happy-3", "staged-3", "cancel", "delete", "bad-spec",
+];
 /// Asked for by name only: minutes per trial.
 pub const REAL_GUEST_WORKLOADS: [&str; 1] = ["linux"];
 
@@ -24,13 +26,15 @@ pub struct Workload {
     pub act: Option<(Act, String)>,
     /// Starts with a Secret name that does not exist, then corrects it once Ferry asks for a person.
     pub bad_spec: bool,
+    /// Through the lab's staging store (`spec.staging`) instead of straight into the volumes.
+    pub staged: bool,
 }
 
 /// The Secret name a bad spec names first.
 pub const MISSPELLED_SECRET: &str = "staging-credentails";
 
 impl Workload {
-    /// `happy-1`, `happy-3`, `cancel[@Checkpoint]` (default Importing), `delete[@Checkpoint]` (default
+    /// `happy-1`, `happy-3`, `staged-3` (happy-3 through staging), `cancel[@Checkpoint]` (default Importing), `delete[@Checkpoint]` (default
     /// CreatingVM), `bad-spec`, or `linux` (the Debian BIOS VM, whose guest agent must answer: a 1 GiB disk and a
     /// real boot per trial, so minutes each).
     pub fn parse(name: &str) -> Result<Self> {
@@ -53,10 +57,12 @@ impl Workload {
             vm,
             act,
             bad_spec,
+            staged: false,
         };
         Ok(match base {
             "happy-1" if at.is_none() => workload("DC0_H0_VM0", None, false),
             "happy-3" if at.is_none() => workload("DC0_H0_VM1", None, false),
+            "staged-3" if at.is_none() => workload("DC0_H0_VM1", None, false).staged(),
             "linux" if at.is_none() => workload(ferry_lab::linux_vms::LINUX_BIOS_VM, None, false),
             "bad-spec" if at.is_none() => workload("DC0_C0_RP0_VM0", None, false).with_bad_spec(),
             "cancel" => workload(
@@ -75,8 +81,15 @@ impl Workload {
         })
     }
 
+    fn staged(mut self) -> Self {
+        self.staged = true;
+        self
+    }
+
+    /// The misspelled Secret is the staging store's, so the bad spec is a staged migration's.
     fn with_bad_spec(mut self) -> Self {
         self.bad_spec = true;
+        self.staged = true;
         self
     }
 

@@ -467,7 +467,7 @@ async fn secrets_never_leak_and_the_controller_stays_within_its_permissions() {
     migration::apply(
         &client,
         ns.name(),
-        migration::migration(lab, ns.name(), "canary", vm),
+        migration::staged_migration(lab, ns.name(), "canary", vm),
     )
     .await
     .unwrap();

@@ -138,6 +138,15 @@ async fn three_disks_go_straight_into_filesystem_volumes_sparse_and_without_any_
     // 900 MiB of zeros stayed holes.
     let zeros = volume_image(&client, ns.name(), &format!("{name}-disk-1")).await;
     let allocated = std::fs::metadata(&zeros).unwrap().blocks() * 512;
+    println!(
+        "1 GiB disk, 124 MiB of data: {} MiB allocated in its volume; {}",
+        allocated / MIB,
+        status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == "DiskConverted")
+            .map_or("", |c| c.message.as_str())
+    );
     assert!(
         allocated < 200 * MIB,
         "{} MiB allocated for 124 MiB of data",

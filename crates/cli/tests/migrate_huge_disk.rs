@@ -68,8 +68,20 @@ async fn a_161_gib_disk_stages_in_fewer_parts_than_s3_allows_and_migrates() {
     let parts_before = staging.s3_requests("PutObjectPart").await.unwrap();
 
     let name = "huge";
-    let done =
-        migrate_until_succeeded(&client, ns.name(), name, VM, Duration::from_secs(4 * 3600)).await;
+    // Staged: the disk goes through S3 in the planned parts.
+    let manifest = ferry_testkit::migration::staged_migration(lab, ns.name(), name, VM);
+    ferry_testkit::migration::apply(&client, ns.name(), manifest)
+        .await
+        .unwrap();
+    let timeout = Duration::from_secs(4 * 3600);
+    let done = wait_for_phase(
+        &client,
+        ns.name(),
+        name,
+        ferry_api::Phase::Succeeded,
+        timeout,
+    )
+    .await;
     let migrated = started.elapsed() - seeded;
 
     let status = done.status.clone().unwrap();

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use ferry_api::keys::{HOLD_ANNOTATION, step_selector};
 use ferry_api::{Phase, PowerState};
-use ferry_controller::surface::CHECKPOINTS;
+use ferry_controller::surface::{Route, itinerary};
 use ferry_testkit::migration;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::ResourceExt;
@@ -62,8 +62,17 @@ async fn nothing_left(client: &kube::Client, ns: &str, name: &str, uid: &str) {
 }
 
 /// Creates a migration held at `phase` (the guest check: caught while the VM boots) and waits until it is there.
-async fn caught_at(client: &kube::Client, ns: &str, name: &str, vm: &str, phase: Phase) -> String {
-    let mut manifest = migration::migration(lab().await, ns, name, vm);
+async fn caught_at(
+    client: &kube::Client,
+    ns: &str,
+    name: &str,
+    vm: &str,
+    (route, phase): (Route, Phase),
+) -> String {
+    let mut manifest = match route {
+        Route::Staged => migration::staged_migration(lab().await, ns, name, vm),
+        _ => migration::migration(lab().await, ns, name, vm),
+    };
     if phase != Phase::ValidatingGuest {
         manifest["metadata"]["annotations"] = json!({HOLD_ANNOTATION: phase_name(phase)});
     }
@@ -76,12 +85,16 @@ async fn interrupt_at_every_checkpoint(vm: &str, prefix: &str, cancel: bool) {
     let _source = source_lock(vm).await;
     let (client, ns) = setup(prefix).await;
     let api = migrations(&client, ns.name());
-    // Each checkpoint of the itinerary is caught: held before it (its action not yet taken, everything before it
-    // done), or, for the guest check, while the booted VM runs.
-    for (i, phase) in CHECKPOINTS.iter().map(|c| c.phase).enumerate() {
+    // Each checkpoint of the direct itinerary is caught: held before it (its action not yet taken, everything
+    // before it done), or, for the guest check, while the booted VM runs. Then the staged path's own rows.
+    let direct = itinerary(Route::Direct)
+        .into_iter()
+        .map(|p| (Route::Direct, p));
+    let staged = [Phase::Converting, Phase::Importing].map(|p| (Route::Staged, p));
+    for (i, (route, phase)) in direct.chain(staged).enumerate() {
         set_source_power(vm, true).await;
         let name = format!("{prefix}-{i}");
-        let uid = caught_at(&client, ns.name(), &name, vm, phase).await;
+        let uid = caught_at(&client, ns.name(), &name, vm, (route, phase)).await;
         if cancel {
             let patch = json!({"spec": {"cancel": true}});
             api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
@@ -118,7 +131,7 @@ async fn interrupt_at_every_checkpoint(vm: &str, prefix: &str, cancel: bool) {
         assert_eq!(
             source_power(vm).await,
             PowerState::PoweredOn,
-            "{name} at {phase:?}: the source power is restored"
+            "{name} at {phase:?} ({route:?}): the source power is restored"
         );
     }
 }
@@ -195,9 +208,38 @@ async fn failures_within_the_budget_are_retried_and_past_it_fail_with_cleanup() 
     let vm = "DC0_H0_VM0";
     let _source = source_lock(vm).await;
     let (client, ns) = setup("retry").await;
-    let manifest = async |name| migration::migration(lab().await, ns.name(), name, vm);
+    let manifest = async |name| migration::staged_migration(lab().await, ns.name(), name, vm);
 
-    // One conversion and one import fail once: both are retried and the migration succeeds.
+    // Written directly: one blank volume fails to allocate, and one conversion pod is killed while it writes.
+    // Both are retried; the second attempt rewrites the volume whole and reads it back equal to the source.
+    let kill_writer = fault_switches(json!({"fail-imports": "1", "kill-pods": "1",
+        "kill-pods-selector": step_selector("convert")}));
+    let done = migrate_with_faults(
+        &client,
+        ns.name(),
+        vm,
+        kill_writer,
+        migration::migration(lab().await, ns.name(), "direct", vm),
+        Phase::Succeeded,
+    )
+    .await;
+    let status = done.status.unwrap();
+    assert_eq!(
+        (
+            budget_used(&status, Phase::Allocating),
+            budget_used(&status, Phase::Converting)
+        ),
+        (1, 1),
+        "{:?}",
+        status.retry
+    );
+    assert!(
+        status.disks.iter().all(|d| d.verified),
+        "{:?}",
+        status.disks
+    );
+
+    // Staged: one conversion and one import fail once: both are retried and the migration succeeds.
     let done = migrate_with_faults(
         &client,
         ns.name(),
@@ -354,8 +396,8 @@ async fn a_controller_killed_ten_times_still_migrates_with_one_of_everything() {
     };
     assert_eq!(
         created("jobs"),
-        1 + 3,
-        "one conversion Job and one verification Job per disk"
+        1,
+        "one conversion Job, which wrote and read back every volume"
     );
     assert_eq!(created("datavolumes"), 3, "one DataVolume per disk");
     assert_eq!(created("virtualmachines"), 1, "one VM");

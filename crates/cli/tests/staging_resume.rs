@@ -95,7 +95,7 @@ async fn a_conversion_pod_killed_mid_upload_resumes_and_uploads_only_the_missing
     migration::apply(
         &client,
         ns.name(),
-        migration::migration(lab, ns.name(), name, VM),
+        migration::staged_migration(lab, ns.name(), name, VM),
     )
     .await
     .unwrap();

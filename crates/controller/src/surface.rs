@@ -20,7 +20,7 @@ use crate::context::Context;
 pub use crate::build::datavolume::{DvState, dv_state};
 pub use crate::checkpoint::jobs::JobState;
 /// The itinerary: the checkpoints in order, and the phases a migration moves forward through.
-pub use crate::checkpoint::{CHECKPOINTS, Checkpoint, phases};
+pub use crate::checkpoint::{CHECKPOINTS, Checkpoint, Route, itinerary, phases};
 pub use crate::error::Failure;
 pub use crate::status::{disk_fraction, progress_bytes};
 

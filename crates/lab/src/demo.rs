@@ -157,9 +157,9 @@ fn guest_check(vm: &str) -> Value {
 /// How long a lab guest without an agent must run to pass the guest check.
 pub const LAB_SETTLE_SECONDS: i32 = 2;
 
-/// A migration of the lab VM `vm` with every vcsim network on the pod network, staged in the lab's MinIO.
-pub fn migration(state: &LabState, ns: &str, name: &str, vm: &str) -> Value {
-    let staging = state.staging.clone().expect("the lab has a staging store");
+/// A migration of the lab VM `vm` with every vcsim network on the pod network, written straight into its
+/// volumes (no staging).
+pub fn migration(_state: &LabState, ns: &str, name: &str, vm: &str) -> Value {
     let networks: Vec<Value> = SOURCE_NETWORKS
         .iter()
         .map(|n| json!({"source": n, "pod": {}}))
@@ -170,8 +170,16 @@ pub fn migration(state: &LabState, ns: &str, name: &str, vm: &str) -> Value {
         "spec": {
             "source": {"providerRef": {"name": PROVIDER}, "vm": {"name": vm}, "restorePowerState": true},
             "target": {"networks": networks},
-            "staging": {"url": staging.url("migrations"), "endpoint": staging.endpoint, "secretRef": {"name": STAGING_SECRET}},
             "guestCheck": guest_check(vm),
         },
     })
+}
+
+/// [`migration`], staged in the lab's MinIO (`spec.staging`).
+pub fn staged_migration(state: &LabState, ns: &str, name: &str, vm: &str) -> Value {
+    let staging = state.staging.clone().expect("the lab has a staging store");
+    let mut manifest = migration(state, ns, name, vm);
+    manifest["spec"]["staging"] = json!({"url": staging.url("migrations"), "endpoint": staging.endpoint,
+        "secretRef": {"name": STAGING_SECRET}});
+    manifest
 }

@@ -118,7 +118,13 @@ pub async fn create_provider(client: &Client, lab: &TestLab, ns: &str) -> Result
     ferry_lab::demo::create_provider(client, lab.state(), ns).await
 }
 
-/// A migration of the lab VM `vm` with every vcsim network on the pod network, staged in the lab's MinIO.
+/// A migration of the lab VM `vm` with every vcsim network on the pod network, written straight into its
+/// volumes.
 pub fn migration(lab: &TestLab, ns: &str, name: &str, vm: &str) -> Value {
     ferry_lab::demo::migration(lab.state(), ns, name, vm)
+}
+
+/// [`migration`], staged in the lab's MinIO.
+pub fn staged_migration(lab: &TestLab, ns: &str, name: &str, vm: &str) -> Value {
+    ferry_lab::demo::staged_migration(lab.state(), ns, name, vm)
 }

@@ -42,8 +42,8 @@ pub struct VirtualMachineMigrationSpec {
     pub conversion: ConversionSpec,
     /// Stage each disk in an object store and let CDI import it from there. Unset (the default): the conversion
     /// Job writes each disk straight into a blank DataVolume, and no object store is needed.
+    /// It can be corrected in place (a misspelled Secret, a wrong endpoint), but not added or removed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[x_kube(validation = Rule::new("self == oldSelf").message("spec.staging is immutable: create a new migration instead"))]
     pub staging: Option<StagingSpec>,
     #[serde(default)]
     pub retry: RetrySpec,

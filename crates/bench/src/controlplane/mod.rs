@@ -150,8 +150,9 @@ async fn namespace(client: &kube::Client, state: &LabState, name: &str) -> Resul
     Ok(name.to_string())
 }
 
+/// Staged, as the floor's straight-line script migrates (its steps are the staged path's), so the two compare.
 fn manifest(state: &LabState, ns: &str, i: usize, vm: &str) -> serde_json::Value {
-    ferry_lab::demo::migration(state, ns, &format!("m-{i:05}"), vm)
+    ferry_lab::demo::staged_migration(state, ns, &format!("m-{i:05}"), vm)
 }
 
 /// What Ferry's run measured.

@@ -39,7 +39,7 @@ pub async fn run(step: &mut Step<'_>) -> Result<Next> {
             ),
         )),
         Ensured::Waiting(waiting) => Ok(Next::wait("Allocating", waiting.join("; "), WAIT)),
-        Ensured::Charged(next) => Ok(next),
+        Ensured::Persist(next) => Ok(next),
     }
 }
 
@@ -49,8 +49,8 @@ pub enum Ensured {
     Usable,
     /// Not yet: what each is waiting for.
     Waiting(Vec<String>),
-    /// A failed one was charged: write the status before it is removed.
-    Charged(Next),
+    /// Something must be on record first (a failure charged, the disks the volumes are for): write the status.
+    Persist(Next),
 }
 
 /// Makes every disk's blank DataVolume exist, created again after a failure (charged to Allocating's budget).
@@ -80,6 +80,19 @@ pub async fn ensure(step: &mut Step<'_>) -> Result<Ensured> {
         }
         match state {
             DvState::Absent => {
+                // Discovery's disks may still be only in this pass's working copy: a volume is created only for
+                // a disk on record.
+                let on_record = step
+                    .vmm
+                    .status
+                    .as_ref()
+                    .is_some_and(|s| s.disks.len() == step.status.disks.len());
+                if !on_record {
+                    return Ok(Ensured::Persist(Next::persist(
+                        "Allocating",
+                        "recording the source's disks before allocating their volumes",
+                    )));
+                }
                 if volumes::earlier_claim_left(step, &ns, &name).await? {
                     waiting.push(format!("the previous claim {name} is being removed"));
                     continue;
@@ -102,7 +115,7 @@ pub async fn ensure(step: &mut Step<'_>) -> Result<Ensured> {
                     Reason::VolumeAllocationFailed,
                     format!("DataVolume {name}: {message}"),
                 );
-                return retry(step, &uid, failure).map(Ensured::Charged);
+                return retry(step, &uid, failure).map(Ensured::Persist);
             }
             DvState::Terminating => waiting.push(format!("{name} being removed")),
             DvState::InProgress { phase, .. } => waiting.push(format!("{name} {phase}")),

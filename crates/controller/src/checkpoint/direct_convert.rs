@@ -37,7 +37,7 @@ pub async fn run(step: &mut Step<'_>) -> Result<Next> {
                 Ensured::Waiting(waiting) => {
                     return Ok(Next::wait("VolumesNotReady", waiting.join("; "), WAIT));
                 }
-                Ensured::Charged(next) => return Ok(next),
+                Ensured::Persist(next) => return Ok(next),
             }
             // A deleted Job's pods go later (background deletion); two writers on one volume would interleave.
             let writers = writers_alive(step, &ns).await?;

@@ -151,6 +151,11 @@ fn rows(route: Route) -> impl Iterator<Item = &'static Checkpoint> {
     CHECKPOINTS.iter().filter(move |c| c.route.runs_on(route))
 }
 
+/// The phases a migration of `route` runs, in order (without `Succeeded`).
+pub fn itinerary(route: Route) -> Vec<Phase> {
+    rows(route).map(|c| c.phase).collect()
+}
+
 /// The checkpoint a migration of `route` in `phase` runs; none for phases that are not checkpoints.
 pub fn find(route: Route, phase: Phase) -> Option<&'static Checkpoint> {
     rows(route).find(|c| c.phase == phase)
@@ -271,10 +276,6 @@ pub async fn run(phase: Phase, step: &mut Step<'_>) -> Result<Next> {
 mod tests {
     use super::*;
 
-    fn route_phases(route: Route) -> Vec<Phase> {
-        rows(route).map(|c| c.phase).collect()
-    }
-
     #[test]
     fn each_route_runs_its_rows_once_in_the_order_of_all_phases() {
         let all: Vec<Phase> = phases().collect();
@@ -285,7 +286,7 @@ mod tests {
                 phase = after(route, phase);
                 walked.push(phase);
             }
-            let mut expected = route_phases(route);
+            let mut expected = itinerary(route);
             expected.push(Phase::Succeeded);
             assert_eq!(walked, expected, "{route:?}");
             let ranks: Vec<_> = walked
