@@ -24,18 +24,7 @@ pub async fn run(step: &mut Step<'_>) -> Result<Next> {
                 // The failed attempt's Job was charged already; it makes room for this one.
                 jobs::delete(step.ctx, &ns, &children::convert_job(step.vmm, attempt - 1)).await?;
             }
-            let provider = super::source::provider(step.ctx, step.vmm).await?;
-            let source = step.status.source.clone().ok_or_else(|| {
-                Failure::transient(Reason::SourceNotDiscovered, "discovery recorded no source")
-            })?;
-            let job = build::job::convert_job(
-                step.vmm,
-                &source,
-                &provider,
-                attempt,
-                &step.ctx.config.worker_image,
-            );
-            jobs::create(step.ctx, &ns, &job).await?;
+            create_job(step, &ns, attempt).await?;
             // The same words as while it runs: its pod starting is no news worth a status write.
             Ok(Next::wait(
                 "Converting",
@@ -56,6 +45,23 @@ pub async fn run(step: &mut Step<'_>) -> Result<Next> {
         JobState::Succeeded(result) => record(step, &name, result).await,
         JobState::Failed(failure, uid) => retry(step, &ns, &name, &uid, failure).await,
     }
+}
+
+/// Creates attempt `attempt`'s conversion Job for the disks discovery recorded (either route: the spec decides
+/// whether it stages or writes the volumes).
+pub(super) async fn create_job(step: &Step<'_>, ns: &str, attempt: i32) -> Result<()> {
+    let provider = super::source::provider(step.ctx, step.vmm).await?;
+    let source = step.status.source.clone().ok_or_else(|| {
+        Failure::transient(Reason::SourceNotDiscovered, "discovery recorded no source")
+    })?;
+    let job = build::job::convert_job(
+        step.vmm,
+        &source,
+        &provider,
+        attempt,
+        &step.ctx.config.worker_image,
+    );
+    jobs::create(step.ctx, ns, &job).await
 }
 
 /// Long enough to stay quiet: the Job's own changes wake the migration up.

@@ -17,7 +17,7 @@ use super::allocate::{Ensured, ensure};
 use super::jobs::{self, JobState};
 use super::{Next, Step};
 use crate::error::{Failure, Result};
-use crate::{build, children, status};
+use crate::{children, status};
 
 /// Long enough to stay quiet: the Job's own changes wake the migration up.
 const WAIT: Duration = Duration::from_secs(60);
@@ -51,18 +51,7 @@ pub async fn run(step: &mut Step<'_>) -> Result<Next> {
                     Duration::from_secs(2),
                 ));
             }
-            let provider = super::source::provider(step.ctx, step.vmm).await?;
-            let source = step.status.source.clone().ok_or_else(|| {
-                Failure::transient(Reason::SourceNotDiscovered, "discovery recorded no source")
-            })?;
-            let job = build::job::convert_job(
-                step.vmm,
-                &source,
-                &provider,
-                attempt,
-                &step.ctx.config.worker_image,
-            );
-            jobs::create(step.ctx, &ns, &job).await?;
+            super::convert::create_job(step, &ns, attempt).await?;
             Ok(writing(&name, attempt))
         }
         JobState::Terminating => Ok(Next::wait(
