@@ -2,6 +2,7 @@
 
 mod controlplane;
 pub mod datapath;
+mod migrate;
 
 use anyhow::{Result, bail};
 use clap::{Args, Subcommand, ValueEnum};
@@ -22,6 +23,18 @@ enum BenchCommand {
         size: u64,
         #[arg(long, value_enum, default_value = "raw")]
         format: Format,
+    },
+    /// One whole migration per path (direct, staged raw, staged qcow2) in the lab, of a disk that is half random
+    /// data and half zeros, against the floor (the same disk downloaded from vcsim to a file): each path's wall
+    /// time from Converting to verified, its ratio to the floor, bytes read and written, the conversion pod's
+    /// peak RSS. Fails unless every migration succeeds and its volume hashes to the source.
+    Migrate {
+        /// Disk size, for example 4GiB or 512MiB.
+        #[arg(long, default_value = "4GiB", value_parser = parse_size)]
+        size: u64,
+        /// Each path's migration must succeed within this many seconds.
+        #[arg(long, default_value_t = 3600)]
+        timeout: u64,
     },
     /// N single-disk migrations of 1 MiB VMs in the lab, first as a straight-line script with no controller
     /// (the floor), then through Ferry's controller: wall times and their ratio, the controller's CPU and peak
@@ -58,8 +71,28 @@ fn parse_size(text: &str) -> Result<u64, String> {
     Ok(n * scale)
 }
 
+fn warn_if_debug_build() {
+    if cfg!(debug_assertions) {
+        eprintln!(
+            "note: a debug build; measure with `cargo run --release --bin ferry -- bench ...`"
+        );
+    }
+}
+
 pub async fn run(args: BenchArgs) -> Result<()> {
     match args.command {
+        BenchCommand::Migrate { size, timeout } => {
+            warn_if_debug_build();
+            if size < 2 << 20 {
+                bail!("the disk must be at least 2 MiB");
+            }
+            let options = migrate::Options {
+                size,
+                timeout: std::time::Duration::from_secs(timeout),
+            };
+            print!("{}", migrate::run(&options).await?.render());
+            Ok(())
+        }
         BenchCommand::Controlplane {
             migrations,
             timeout,
@@ -67,11 +100,7 @@ pub async fn run(args: BenchArgs) -> Result<()> {
             if migrations == 0 {
                 bail!("--migrations must be at least 1");
             }
-            if cfg!(debug_assertions) {
-                eprintln!(
-                    "note: a debug build; measure with `cargo run --release --bin ferry -- bench ...`"
-                );
-            }
+            warn_if_debug_build();
             let options = controlplane::Options {
                 migrations,
                 timeout: std::time::Duration::from_secs(timeout),
@@ -87,11 +116,7 @@ pub async fn run(args: BenchArgs) -> Result<()> {
             Ok(())
         }
         BenchCommand::Datapath { size, format } => {
-            if cfg!(debug_assertions) {
-                eprintln!(
-                    "note: a debug build; measure with `cargo run --release --bin ferry -- bench ...`"
-                );
-            }
+            warn_if_debug_build();
             if size < (1 << 20) {
                 bail!("the disk must be at least 1 MiB");
             }

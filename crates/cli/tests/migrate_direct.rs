@@ -204,3 +204,41 @@ async fn three_disks_go_straight_into_block_volumes_over_their_stale_bytes() {
         "the guest booted from its first volume"
     );
 }
+
+/// Local storage binds a volume where its first consumer runs: the conversion pod is that consumer, so every
+/// disk's claim gets the node it was scheduled to, CDI populates the blank volumes there, and the pod writes them.
+#[tokio::test]
+async fn a_wait_for_first_consumer_class_binds_the_volumes_where_the_conversion_pod_runs() {
+    use k8s_openapi::api::core::v1::PersistentVolumeClaim;
+    let vm = "ferry-direct-wffc";
+    let (client, ns) = setup("direct-wffc").await;
+    let lab = lab().await;
+    let sources = seed_vm(&lab.dir().join(vm), vm, &[4, 2]).await;
+    let name = "direct-wffc";
+    let mut manifest = direct_migration(lab, ns.name(), name, vm, "Filesystem");
+    manifest["spec"]["target"]["storageClassName"] =
+        ferry_lab::standins::cdi::WFFC_STORAGE_CLASS.into();
+    let done = migrate(&client, ns.name(), name, manifest).await;
+    let status = done.status.clone().unwrap();
+    let claims = Api::<PersistentVolumeClaim>::namespaced(client.clone(), ns.name());
+    for (disk, (_, sha)) in status.disks.iter().zip(&sources) {
+        assert!(disk.verified, "{disk:?}");
+        let dv = disk.data_volume.as_deref().unwrap();
+        let claim = claims.get(dv).await.unwrap();
+        assert_eq!(
+            claim
+                .annotations()
+                .get(ferry_lab::standins::cdi::SELECTED_NODE),
+            Some(&"lab-node".to_string()),
+            "{dv} was bound for its first consumer"
+        );
+        let image = volume_image(&client, ns.name(), dv).await;
+        assert_eq!(&sha256_prefix(&image, disk.capacity_bytes as u64), sha);
+    }
+    assert!(
+        guest_console(&client, ns.name(), name)
+            .await
+            .contains(&ferry_lab::demo::marker(vm)),
+        "the guest booted from its first volume"
+    );
+}

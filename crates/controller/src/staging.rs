@@ -181,6 +181,7 @@ mod tests {
             format: DiskFormat::Raw,
             bytes_read: 44 << 20,
             run: "this".into(),
+            peak_rss_bytes: None,
         }
     }
 

@@ -12,14 +12,15 @@ use bytes::{Bytes, BytesMut};
 use ferry_vsphere::Session;
 use ferry_vsphere::datastore::{Download, flat_disk};
 use futures::{StreamExt, TryStreamExt};
-use rustix::fs::{FallocateFlags, FlockOperation, SeekFrom};
+use rustix::fs::{Advice, FallocateFlags, FlockOperation, SeekFrom};
 use serde::{Deserialize, Serialize};
-use sha2::{Digest, Sha256};
 
 use crate::error::{Error, Result};
-use crate::hash::Hasher;
 use crate::progress::Progress;
+pub use crate::read_back::read_back;
+use crate::read_back::read_back_over;
 use crate::spec::{ConvertSpec, DiskSpec, VolumeSpec};
+use crate::zero_runs::ZeroRunThread;
 
 /// How a volume was read back: past the page cache, or (where O_DIRECT is refused, as on tmpfs) through it
 /// after dropping the cached pages.
@@ -85,7 +86,7 @@ async fn write_disk(
     };
     let (chunks, received) = tokio::sync::mpsc::channel::<Bytes>(16);
     let writer = tokio::task::spawn_blocking(move || target.write_from(received));
-    let hasher = Hasher::start();
+    let hasher = ZeroRunThread::start();
     let mut download = Download::open(session, &spec.source.datacenter, &flat.extent, 0).await?;
     while let Some(chunk) = download.next_chunk().await? {
         hasher.update(chunk.clone());
@@ -99,7 +100,7 @@ async fn write_disk(
     let bytes_written = writer
         .await
         .map_err(|e| volume_error(&volume.path, e.to_string()))??;
-    let source_sha256 = hasher.finish();
+    let (source_sha256, zero_runs) = hasher.finish();
     if download.offset() != size {
         return Err(Error::ShortRead {
             index: disk.index,
@@ -108,7 +109,7 @@ async fn write_disk(
         });
     }
     let path = volume.path.clone();
-    let (sha256, read_back) = blocking(move || read_back(&path, size)).await?;
+    let (sha256, read_back) = blocking(move || read_back_over(&path, size, &zero_runs)).await?;
     if sha256 != source_sha256 {
         return Err(Error::ChecksumMismatch {
             what: format!(
@@ -141,7 +142,7 @@ async fn blocking<T: Send + 'static>(
         })?
 }
 
-fn volume_error(path: &Path, detail: impl Into<String>) -> Error {
+pub(crate) fn volume_error(path: &Path, detail: impl Into<String>) -> Error {
     Error::Volume {
         path: path.display().to_string(),
         detail: detail.into(),
@@ -150,6 +151,8 @@ fn volume_error(path: &Path, detail: impl Into<String>) -> Error {
 
 /// Zero runs are found, and data written, in blocks of this size (a multiple of any file system's block).
 const BLOCK: usize = 64 << 10;
+/// Written data is handed to writeback in steps of this size.
+const WRITEBACK_EVERY: u64 = 64 << 20;
 /// Data blocks in a row are written with one call up to this size.
 const WRITE_AT_MOST: usize = 4 << 20;
 
@@ -161,6 +164,8 @@ struct Target {
     size: u64,
     /// Whether punching holes still works here; once refused, zeros are written.
     punch: bool,
+    /// Written data from here on has not been handed to writeback yet.
+    unflushed_from: u64,
 }
 
 impl Target {
@@ -198,27 +203,37 @@ impl Target {
             path,
             size,
             punch: true,
+            unflushed_from: 0,
         })
     }
 
     /// Writes the chunks, in order from byte 0, then syncs: data blocks are written, zero blocks punched.
     /// Returns the bytes of data written.
     fn write_from(mut self, mut chunks: tokio::sync::mpsc::Receiver<Bytes>) -> Result<u64> {
-        let mut pending = BytesMut::new();
+        // A block that straddles chunks is gathered here; whole blocks inside a chunk are sliced, not copied.
+        let mut partial = BytesMut::new();
         let mut run = Run::default();
         let mut offset = 0u64;
         let mut written = 0u64;
-        while let Some(chunk) = chunks.blocking_recv() {
-            pending.extend_from_slice(&chunk);
-            while pending.len() >= BLOCK {
-                let block = pending.split_to(BLOCK).freeze();
-                written += self.take(&mut run, offset, block)?;
+        while let Some(mut chunk) = chunks.blocking_recv() {
+            if !partial.is_empty() {
+                let take = (BLOCK - partial.len()).min(chunk.len());
+                partial.extend_from_slice(&chunk.split_to(take));
+                if partial.len() < BLOCK {
+                    continue;
+                }
+                written += self.take(&mut run, offset, partial.split().freeze())?;
                 offset += BLOCK as u64;
             }
+            while chunk.len() >= BLOCK {
+                written += self.take(&mut run, offset, chunk.split_to(BLOCK))?;
+                offset += BLOCK as u64;
+            }
+            partial.extend_from_slice(&chunk);
         }
-        if !pending.is_empty() {
-            let len = pending.len() as u64;
-            written += self.take(&mut run, offset, pending.freeze())?;
+        if !partial.is_empty() {
+            let len = partial.len() as u64;
+            written += self.take(&mut run, offset, partial.freeze())?;
             offset += len;
         }
         written += self.flush(&mut run)?;
@@ -235,7 +250,7 @@ impl Target {
     fn take(&mut self, run: &mut Run, offset: u64, block: Bytes) -> Result<u64> {
         let zero = is_zero(&block);
         let mut written = 0;
-        if run.len() > 0 && (run.zero != zero || run.data.len() >= WRITE_AT_MOST) {
+        if run.len() > 0 && (run.zero != zero || run.data_len >= WRITE_AT_MOST as u64) {
             written = self.flush(run)?;
         }
         if run.len() == 0 {
@@ -245,7 +260,8 @@ impl Target {
         if zero {
             run.zeros += block.len() as u64;
         } else {
-            run.data.extend_from_slice(&block);
+            run.data_len += block.len() as u64;
+            run.data.push(block);
         }
         Ok(written)
     }
@@ -256,10 +272,18 @@ impl Target {
             self.zero(done.start, done.zeros)?;
             return Ok(0);
         }
-        self.file
-            .write_all_at(&done.data, done.start)
+        write_all_vectored_at(&self.file, &done.data, done.start)
             .map_err(|e| volume_error(&self.path, format!("at byte {}: {e}", done.start)))?;
-        Ok(done.data.len() as u64)
+        let end = done.start + done.data_len;
+        if end - self.unflushed_from >= WRITEBACK_EVERY {
+            // Starts writeback of what is written so far (DONTNEED writes dirty pages back and keeps them until
+            // they are clean): the disk works while the download goes on, the final fdatasync has little
+            // left, and the pod's page cache stays small.
+            let len = std::num::NonZeroU64::new(end - self.unflushed_from);
+            let _ = rustix::fs::fadvise(&self.file, self.unflushed_from, len, Advice::DontNeed);
+            self.unflushed_from = end;
+        }
+        Ok(done.data_len)
     }
 
     /// Makes `len` bytes at `offset` read as zeros: a hole (files; a discard on thin block devices), else
@@ -298,17 +322,46 @@ struct Run {
     start: u64,
     zero: bool,
     zeros: u64,
-    data: BytesMut,
+    data: Vec<Bytes>,
+    data_len: u64,
 }
 
 impl Run {
     fn len(&self) -> u64 {
-        self.zeros + self.data.len() as u64
+        self.zeros + self.data_len
     }
 }
 
+/// Writes `blocks` one after the other from `offset`, in as few calls as the kernel takes them.
+fn write_all_vectored_at(file: &File, blocks: &[Bytes], mut offset: u64) -> std::io::Result<()> {
+    let (mut first, mut skip) = (0, 0);
+    while first < blocks.len() {
+        let slices: Vec<std::io::IoSlice<'_>> = std::iter::once(&blocks[first][skip..])
+            .chain(blocks[first + 1..].iter().map(|b| &b[..]))
+            .map(std::io::IoSlice::new)
+            .collect();
+        let mut n = rustix::io::pwritev(file, &slices, offset)?;
+        if n == 0 {
+            return Err(std::io::ErrorKind::WriteZero.into());
+        }
+        offset += n as u64;
+        while n > 0 {
+            let left = blocks[first].len() - skip;
+            if n < left {
+                skip += n;
+                n = 0;
+            } else {
+                n -= left;
+                first += 1;
+                skip = 0;
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Whether every byte is zero, sixteen at a time.
-fn is_zero(bytes: &[u8]) -> bool {
+pub(crate) fn is_zero(bytes: &[u8]) -> bool {
     let words = bytes.chunks_exact(16);
     let tail = words.remainder();
     words
@@ -317,106 +370,14 @@ fn is_zero(bytes: &[u8]) -> bool {
         && tail.iter().all(|b| *b == 0)
 }
 
-/// Buffers for O_DIRECT are aligned to this (the largest logical block size in use).
-const ALIGN: usize = 4096;
-const READ_AT_ONCE: usize = 4 << 20;
-static ZEROS: [u8; 1 << 20] = [0; 1 << 20];
-
-/// The sha256 of the first `size` bytes of `path`, read past the page cache where the file system allows it.
-/// Holes (found with SEEK_DATA) hash as the zeros they read as, without being read.
-pub fn read_back(path: &Path, size: u64) -> Result<(String, ReadBack)> {
-    let io = |what: &str, e: rustix::io::Errno| volume_error(path, format!("{what}: {e}"));
-    let mut mode = ReadBack::Direct;
-    let direct =
-        rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::DIRECT | rustix::fs::OFlags::CLOEXEC;
-    let mut fd = match rustix::fs::open(path, direct, rustix::fs::Mode::empty()) {
-        Ok(fd) => fd,
-        Err(rustix::io::Errno::INVAL) => {
-            mode = ReadBack::Buffered;
-            buffered(path)?
-        }
-        Err(e) => return Err(io("opening to read back", e)),
-    };
-    // Past its end a file reads as nothing, and SEEK_DATA would take that for a hole.
-    let length = rustix::fs::seek(&fd, SeekFrom::End(0)).map_err(|e| io("finding its size", e))?;
-    if length < size {
-        return Err(Error::ShortRead {
-            index: 0,
-            got: length,
-            expected: size,
-        });
-    }
-    let mut storage = vec![0u8; READ_AT_ONCE + ALIGN];
-    let skew = (ALIGN - storage.as_ptr() as usize % ALIGN) % ALIGN;
-    let buf = &mut storage[skew..skew + READ_AT_ONCE];
-    let (mut hash, mut pos) = (Sha256::new(), 0u64);
-    while pos < size {
-        let data = match rustix::fs::seek(&fd, SeekFrom::Data(pos)) {
-            Ok(at) => at.min(size),
-            Err(rustix::io::Errno::NXIO) => size,
-            Err(_) => pos,
-        };
-        hash_zeros(&mut hash, data - pos);
-        pos = data;
-        if pos >= size {
-            break;
-        }
-        let hole = match rustix::fs::seek(&fd, SeekFrom::Hole(pos)) {
-            Ok(at) => at.clamp(pos + 1, size),
-            Err(_) => size,
-        };
-        while pos < hole {
-            let want = (hole - pos).min(READ_AT_ONCE as u64) as usize;
-            let aligned = want.next_multiple_of(ALIGN);
-            let n = match rustix::io::pread(&fd, &mut buf[..aligned], pos) {
-                Ok(n) => n,
-                Err(rustix::io::Errno::INVAL) if mode == ReadBack::Direct => {
-                    // An offset or length this file system will not read directly.
-                    mode = ReadBack::Buffered;
-                    fd = buffered(path)?;
-                    continue;
-                }
-                Err(e) => return Err(io(&format!("reading at byte {pos}"), e)),
-            };
-            if n == 0 {
-                return Err(Error::ShortRead {
-                    index: 0,
-                    got: pos,
-                    expected: size,
-                });
-            }
-            let take = n.min(want);
-            hash.update(&buf[..take]);
-            pos += take as u64;
-        }
-    }
-    Ok((crate::hex(&hash.finalize()), mode))
-}
-
-/// Opens `path` for buffered reading after dropping its cached pages (already synced, so they can go).
-fn buffered(path: &Path) -> Result<rustix::fd::OwnedFd> {
-    let flags = rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::CLOEXEC;
-    let fd = rustix::fs::open(path, flags, rustix::fs::Mode::empty())
-        .map_err(|e| volume_error(path, format!("opening to read back: {e}")))?;
-    let _ = rustix::fs::fadvise(&fd, 0, None, rustix::fs::Advice::DontNeed);
-    Ok(fd)
-}
-
-fn hash_zeros(hash: &mut Sha256, mut len: u64) {
-    while len > 0 {
-        let n = len.min(ZEROS.len() as u64) as usize;
-        hash.update(&ZEROS[..n]);
-        len -= n as u64;
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::os::unix::fs::MetadataExt;
 
     fn sha(bytes: &[u8]) -> String {
-        crate::hex(&Sha256::digest(bytes))
+        use sha2::Digest;
+        crate::hex(&sha2::Sha256::digest(bytes))
     }
 
     /// A disk of `blocks` 64 KiB blocks, `data` of them (every 10th from the start) random, the rest zeros.

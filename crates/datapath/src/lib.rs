@@ -8,12 +8,15 @@ pub mod direct;
 pub mod error;
 mod hash;
 mod local_parts;
+pub mod memory;
 pub mod progress;
+mod read_back;
 pub mod report;
 pub mod spec;
 pub mod staging;
 mod upload;
 pub mod verify;
+mod zero_runs;
 
 pub use convert::{DiskResult, convert_all};
 pub use error::{Error, Result};

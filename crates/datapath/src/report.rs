@@ -81,6 +81,9 @@ pub struct StagedSummary {
     /// Bytes read from the source in this run, over all disks.
     pub bytes_read: u64,
     pub run: String,
+    /// See [`crate::memory::peak_rss_bytes`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peak_rss_bytes: Option<u64>,
 }
 
 impl StagedSummary {
@@ -90,6 +93,7 @@ impl StagedSummary {
             format,
             bytes_read: disks.iter().map(|d| d.bytes_read).sum(),
             run: run.to_string(),
+            peak_rss_bytes: crate::memory::peak_rss_bytes(),
         }
     }
 
@@ -118,6 +122,9 @@ pub struct WrittenSummary {
     /// Data written to the volumes; zeros were punched instead of written.
     pub bytes_written: u64,
     pub sha256: Vec<String>,
+    /// See [`crate::memory::peak_rss_bytes`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peak_rss_bytes: Option<u64>,
 }
 
 /// The most disks whose [`WrittenSummary`] fits in a termination message.
@@ -136,6 +143,7 @@ impl WrittenSummary {
             bytes_read: disks.iter().map(|d| d.bytes_read).sum(),
             bytes_written: disks.iter().map(|d| d.bytes_written).sum(),
             sha256: disks.iter().map(|d| d.sha256.clone()).collect(),
+            peak_rss_bytes: crate::memory::peak_rss_bytes(),
         }
     }
 }
@@ -327,6 +335,7 @@ mod tests {
             format: DiskFormat::Raw,
             bytes_read: 48 << 20,
             run: "0123456789abcdef".into(),
+            peak_rss_bytes: None,
         }
     }
 
@@ -340,7 +349,9 @@ mod tests {
             read_back: ReadBack::Buffered,
         };
         let disks: Vec<_> = (0..MAX_WRITTEN_DISKS as u32).map(disk).collect();
-        let report = JobReport::Written(WrittenSummary::of(&disks, &"r".repeat(16)));
+        let mut summary = WrittenSummary::of(&disks, &"r".repeat(16));
+        summary.peak_rss_bytes = Some(u64::MAX);
+        let report = JobReport::Written(summary);
         let text = report.to_message();
         assert!(text.len() <= TERMINATION_MESSAGE_BYTES, "{}", text.len());
         assert_eq!(JobReport::parse(&text), Some(report));
@@ -360,6 +371,7 @@ mod tests {
         let many = JobReport::Staged(StagedSummary {
             disks: u32::MAX,
             bytes_read: u64::MAX,
+            peak_rss_bytes: Some(u64::MAX),
             ..summary()
         });
         assert!(many.to_message().len() < 200);

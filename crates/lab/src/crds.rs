@@ -39,22 +39,28 @@ pub fn all() -> Result<Vec<CustomResourceDefinition>> {
     Ok(crds)
 }
 
-/// The lab's one StorageClass, the default, served by the CDI stand-in's hostPath volumes.
+/// The lab's StorageClasses, served by the CDI stand-in's hostPath volumes: the default binds at once, the other
+/// waits for the first consumer (as local storage does).
 async fn install_storage_class(client: &Client) -> Result<()> {
-    let class = serde_json::json!({
-        "apiVersion": "storage.k8s.io/v1", "kind": "StorageClass",
-        "metadata": {"name": crate::standins::cdi::STORAGE_CLASS,
-                     "annotations": {"storageclass.kubernetes.io/is-default-class": "true"}},
-        "provisioner": "lab.ferry.dev/hostpath", "reclaimPolicy": "Delete", "volumeBindingMode": "Immediate",
-    });
-    Api::<k8s_openapi::api::storage::v1::StorageClass>::all(client.clone())
-        .patch(
-            crate::standins::cdi::STORAGE_CLASS,
-            &PatchParams::apply(MANAGER).force(),
-            &Patch::Apply(&class),
-        )
-        .await
-        .context("creating the lab's StorageClass")?;
+    use crate::standins::cdi::{STORAGE_CLASS, WFFC_STORAGE_CLASS};
+    for (name, mode, default) in [
+        (STORAGE_CLASS, "Immediate", "true"),
+        (WFFC_STORAGE_CLASS, "WaitForFirstConsumer", "false"),
+    ] {
+        let class = serde_json::json!({
+            "apiVersion": "storage.k8s.io/v1", "kind": "StorageClass",
+            "metadata": {"name": name, "annotations": {"storageclass.kubernetes.io/is-default-class": default}},
+            "provisioner": "lab.ferry.dev/hostpath", "reclaimPolicy": "Delete", "volumeBindingMode": mode,
+        });
+        Api::<k8s_openapi::api::storage::v1::StorageClass>::all(client.clone())
+            .patch(
+                name,
+                &PatchParams::apply(MANAGER).force(),
+                &Patch::Apply(&class),
+            )
+            .await
+            .with_context(|| format!("creating the lab's StorageClass {name}"))?;
+    }
     Ok(())
 }
 

@@ -38,7 +38,7 @@ pub struct Options {
 }
 
 /// Stops the lab and removes its directory however the benchmark ends.
-struct LabGuard(PathBuf);
+pub(crate) struct LabGuard(pub(crate) PathBuf);
 
 impl Drop for LabGuard {
     fn drop(&mut self) {
@@ -132,7 +132,11 @@ pub async fn run(options: &Options) -> Result<Report> {
 }
 
 /// A namespace with the lab's Provider (its limits at their highest) and Secrets.
-async fn namespace(client: &kube::Client, state: &LabState, name: &str) -> Result<String> {
+pub(crate) async fn namespace(
+    client: &kube::Client,
+    state: &LabState,
+    name: &str,
+) -> Result<String> {
     Api::<Namespace>::all(client.clone())
         .create(
             &PostParams::default(),
@@ -233,7 +237,7 @@ async fn ferry_run(
 }
 
 /// The controller as the deploy/ ServiceAccount, leading.
-async fn start_controller(state: &LabState) -> Result<(ProcessRecord, u16)> {
+pub(crate) async fn start_controller(state: &LabState) -> Result<(ProcessRecord, u16)> {
     let kubeconfig = ferry_lab::controller_process::kubeconfig(&state.dir, &state.api_url)?;
     let port = process::free_port()?;
     let component = ferry_lab::controller_process::component(
@@ -252,7 +256,7 @@ async fn start_controller(state: &LabState) -> Result<(ProcessRecord, u16)> {
 }
 
 /// Stops the controller when dropped.
-fn scopeguard(record: ProcessRecord) -> impl Drop {
+pub(crate) fn scopeguard(record: ProcessRecord) -> impl Drop {
     struct Stop(ProcessRecord);
     impl Drop for Stop {
         fn drop(&mut self) {

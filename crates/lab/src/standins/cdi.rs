@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 pub use ferry_api::foreign::dv_resource;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Secret};
+use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{DynamicObject, Patch, PatchParams, PostParams};
 use kube::runtime::controller::{Action, Controller};
@@ -22,6 +23,12 @@ use serde_json::json;
 
 pub const FAULT_ANNOTATION: &str = "lab.ferry.dev/fault";
 pub const STORAGE_CLASS: &str = "lab-hostpath";
+/// The lab's StorageClass that binds a volume only once a pod uses it, on that pod's node, as local storage does.
+pub const WFFC_STORAGE_CLASS: &str = "lab-hostpath-wffc";
+/// What the scheduler writes on a WaitForFirstConsumer claim once it picked a node for its first consumer.
+pub const SELECTED_NODE: &str = "volume.kubernetes.io/selected-node";
+/// CDI's request to bind a DataVolume's claim now, without waiting for a consumer (Forklift's imports set it).
+const BIND_IMMEDIATE: &str = "cdi.kubevirt.io/storage.bind.immediate.requested";
 const MANAGER: &str = "cdi-standin";
 /// CDI's default `filesystemOverhead.global`: the share of a Filesystem volume its file system takes.
 const FILESYSTEM_OVERHEAD: f64 = 0.06;
@@ -137,8 +144,22 @@ async fn reconcile(dv: Arc<DynamicObject>, ctx: Arc<Cdi>) -> Result<Action, Erro
         .volumes
         .join(&ns)
         .join(format!("{name}-{}", &uid[..uid.len().min(8)]));
-    let bound = ensure_volume(&ctx.client, &dv, &dir).await?;
-    if !bound {
+    let volume = ensure_volume(&ctx.client, &dv, &dir).await?;
+    if volume == Volume::AwaitingConsumer {
+        // CDI's volume populators wait for the claim's first consumer, then populate on its node.
+        set_status(
+            &ctx.client,
+            &dv,
+            "PendingPopulation",
+            "N/A",
+            false,
+            "PendingPopulation",
+            "PVC is WaitForFirstConsumer: population starts once a pod uses it",
+        )
+        .await?;
+        return Ok(Action::requeue(Duration::from_secs(1)));
+    }
+    if volume == Volume::Pending {
         set_status(
             &ctx.client,
             &dv,
@@ -180,10 +201,40 @@ async fn reconcile(dv: Arc<DynamicObject>, ctx: Arc<Cdi>) -> Result<Action, Erro
     Ok(Action::requeue(Duration::from_secs(10)))
 }
 
-/// The PVC `<dv>` (owned by the DataVolume) and a hostPath PV pre-bound to it. True once the PVC is bound.
-async fn ensure_volume(client: &Client, dv: &DynamicObject, dir: &Path) -> Result<bool, Error> {
+#[derive(Debug, PartialEq)]
+enum Volume {
+    Bound,
+    Pending,
+    /// A WaitForFirstConsumer claim no pod has used yet.
+    AwaitingConsumer,
+}
+
+/// The StorageClass a DataVolume asks for (the lab's default if none), and whether its claim waits for a first
+/// consumer: the class binds on first use and the DataVolume did not ask for immediate binding.
+async fn storage_class(client: &Client, dv: &DynamicObject) -> Result<(String, bool), Error> {
+    let spec = &dv.data["spec"];
+    let class = spec["storage"]["storageClassName"]
+        .as_str()
+        .or(spec["pvc"]["storageClassName"].as_str())
+        .unwrap_or(STORAGE_CLASS)
+        .to_string();
+    let mode = Api::<StorageClass>::all(client.clone())
+        .get_opt(&class)
+        .await?
+        .and_then(|c| c.volume_binding_mode);
+    let immediate = dv.annotations().get(BIND_IMMEDIATE).map(String::as_str) == Some("true");
+    Ok((
+        class,
+        mode.as_deref() == Some("WaitForFirstConsumer") && !immediate,
+    ))
+}
+
+/// The PVC `<dv>` (owned by the DataVolume) and a hostPath PV pre-bound to it; on a WaitForFirstConsumer class,
+/// the PV only once the scheduler picked a node for the claim's first consumer.
+async fn ensure_volume(client: &Client, dv: &DynamicObject, dir: &Path) -> Result<Volume, Error> {
     let ns = dv.namespace().unwrap_or_default();
     let name = dv.name_any();
+    let (class, wait_for_consumer) = storage_class(client, dv).await?;
     std::fs::create_dir_all(dir).map_err(|e| Error::Volume(format!("{}: {e}", dir.display())))?;
     let (size, block) = claim_size(dv);
     let size = size.to_string();
@@ -208,12 +259,16 @@ async fn ensure_volume(client: &Client, dv: &DynamicObject, dir: &Path) -> Resul
     let owner = dv
         .controller_owner_ref(&dv_resource())
         .expect("a stored DataVolume has a uid");
-    let claim: PersistentVolumeClaim = serde_json::from_value(json!({
+    let mut claim = json!({
         "metadata": {"name": name, "namespace": ns, "ownerReferences": [owner], "labels": dv.labels()},
-        "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": STORAGE_CLASS, "volumeMode": volume_mode,
-                 "volumeName": pv_name, "resources": {"requests": {"storage": size}}},
-    }))
-    .map_err(|e| Error::Volume(e.to_string()))?;
+        "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": class, "volumeMode": volume_mode,
+                 "resources": {"requests": {"storage": size}}},
+    });
+    if !wait_for_consumer {
+        claim["spec"]["volumeName"] = json!(pv_name);
+    }
+    let claim: PersistentVolumeClaim =
+        serde_json::from_value(claim).map_err(|e| Error::Volume(e.to_string()))?;
     let existing = claims.get_opt(&name).await?;
     if existing.is_none() {
         claims.create(&PostParams::default(), &claim).await?;
@@ -225,25 +280,38 @@ async fn ensure_volume(client: &Client, dv: &DynamicObject, dir: &Path) -> Resul
             .any(|o| Some(&o.uid) == dv.metadata.uid.as_ref())
     });
     if !owned_here {
-        return Ok(false);
+        return Ok(Volume::Pending);
+    }
+    let selected_node = existing
+        .as_ref()
+        .and_then(|c| c.annotations().get(SELECTED_NODE).cloned());
+    if wait_for_consumer && selected_node.is_none() {
+        return Ok(Volume::AwaitingConsumer);
     }
     let pvs: Api<PersistentVolume> = Api::all(client.clone());
     if pvs.get_opt(&pv_name).await?.is_none() {
-        let pv: PersistentVolume = serde_json::from_value(json!({
+        let mut pv = json!({
             "metadata": {"name": pv_name, "labels": {"lab.ferry.dev/datavolume-uid": dv.uid()}},
-            "spec": {"capacity": {"storage": size}, "accessModes": ["ReadWriteOnce"], "storageClassName": STORAGE_CLASS,
+            "spec": {"capacity": {"storage": size}, "accessModes": ["ReadWriteOnce"], "storageClassName": class,
                      "volumeMode": volume_mode, "persistentVolumeReclaimPolicy": "Delete",
                      "hostPath": {"path": host_path.display().to_string()},
                      "claimRef": {"namespace": ns, "name": name}},
-        }))
-        .map_err(|e| Error::Volume(e.to_string()))?;
+        });
+        if let Some(node) = selected_node {
+            // Local storage: the volume lives on the node its first consumer was scheduled to.
+            pv["spec"]["nodeAffinity"] = json!({"required": {"nodeSelectorTerms": [{"matchExpressions": [
+                {"key": "kubernetes.io/hostname", "operator": "In", "values": [node]}]}]}});
+        }
+        let pv: PersistentVolume =
+            serde_json::from_value(pv).map_err(|e| Error::Volume(e.to_string()))?;
         pvs.create(&PostParams::default(), &pv).await?;
     }
-    Ok(existing
-        .and_then(|c| c.status)
-        .and_then(|s| s.phase)
-        .as_deref()
-        == Some("Bound"))
+    let bound = existing.and_then(|c| c.status).and_then(|s| s.phase);
+    Ok(if bound.as_deref() == Some("Bound") {
+        Volume::Bound
+    } else {
+        Volume::Pending
+    })
 }
 
 /// The claim's size as CDI renders it, and whether it is a Block volume. `spec.storage` on a Filesystem volume

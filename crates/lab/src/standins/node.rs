@@ -11,7 +11,7 @@ use std::time::Duration;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{
     Binding, ConfigMap, Container, Node, ObjectReference, PersistentVolume, PersistentVolumeClaim,
-    Pod, Secret,
+    Pod, PodSpec, Secret,
 };
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
@@ -141,9 +141,14 @@ async fn reconcile(pod: Arc<Pod>, ctx: Arc<NodeAgent>) -> Result<Action, Error> 
         None | Some("") => {
             let fits = spec
                 .node_selector
+                .clone()
                 .unwrap_or_default()
                 .iter()
                 .all(|(k, v)| node_labels().get(k) == Some(v));
+            if fits && !volumes_bind_first(&ctx.client, &ns, &spec).await? {
+                // As the scheduler's volume binding: the pod waits, Pending, while its claims bind.
+                return Ok(Action::requeue(Duration::from_secs(1)));
+            }
             if fits {
                 let binding = Binding {
                     metadata: kube::api::ObjectMeta {
@@ -204,6 +209,51 @@ async fn reconcile(pod: Arc<Pod>, ctx: Arc<NodeAgent>) -> Result<Action, Error> 
         running.insert(uid, tokio::spawn(async move { run_pod(pod, ctx2).await }));
     }
     Ok(Action::requeue(Duration::from_secs(30)))
+}
+
+/// Whether the pod's claims are ready for it to be bound to this node. A WaitForFirstConsumer claim not yet bound
+/// gets this node as its selected node, as the scheduler writes it, and the pod waits until the claim binds.
+/// Other claims are left as they are: a missing or unbound one fails the pod when it starts, as before.
+async fn volumes_bind_first(client: &Client, ns: &str, spec: &PodSpec) -> Result<bool, Error> {
+    use super::cdi::SELECTED_NODE;
+    use k8s_openapi::api::storage::v1::StorageClass;
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), ns);
+    let mut ready = true;
+    for volume in spec.volumes.iter().flatten() {
+        let Some(source) = &volume.persistent_volume_claim else {
+            continue;
+        };
+        let Some(claim) = claims.get_opt(&source.claim_name).await? else {
+            continue;
+        };
+        let bound = claim.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Bound");
+        let class = claim
+            .spec
+            .as_ref()
+            .and_then(|s| s.storage_class_name.clone());
+        if bound || class.is_none() {
+            continue;
+        }
+        let mode = Api::<StorageClass>::all(client.clone())
+            .get_opt(class.as_deref().unwrap_or_default())
+            .await?
+            .and_then(|c| c.volume_binding_mode);
+        if mode.as_deref() != Some("WaitForFirstConsumer") {
+            continue;
+        }
+        ready = false;
+        if !claim.annotations().contains_key(SELECTED_NODE) {
+            let patch = json!({"metadata": {"annotations": {SELECTED_NODE: NODE}}});
+            claims
+                .patch(
+                    &source.claim_name,
+                    &PatchParams::default(),
+                    &Patch::Merge(&patch),
+                )
+                .await?;
+        }
+    }
+    Ok(ready)
 }
 
 /// Runs the pod's container to its end and records each state, as a kubelet with `restartPolicy: Never` does.
