@@ -16,8 +16,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use ferry_api::{Phase, VirtualMachineMigration};
 use ferry_datapath::report::JobReport;
-use ferry_lab::process::Lifetime;
-use ferry_lab::{LabOptions, LabState};
+use ferry_lab::LabState;
 use ferry_vsphere::Session;
 use ferry_vsphere::datastore::{Download, flat_disk};
 use ferry_vsphere::inventory::{self, VmSelector};
@@ -28,7 +27,7 @@ use kube::Api;
 use kube::runtime::{WatchStreamExt, watcher};
 use serde_json::json;
 
-use crate::controlplane::{LabGuard, namespace, scopeguard, start_controller};
+use crate::controlplane::{LabGuard, bench_lab, namespace, scopeguard, start_controller};
 
 const MIB: u64 = 1 << 20;
 
@@ -160,19 +159,8 @@ pub async fn run(options: &Options) -> Result<Report> {
     std::fs::create_dir_all(&dir)?;
     let _guard = LabGuard(dir.clone());
     eprintln!("lab: {}", dir.display());
-    let lab = LabOptions {
-        dir: dir.clone(),
-        tools: ferry_lab::tools::bin_dir()?,
-        lifetime: Lifetime::TiedToThisProcess,
-        standins: Some(std::env::current_exe()?),
-        demo_vms: false,
-        controller: false,
-        vcsim_vms: ferry_lab::lab::DEFAULT_VCSIM_VMS,
-        // Nothing to boot: the disk is data, and the benchmark ends its clock at CreatingVM.
-        boot_guests: false,
-        vcsim_realism: Default::default(),
-        compress_staging: false,
-    };
+    // Nothing to boot: the disk is data, and the benchmark ends its clock at CreatingVM.
+    let lab = bench_lab(&dir, ferry_lab::lab::DEFAULT_VCSIM_VMS)?;
     let state = ferry_lab::up(&lab).await?.into_state();
     ferry_lab::controller_process::apply_rbac(&state.tools, &state.kubeconfig)?;
     let endpoint = state.vcsim.clone().context("no vcsim")?;

@@ -54,20 +54,11 @@ pub async fn run(options: &Options) -> Result<Report> {
     let _guard = LabGuard(dir.clone());
     eprintln!("lab: {}", dir.display());
     let started = Instant::now();
-    let lab = LabOptions {
-        dir: dir.clone(),
-        tools: ferry_lab::tools::bin_dir()?,
-        lifetime: Lifetime::TiedToThisProcess,
-        standins: Some(std::env::current_exe()?),
-        demo_vms: false,
-        controller: false,
-        // vcsim puts this many on its standalone host and as many in its cluster.
-        vcsim_vms: n.div_ceil(2).max(ferry_lab::lab::DEFAULT_VCSIM_VMS),
-        boot_guests: false,
-        vcsim_realism: Default::default(),
-        compress_staging: false,
-    };
-    let state = ferry_lab::up(&lab).await?.into_state();
+    // vcsim puts this many on its standalone host and as many in its cluster.
+    let vcsim_vms = n.div_ceil(2).max(ferry_lab::lab::DEFAULT_VCSIM_VMS);
+    let state = ferry_lab::up(&bench_lab(&dir, vcsim_vms)?)
+        .await?
+        .into_state();
     ferry_lab::controller_process::apply_rbac(&state.tools, &state.kubeconfig)?;
     let endpoint = state.vcsim.clone().context("no vcsim")?;
     let vms = sources::source_vms(&endpoint, &state.dir, n).await?;
@@ -128,6 +119,23 @@ pub async fn run(options: &Options) -> Result<Report> {
             &ferry_ns,
         )?,
         ferry,
+    })
+}
+
+/// A benchmark's lab in `dir`: the stand-ins from this binary, guests reported ready without booting, no
+/// controller (each benchmark starts its own), and nothing seeded.
+pub(crate) fn bench_lab(dir: &std::path::Path, vcsim_vms: usize) -> Result<LabOptions> {
+    Ok(LabOptions {
+        dir: dir.to_path_buf(),
+        tools: ferry_lab::tools::bin_dir()?,
+        lifetime: Lifetime::TiedToThisProcess,
+        standins: Some(std::env::current_exe()?),
+        demo_vms: false,
+        controller: false,
+        vcsim_vms,
+        boot_guests: false,
+        vcsim_realism: Default::default(),
+        compress_staging: false,
     })
 }
 
