@@ -10,10 +10,11 @@ demo:
 	@tools=$$(hack/setup.sh) && cargo build --quiet --bin ferry && \
 	FERRY_TOOLS_BIN=$$tools ./target/debug/ferry lab demo --dir $(LAB_DIR)
 
-## test: formatting, lints, then every unit and integration test against real components.
+## test: formatting, lints, then every unit and integration test against real components, a few test binaries
+## at a time (hack/test.sh).
 test: lint
 	@tools=$$(hack/setup.sh) && (cd tools/vcsim && GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS=-trimpath go test ./...) && \
-	FERRY_TOOLS_BIN=$$tools cargo test --workspace --features ferry/chaos
+	FERRY_TOOLS_BIN=$$tools hack/test.sh --features ferry/chaos
 
 ## test-unit: the fast tiers only: every crate's unit tests and the reconcile tier (one reconcile against a mock
 ## API server, crates/controller/src/reconcile_tests.rs). No lab, no Go tools, no network.

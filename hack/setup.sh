@@ -11,6 +11,7 @@ declare -A need=(
   [mmdebstrap]=mmdebstrap [/usr/sbin/mkfs.ext4]=e2fsprogs [/usr/sbin/mkfs.vfat]=dosfstools [/usr/sbin/sfdisk]=fdisk
   [mcopy]=mtools [openssl]=openssl [/usr/share/OVMF/OVMF_CODE_4M.secboot.fd]=ovmf
   [/usr/sbin/qemu-ga]=qemu-guest-agent
+  [jq]=jq
 )
 missing=()
 for bin in "${!need[@]}"; do

@@ -205,12 +205,14 @@ impl ChaosLab {
     /// `from` on.
     pub fn audit(&self, ns: &str, from: u64) -> Vec<(String, String, i64)> {
         use std::io::{Read, Seek, SeekFrom};
-        let mut log = String::new();
+        let mut log = Vec::new();
         if let Ok(mut file) = std::fs::File::open(self.state.dir.join("audit.log")) {
             let _ = file.seek(SeekFrom::Start(from));
-            let _ = file.read_to_string(&mut log);
+            let _ = file.read_to_end(&mut log);
         }
-        log.lines()
+        // Lossy: a line torn by the API server's append in progress must not cost the whole log.
+        String::from_utf8_lossy(&log)
+            .lines()
             .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
             .filter(|e| {
                 e["stage"] == "ResponseComplete"

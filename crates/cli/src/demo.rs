@@ -201,8 +201,9 @@ async fn summary(client: &kube::Client, vm: &str, m: &VirtualMachineMigration) -
         &ferry_api::foreign::vmi_resource(),
     );
     let target = status.target_vm.clone().unwrap_or_default();
-    // A guest's agent may answer before the guest prints its line: give a running guest a minute to print it.
-    let deadline = Instant::now() + Duration::from_secs(60);
+    // A guest's agent may answer before the guest prints its line (which waits for the network and hashes the
+    // data disk): under software emulation on a busy machine that takes minutes.
+    let deadline = Instant::now() + Duration::from_secs(240);
     let marker = loop {
         let vmi = vmis.get_opt(&target).await.ok().flatten();
         let line = vmi.as_ref().and_then(|vmi| {

@@ -116,9 +116,10 @@ async fn assert_booted_with_agent(
     let payload = ferry_lab::guest_image::ensure_guest_images(None)
         .expect("the lab's guest images (cached)")
         .data_payload_sha256;
+    // Printed after multi-user, the network and a hash of the data disk: minutes under a busy emulation.
     let line = ferry_testkit::eventually(
         "the guest's report line",
-        Duration::from_secs(120),
+        Duration::from_secs(300),
         || async {
             let line = report_line(client, ns, &name).await;
             line.contains("FERRY-GUEST-READY").then_some(line)

@@ -87,6 +87,7 @@ async fn write_disk(
     let (chunks, received) = tokio::sync::mpsc::channel::<Bytes>(16);
     let writer = tokio::task::spawn_blocking(move || target.write_from(received));
     let hasher = ZeroRunThread::start();
+    let started = std::time::Instant::now();
     let mut download = Download::open(session, &spec.source.datacenter, &flat.extent, 0).await?;
     while let Some(chunk) = download.next_chunk().await? {
         hasher.update(chunk.clone());
@@ -109,7 +110,17 @@ async fn write_disk(
         });
     }
     let path = volume.path.clone();
+    let write_pass = started.elapsed();
     let (sha256, read_back) = blocking(move || read_back_over(&path, size, &zero_runs)).await?;
+    tracing::info!(
+        disk = disk.index,
+        bytes = size,
+        data_bytes = bytes_written,
+        write_pass_s = write_pass.as_secs_f64(),
+        read_back_s = (started.elapsed() - write_pass).as_secs_f64(),
+        process_cpu_s = crate::memory::cpu_seconds().unwrap_or(f64::NAN),
+        "written, synced and read back"
+    );
     if sha256 != source_sha256 {
         return Err(Error::ChecksumMismatch {
             what: format!(

@@ -1,5 +1,5 @@
 //! The memory a conversion Job used, for its report: what to set its pod's memory limit to, and what
-//! `ferry bench migrate` prints.
+//! `ferry bench migrate` prints; and the CPU it used, for its log.
 
 use nix::sys::resource::{UsageWho, getrusage};
 
@@ -12,6 +12,18 @@ pub fn peak_rss_bytes() -> Option<u64> {
             .map(|u| u64::try_from(u.max_rss()).unwrap_or(0))
     };
     Some((kib(UsageWho::RUSAGE_SELF)? + kib(UsageWho::RUSAGE_CHILDREN)?) * 1024)
+}
+
+/// User and system CPU seconds of the process and its finished children so far.
+pub fn cpu_seconds() -> Option<f64> {
+    let seconds = |who| {
+        getrusage(who).ok().map(|u| {
+            let (user, system) = (u.user_time(), u.system_time());
+            (user.tv_sec() + system.tv_sec()) as f64
+                + (user.tv_usec() + system.tv_usec()) as f64 / 1e6
+        })
+    };
+    Some(seconds(UsageWho::RUSAGE_SELF)? + seconds(UsageWho::RUSAGE_CHILDREN)?)
 }
 
 #[cfg(test)]

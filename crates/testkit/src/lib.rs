@@ -163,8 +163,11 @@ impl TestLab {
 
     /// Requests made by `user`, read from the API server's audit log (one entry per completed request).
     pub fn audit_requests_by(&self, user: &str) -> Vec<AuditedRequest> {
-        let log = std::fs::read_to_string(self.state.dir.join("audit.log")).unwrap_or_default();
-        log.lines()
+        // Read while the API server appends: a torn last line may split a UTF-8 character, which must not
+        // lose the whole log (as read_to_string would); the torn line itself fails to parse and is skipped.
+        let log = std::fs::read(self.state.dir.join("audit.log")).unwrap_or_default();
+        String::from_utf8_lossy(&log)
+            .lines()
             .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
             .filter(|e| e["stage"] == "ResponseComplete" && e["user"]["username"] == user)
             .map(|e| AuditedRequest {
