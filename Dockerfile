@@ -6,8 +6,8 @@ COPY . .
 RUN cargo build --release --locked --bin ferry
 
 FROM debian:trixie-slim
-# qemu-img converts disks (qcow2 staging); CA certificates for S3 and vCenter endpoints signed by public CAs.
-RUN apt-get update && apt-get install -y --no-install-recommends qemu-utils ca-certificates \
+# CA certificates for S3 and vCenter endpoints signed by public CAs. Ferry writes qcow2 itself: no qemu-img.
+RUN apt-get update && apt-get install -y --no-install-recommends ca-certificates \
     && rm -rf /var/lib/apt/lists/*
 COPY --from=build /src/target/release/ferry /usr/local/bin/ferry
 USER 65532:65532

@@ -61,7 +61,7 @@ export -f run_one
 
 # Each list as name, path and directory on lines of their own, run by xargs with `lanes` at a time.
 run_list() {
-  tr '\t' '\n' <"$1" | xargs -d '\n' -n 3 -P "$2" bash -c 'run_one "$1" "$2" "$3" "$0"' "$work"
+  tr '\t' '\n' <"$1" | xargs -r -d '\n' -n 3 -P "$2" bash -c 'run_one "$1" "$2" "$3" "$0"' "$work"
 }
 run_list "$work/emulated" 1 </dev/null &
 emulated_pid=$!

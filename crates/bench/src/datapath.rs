@@ -20,13 +20,31 @@ use ferry_lab::vcsim::StandaloneVcsim;
 pub struct Measurement {
     pub name: &'static str,
     pub bytes: u64,
-    pub elapsed: Duration,
+    /// One elapsed time per round.
+    pub rounds: Vec<Duration>,
 }
 
 impl Measurement {
-    pub fn mib_per_s(&self) -> f64 {
-        (self.bytes as f64 / (1 << 20) as f64) / self.elapsed.as_secs_f64()
+    fn new(name: &'static str, bytes: u64) -> Self {
+        Self {
+            name,
+            bytes,
+            rounds: Vec::new(),
+        }
     }
+
+    pub fn median(&self) -> Duration {
+        median(self.rounds.clone())
+    }
+
+    pub fn mib_per_s(&self) -> f64 {
+        (self.bytes as f64 / (1 << 20) as f64) / self.median().as_secs_f64()
+    }
+}
+
+fn median<T: PartialOrd + Copy>(mut values: Vec<T>) -> T {
+    values.sort_by(|a, b| a.partial_cmp(b).expect("comparable"));
+    values[values.len() / 2]
 }
 
 pub struct DatapathReport {
@@ -38,6 +56,22 @@ pub struct DatapathReport {
 }
 
 impl DatapathReport {
+    /// Per round, Ferry's speed over the slowest baseline's in that round (the same bytes, so the ratio of
+    /// their times): pairing within a round keeps a machine that slows down between rounds out of the ratio.
+    pub fn ratios(&self) -> Vec<f64> {
+        (0..self.ferry.rounds.len())
+            .map(|round| {
+                let slowest = self
+                    .baselines
+                    .iter()
+                    .map(|b| b.rounds[round])
+                    .max()
+                    .expect("baselines");
+                slowest.as_secs_f64() / self.ferry.rounds[round].as_secs_f64()
+            })
+            .collect()
+    }
+
     pub fn slowest_baseline(&self) -> &Measurement {
         self.baselines
             .iter()
@@ -48,22 +82,28 @@ impl DatapathReport {
     pub fn print(&self) {
         let fmt = format!("{:?}", self.format).to_lowercase();
         println!(
-            "datapath benchmark: {} MiB disk, target format {fmt}",
-            self.size >> 20
+            "datapath benchmark: {} MiB disk, target format {fmt}, {} rounds (medians; min-max)",
+            self.size >> 20,
+            self.ferry.rounds.len()
         );
         for m in self.baselines.iter().chain(std::iter::once(&self.ferry)) {
+            let secs = |d: &Duration| d.as_secs_f64();
             println!(
-                "  {:<34} {:>8.1} MiB/s  ({:.2} s)",
+                "  {:<34} {:>8.1} MiB/s  ({:.2} s; {:.2}-{:.2})",
                 m.name,
                 m.mib_per_s(),
-                m.elapsed.as_secs_f64()
+                m.median().as_secs_f64(),
+                m.rounds.iter().map(secs).fold(f64::MAX, f64::min),
+                m.rounds.iter().map(secs).fold(0.0, f64::max),
             );
         }
-        let slowest = self.slowest_baseline();
+        let ratios = self.ratios();
+        let each: Vec<String> = ratios.iter().map(|r| format!("{r:.2}")).collect();
         println!(
-            "  ratio ferry / slowest baseline ({}): {:.2}",
-            slowest.name,
-            self.ferry.mib_per_s() / slowest.mib_per_s()
+            "  ratio ferry / slowest baseline, per round: {}; median {:.2} (slowest by median: {})",
+            each.join(" "),
+            median(ratios.clone()),
+            self.slowest_baseline().name
         );
         println!(
             "  bytes read from source / disk size: {:.3}",
@@ -78,6 +118,7 @@ pub async fn datapath(
     tools: &Path,
     size: u64,
     format: DiskFormat,
+    rounds: usize,
 ) -> Result<DatapathReport> {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let vcsim = StandaloneVcsim::start(
@@ -89,7 +130,7 @@ pub async fn datapath(
     .await?;
     let minio =
         StandaloneMinio::start(&work.join("minio"), tools, Lifetime::TiedToThisProcess).await?;
-    let result = run(work, &vcsim, &minio, size, format).await;
+    let result = run(work, &vcsim, &minio, size, format, rounds).await;
     let _ = vcsim.stop();
     let _ = minio.stop();
     result
@@ -101,6 +142,7 @@ async fn run(
     minio: &StandaloneMinio,
     size: u64,
     format: DiskFormat,
+    rounds: usize,
 ) -> Result<DatapathReport> {
     let endpoint = &vcsim.endpoint;
     let session = Session::connect(endpoint.connect_config(Duration::from_secs(600))?).await?;
@@ -118,40 +160,6 @@ async fn run(
         region: None,
     };
 
-    eprintln!("baseline: download only...");
-    let download = timed("download only (GET to nowhere)", size, async {
-        let flat = flat_disk(&session, &info.datacenter, &attached.to_string()).await?;
-        let mut stream = Download::open(&session, &info.datacenter, &flat.extent, 0).await?;
-        while stream.next_chunk().await?.is_some() {}
-        anyhow::Ok(())
-    })
-    .await?;
-
-    eprintln!("baseline: qemu-img convert on a local file...");
-    let target = work.join("baseline.out");
-    let out_format = if format == DiskFormat::Qcow2 {
-        "qcow2"
-    } else {
-        "raw"
-    };
-    let convert = timed("qemu-img convert (local file only)", size, async {
-        ferry_lab::disks::qemu_img(
-            &["convert", "-f", "raw", "-O", out_format, "-W", "-m", "8"],
-            &[&disk.extent, &target],
-        )
-    })
-    .await?;
-    std::fs::remove_file(&target)?;
-
-    eprintln!("baseline: upload only...");
-    let upload = timed(
-        "upload only (local file to S3)",
-        size,
-        upload_file(&staging_spec, &disk.extent),
-    )
-    .await?;
-
-    eprintln!("ferry convert, end to end...");
     let credentials = work.join("vsphere-credentials");
     std::fs::create_dir_all(&credentials)?;
     std::fs::write(credentials.join("user"), &endpoint.username)?;
@@ -170,24 +178,62 @@ async fn run(
             capacity_bytes: size,
         }],
         format,
-        staging: Some(staging_spec),
+        staging: Some(staging_spec.clone()),
         volumes: vec![],
-        scratch_dir: work.join("scratch"),
         parallel: 1,
         transfer: Default::default(),
     };
+    let staged_name = ferry_datapath::staging::object_name(0, format);
+    let out_format = if format == DiskFormat::Qcow2 {
+        "qcow2"
+    } else {
+        "raw"
+    };
+
+    let mut download = Measurement::new("download only (GET to nowhere)", size);
+    let mut convert = Measurement::new("qemu-img convert (local file only)", size);
+    let mut upload = Measurement::new("upload only (local file to S3)", size);
+    let mut ferry = Measurement::new("ferry convert (end to end)", size);
     let mut bytes_read = 0;
-    let ferry = timed("ferry convert (end to end)", size, async {
-        let results = ferry_datapath::convert_all(&spec, &Progress::new(true)).await?;
-        let disk0 = &results[0];
-        anyhow::ensure!(
-            disk0.staged.source_sha256 == disk.sha256,
-            "the staged disk does not match the source"
-        );
-        bytes_read = disk0.bytes_read;
-        anyhow::Ok(())
-    })
-    .await?;
+    for round in 1..=rounds {
+        eprintln!("round {round} of {rounds}: download only...");
+        timed(&mut download, async {
+            let flat = flat_disk(&session, &info.datacenter, &attached.to_string()).await?;
+            let mut stream = Download::open(&session, &info.datacenter, &flat.extent, 0).await?;
+            while stream.next_chunk().await?.is_some() {}
+            anyhow::Ok(())
+        })
+        .await?;
+
+        eprintln!("round {round} of {rounds}: qemu-img convert on a local file...");
+        let target = work.join("baseline.out");
+        timed(&mut convert, async {
+            ferry_lab::disks::qemu_img(
+                &["convert", "-f", "raw", "-O", out_format, "-W", "-m", "8"],
+                &[&disk.extent, &target],
+            )
+        })
+        .await?;
+        std::fs::remove_file(&target)?;
+
+        eprintln!("round {round} of {rounds}: upload only...");
+        timed(&mut upload, upload_file(&staging_spec, &disk.extent)).await?;
+
+        eprintln!("round {round} of {rounds}: ferry convert, end to end...");
+        timed(&mut ferry, async {
+            let results = ferry_datapath::convert_all(&spec, &Progress::new(true)).await?;
+            let disk0 = &results[0];
+            anyhow::ensure!(
+                disk0.staged.source_sha256 == disk.sha256 && !disk0.skipped,
+                "the staged disk does not match the source"
+            );
+            bytes_read = disk0.bytes_read;
+            anyhow::Ok(())
+        })
+        .await?;
+        // The next round stages it again rather than finding it staged.
+        Staging::open(&staging_spec)?.delete(&staged_name).await?;
+    }
     session.logout().await;
     Ok(DatapathReport {
         size,
@@ -198,19 +244,12 @@ async fn run(
     })
 }
 
-async fn timed(
-    name: &'static str,
-    bytes: u64,
-    work: impl Future<Output = Result<()>>,
-) -> Result<Measurement> {
+async fn timed(into: &mut Measurement, work: impl Future<Output = Result<()>>) -> Result<()> {
     let start = Instant::now();
     work.await
-        .with_context(|| format!("benchmark step {name}"))?;
-    Ok(Measurement {
-        name,
-        bytes,
-        elapsed: start.elapsed(),
-    })
+        .with_context(|| format!("benchmark step {}", into.name))?;
+    into.rounds.push(start.elapsed());
+    Ok(())
 }
 
 async fn upload_file(spec: &StagingSpec, path: &Path) -> Result<()> {

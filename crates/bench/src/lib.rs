@@ -23,6 +23,9 @@ enum BenchCommand {
         size: u64,
         #[arg(long, value_enum, default_value = "raw")]
         format: Format,
+        /// Rounds of every measurement, interleaved; the report gives medians and each round's ratio.
+        #[arg(long, default_value_t = 3)]
+        rounds: usize,
     },
     /// One whole migration per path (direct, staged raw, staged qcow2) in the lab, of a disk that is half random
     /// data and half zeros, against the floor (the same disk downloaded from vcsim to a file): each path's wall
@@ -115,8 +118,15 @@ pub async fn run(args: BenchArgs) -> Result<()> {
             }
             Ok(())
         }
-        BenchCommand::Datapath { size, format } => {
+        BenchCommand::Datapath {
+            size,
+            format,
+            rounds,
+        } => {
             warn_if_debug_build();
+            if rounds == 0 {
+                bail!("--rounds must be at least 1");
+            }
             if size < (1 << 20) {
                 bail!("the disk must be at least 1 MiB");
             }
@@ -127,7 +137,7 @@ pub async fn run(args: BenchArgs) -> Result<()> {
             let tools = ferry_lab::tools::bin_dir()?;
             let work = std::env::temp_dir().join(format!("ferry-bench-{}", std::process::id()));
             std::fs::create_dir_all(&work)?;
-            let report = datapath::datapath(&work, &tools, size, format).await;
+            let report = datapath::datapath(&work, &tools, size, format, rounds).await;
             let _ = std::fs::remove_dir_all(&work);
             report?.print();
             Ok(())

@@ -35,7 +35,7 @@ fn as_earlier_releases_reported(
         staged: StagedObject {
             url: disk.staged_url.clone().unwrap_or_default(),
             format: "raw".into(),
-            object_sha256: sha.clone(),
+            object_sha256: Some(sha.clone()),
             object_bytes: bytes,
             source_sha256: sha,
             source_bytes: bytes,

@@ -160,7 +160,7 @@ mod tests {
         StagedObject {
             url: format!("s3://b/p/disk-{}.raw", disk.index),
             format: "raw".into(),
-            object_sha256: "ab".into(),
+            object_sha256: Some("ab".into()),
             object_bytes: 4 << 20,
             source_sha256: "ab".into(),
             source_bytes: 4 << 20,

@@ -1,8 +1,8 @@
-//! One disk: read once from the datastore, hash in the same pass, convert, and stage. A raw target streams
-//! straight from the download into the upload, and resumes an upload an earlier attempt left (`upload.rs`);
-//! qcow2 goes through one scratch copy for qemu-img.
+//! One disk: read once from the datastore, hash in the same pass, convert, and stage, all in one streaming pass
+//! with nothing on a local disk. A raw upload resumes where an earlier attempt left it (`upload.rs`); a qcow2
+//! is made as it uploads (`qcow2_upload.rs`) and starts over.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -11,11 +11,12 @@ use ferry_vsphere::datastore::{Download, FlatDisk, flat_disk};
 use ferry_vsphere::{ConnectConfig, Session};
 use futures::{StreamExt, TryStreamExt};
 use serde::{Deserialize, Serialize};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncReadExt;
 
 use crate::error::{Error, Result};
 use crate::hash::Hasher;
 use crate::progress::Progress;
+use crate::qcow2_upload::{Qcow2Upload, Streamed};
 use crate::spec::{ConvertSpec, DiskSpec, read_secret};
 use crate::staging::{PartPlan, SourceIdentity, StagedObject, Staging, object_name};
 use crate::upload::{Target, Upload};
@@ -119,6 +120,12 @@ async fn convert_disk(
             capacity: disk.capacity_bytes,
         });
     }
+    let from = Source {
+        session,
+        datacenter: &spec.source.datacenter,
+        flat: &flat,
+        index: disk.index,
+    };
     let (object_sha256, object_bytes, source_sha256, bytes_read) = match spec.format {
         DiskFormat::Raw => {
             let target = Target {
@@ -128,19 +135,17 @@ async fn convert_disk(
                 bytes: flat.size,
                 plan: PartPlan::of(&name, flat.size)?,
             };
-            let from = Source {
-                session,
-                datacenter: &spec.source.datacenter,
-                flat: &flat,
-                index: disk.index,
-            };
             let (sha, read) = stream_raw(staging, &from, &target, progress).await?;
-            (sha.clone(), flat.size, sha, read)
+            (Some(sha.clone()), flat.size, sha, read)
         }
         DiskFormat::Qcow2 => {
-            let (object_sha, bytes, source_sha) =
-                via_qcow2(session, staging, spec, &flat, disk.index, &name, progress).await?;
-            (object_sha, bytes, source_sha, flat.size)
+            let streamed = stream_qcow2(staging, &from, &name, &identity, progress).await?;
+            (
+                None,
+                streamed.object_bytes,
+                streamed.source_sha256,
+                flat.size,
+            )
         }
     };
     let (stored_bytes, e_tag) = staging.head(&name).await?.ok_or_else(|| Error::Staging {
@@ -294,59 +299,40 @@ async fn copy(
     Ok((sha, size - start))
 }
 
-/// Downloads to a scratch file (hashing the source), converts with qemu-img, then uploads the qcow2 (hashing it).
-async fn via_qcow2(
-    session: &Session,
+/// Download → hash → qcow2 → multipart upload, overlapped ([`Qcow2Upload`]). Returns what was staged.
+async fn stream_qcow2(
     staging: &Staging,
-    spec: &ConvertSpec,
-    flat: &FlatDisk,
-    index: u32,
+    from: &Source<'_>,
     name: &str,
+    identity: &SourceIdentity,
     progress: &Progress,
-) -> Result<(String, u64, String)> {
-    let scratch = Scratch::new(&spec.scratch_dir, name)?;
+) -> Result<Streamed> {
+    let size = from.flat.size;
     let started = std::time::Instant::now();
-    let source_sha = {
+    let mut upload = Qcow2Upload::start(staging, name, identity, from.index, size).await?;
+    let read = async {
         let mut download =
-            Download::open(session, &spec.source.datacenter, &flat.extent, 0).await?;
-        let mut file = tokio::fs::File::create(&scratch.raw)
-            .await
-            .map_err(|e| io(&scratch.raw, e))?;
-        let hasher = Hasher::start();
+            Download::open(from.session, from.datacenter, &from.flat.extent, 0).await?;
         while let Some(chunk) = download.next_chunk().await? {
-            hasher.update(chunk.clone());
-            file.write_all(&chunk)
-                .await
-                .map_err(|e| io(&scratch.raw, e))?;
-            progress.bytes(index, download.offset(), flat.size);
+            upload.push(chunk).await?;
+            progress.bytes(from.index, download.offset(), size);
         }
-        file.flush().await.map_err(|e| io(&scratch.raw, e))?;
-        let sha = hasher.finish();
-        if download.offset() != flat.size {
-            return Err(Error::ShortRead {
-                index,
-                got: download.offset(),
-                expected: flat.size,
-            });
-        }
-        sha
-    };
-    let downloaded = started.elapsed();
-    qemu_img_convert(&scratch.raw, &scratch.qcow2).await?;
-    tokio::fs::remove_file(&scratch.raw)
-        .await
-        .map_err(|e| io(&scratch.raw, e))?;
-    let converted = started.elapsed();
-
-    let (object_sha, bytes) = upload_file(staging, name, &scratch.qcow2).await?;
+        Ok(())
+    }
+    .await;
+    if let Err(e) = read {
+        upload.abort().await;
+        return Err(e);
+    }
+    let streamed = upload.finish().await?;
     tracing::info!(
-        disk = index,
-        download_s = downloaded.as_secs_f64(),
-        convert_s = (converted - downloaded).as_secs_f64(),
-        upload_s = (started.elapsed() - converted).as_secs_f64(),
-        "qcow2 stages (sequential: qemu-img needs a whole, seekable source, and a qcow2 is final only when closed)"
+        disk = from.index,
+        object_bytes = streamed.object_bytes,
+        data_clusters = streamed.data_clusters,
+        seconds = started.elapsed().as_secs_f64(),
+        "qcow2 made and staged in one pass"
     );
-    Ok((object_sha, bytes, source_sha))
+    Ok(streamed)
 }
 
 /// Uploads a local file to `name`, hashing it on the way; returns (sha256, bytes).
@@ -385,61 +371,6 @@ async fn send(
         .map_err(|e| staging.error(e))?;
     upload.put(chunk);
     Ok(())
-}
-
-async fn qemu_img_convert(raw: &Path, qcow2: &Path) -> Result<()> {
-    let output = tokio::process::Command::new("qemu-img")
-        .args([
-            "convert",
-            "-f",
-            "raw",
-            "-O",
-            "qcow2",
-            "-o",
-            "compat=1.1",
-            "-W",
-            "-m",
-            "8",
-        ])
-        .arg(raw)
-        .arg(qcow2)
-        .output()
-        .await
-        .map_err(|e| Error::QemuImg {
-            what: "convert".into(),
-            detail: format!("cannot run qemu-img: {e}"),
-        })?;
-    if !output.status.success() {
-        return Err(Error::QemuImg {
-            what: "convert".into(),
-            detail: String::from_utf8_lossy(&output.stderr).trim().to_string(),
-        });
-    }
-    Ok(())
-}
-
-/// Scratch files, removed however the conversion ends.
-struct Scratch {
-    raw: PathBuf,
-    qcow2: PathBuf,
-}
-
-impl Scratch {
-    fn new(dir: &Path, name: &str) -> Result<Self> {
-        std::fs::create_dir_all(dir).map_err(|e| io(dir, e))?;
-        let stem = format!("ferry-{}-{name}", std::process::id());
-        Ok(Self {
-            raw: dir.join(format!("{stem}.raw")),
-            qcow2: dir.join(format!("{stem}.qcow2")),
-        })
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.raw);
-        let _ = std::fs::remove_file(&self.qcow2);
-    }
 }
 
 fn io(path: &Path, e: std::io::Error) -> Error {

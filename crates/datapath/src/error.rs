@@ -29,8 +29,6 @@ pub enum Error {
         expected: String,
         actual: String,
     },
-    #[error("qemu-img {what} failed: {detail}")]
-    QemuImg { what: String, detail: String },
     #[error("local I/O on {path}: {detail}")]
     Io { path: String, detail: String },
     #[error(
@@ -60,7 +58,7 @@ impl Error {
             Error::ShortRead { .. } | Error::EmptyDisk { .. } | Error::ChecksumMismatch { .. } => {
                 ErrorClass::BoundedRetryable
             }
-            Error::QemuImg { .. } | Error::Io { .. } => ErrorClass::BoundedRetryable,
+            Error::Io { .. } => ErrorClass::BoundedRetryable,
             // CDI's size is the contract: another attempt gets the same volume.
             Error::VolumeTooSmall { .. } => ErrorClass::Permanent,
             Error::DiskImageMissing { .. } | Error::Volume { .. } => ErrorClass::BoundedRetryable,
@@ -76,7 +74,6 @@ impl Error {
             Error::EmptyDisk { .. } => Reason::EmptyDisk,
             Error::TooLargeToStage { .. } => Reason::DiskTooLargeToStage,
             Error::ChecksumMismatch { .. } => Reason::ChecksumMismatch,
-            Error::QemuImg { .. } => Reason::ConversionFailed,
             Error::Io { .. } => Reason::ScratchIOFailed,
             Error::VolumeTooSmall { .. } => Reason::VolumeTooSmall,
             Error::DiskImageMissing { .. } => Reason::DiskImageMissing,

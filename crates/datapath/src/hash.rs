@@ -8,6 +8,8 @@ use tokio::sync::oneshot;
 
 enum Feed {
     Bytes(Bytes),
+    /// Many chunks in one message: one wake-up of the thread for all of them.
+    Batch(Vec<Bytes>),
     /// Asks for the state after every byte fed before.
     Mark(oneshot::Sender<String>),
 }
@@ -29,6 +31,7 @@ impl Hasher {
             for item in incoming {
                 match item {
                     Feed::Bytes(chunk) => hash.update(&chunk),
+                    Feed::Batch(chunks) => chunks.iter().for_each(|c| hash.update(c)),
                     Feed::Mark(reply) => {
                         let _ = reply.send(save(&hash));
                     }
@@ -40,8 +43,13 @@ impl Hasher {
     }
 
     pub(crate) fn update(&self, chunk: Bytes) {
-        // Blocks only when the hasher is 64 chunks behind, which bounds memory.
+        // Blocks (the caller's thread) only when the hasher is 64 messages behind, which bounds memory.
         let _ = self.feed.send(Feed::Bytes(chunk));
+    }
+
+    /// As [`Self::update`] for each chunk, in order.
+    pub(crate) fn update_batch(&self, chunks: Vec<Bytes>) {
+        let _ = self.feed.send(Feed::Batch(chunks));
     }
 
     /// The state (as [`save`] writes it) after the bytes given so far, once the thread has hashed them.

@@ -10,6 +10,8 @@ mod hash;
 mod local_parts;
 pub mod memory;
 pub mod progress;
+pub mod qcow2;
+mod qcow2_upload;
 mod read_back;
 pub mod report;
 pub mod spec;

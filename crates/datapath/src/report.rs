@@ -262,7 +262,7 @@ mod tests {
             staged: StagedObject {
                 url: "s3://b/p/disk-0.raw".into(),
                 format: "raw".into(),
-                object_sha256: "ab".into(),
+                object_sha256: Some("ab".into()),
                 object_bytes: 4,
                 source_sha256: "ab".into(),
                 source_bytes: 4,
@@ -383,7 +383,7 @@ mod tests {
             d.staged.url = format!(
                 "s3://ferry-staging/migrations/default/web-vm-0c6a2d1e-8f3b-4a5c-9d7e-1f2a3b4c5d6e/disk-{index}.raw"
             );
-            (d.staged.object_sha256, d.staged.source_sha256) = (sha.into(), sha.into());
+            (d.staged.object_sha256, d.staged.source_sha256) = (Some(sha.into()), sha.into());
             d.staged.source.vm_uuid = "42301f5e-8a6b-4c2d-9e7f-0a1b2c3d4e5f".into();
             d.staged.source.disk_file = format!("[datastore1] web-vm/web-vm_{index}.vmdk");
             d

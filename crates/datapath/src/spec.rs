@@ -22,19 +22,12 @@ pub struct ConvertSpec {
     /// Where each disk is written when nothing is staged: a blank DataVolume's `disk.img` or block device.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub volumes: Vec<VolumeSpec>,
-    /// Where qcow2 conversion keeps its scratch copy.
-    #[serde(default = "default_scratch")]
-    pub scratch_dir: PathBuf,
     /// Disks converted at once.
     #[serde(default = "default_parallel")]
     pub parallel: usize,
     /// Timeouts, resume backoff and keepalive of the vSphere side; the defaults suit a real vCenter.
     #[serde(default)]
     pub transfer: TransferSpec,
-}
-
-fn default_scratch() -> PathBuf {
-    std::env::temp_dir()
 }
 
 fn default_parallel() -> usize {

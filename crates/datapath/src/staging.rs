@@ -115,8 +115,11 @@ fn human(bytes: u64) -> String {
 pub struct StagedObject {
     pub url: String,
     pub format: String,
-    /// sha256 of the object's bytes.
-    pub object_sha256: String,
+    /// sha256 of the object's bytes: a raw object's is the source's. Absent for a qcow2, which is made as it
+    /// uploads with its header written last, so no pass reads it in order; its import is checked against
+    /// `source_sha256` like every other.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub object_sha256: Option<String>,
     pub object_bytes: u64,
     /// sha256 of the disk's raw content: what the imported disk must hash to.
     pub source_sha256: String,
@@ -144,7 +147,7 @@ pub struct SourceIdentity {
 }
 
 /// A raw disk's upload in progress, `<name>.upload.json` beside the object: enough for the next Job attempt to
-/// go on where this one stopped. Rewritten each time the run of finished parts from the first grows; removed
+/// go on where this one stopped. A qcow2's upload has one too, with no parts, only so it can be aborted. Rewritten each time the run of finished parts from the first grows; removed
 /// once the manifest is written, or by [`Staging::delete`] with the upload.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]

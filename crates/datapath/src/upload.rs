@@ -5,8 +5,8 @@
 //! end, and uploads only the parts after them. A part that was in flight is simply sent again: S3 keeps the last
 //! upload of a part number.
 //!
-//! Only raw resumes: a qcow2 is made by qemu-img from a whole local scratch copy of the disk, which dies with
-//! the pod, so a new attempt has to read the source again anyway.
+//! Only raw resumes: a qcow2's encoder state (`qcow2_upload.rs`) dies with the pod, so a new attempt reads the
+//! source again anyway.
 
 use std::collections::{BTreeMap, HashMap};
 

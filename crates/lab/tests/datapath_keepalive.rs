@@ -59,7 +59,6 @@ async fn the_session_is_kept_alive_while_a_disk_streams_and_no_longer_after() {
             region: None,
         }),
         volumes: vec![],
-        scratch_dir: work.path().join("scratch"),
         parallel: 1,
         transfer: TransferSpec {
             keepalive_millis: interval.as_millis() as u64,

@@ -2,7 +2,9 @@
 //! Standard, with credentials mounted from Secrets as files (never in argv or the environment). Each writes its
 //! result, or its classed error, to the termination message.
 
-use ferry_api::{Provider, ProviderTls, SourceVmStatus, VirtualMachineMigration, VolumeMode};
+use ferry_api::{
+    DiskFormat, Provider, ProviderTls, SourceVmStatus, VirtualMachineMigration, VolumeMode,
+};
 use ferry_datapath::spec::{
     ConvertSpec, DiskSpec, SourceSpec, SourceTrust, StagingSpec, VolumeSpec,
 };
@@ -11,9 +13,9 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::batch::v1::{Job, JobSpec};
 use k8s_openapi::api::core::v1::{
-    Capabilities, Container, EmptyDirVolumeSource, KeyToPath, PersistentVolumeClaimVolumeSource,
-    PodSecurityContext, PodSpec, PodTemplateSpec, ResourceRequirements, SeccompProfile,
-    SecretVolumeSource, SecurityContext, Volume, VolumeDevice, VolumeMount,
+    Capabilities, Container, KeyToPath, PersistentVolumeClaimVolumeSource, PodSecurityContext,
+    PodSpec, PodTemplateSpec, ResourceRequirements, SeccompProfile, SecretVolumeSource,
+    SecurityContext, Volume, VolumeDevice, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -23,7 +25,6 @@ use crate::children;
 
 const SOURCE_CREDENTIALS: &str = "/run/ferry/source";
 const STAGING_CREDENTIALS: &str = "/run/ferry/staging";
-const SCRATCH: &str = "/scratch";
 const DISK_MOUNT: &str = "/disk";
 const DISK_DEVICE: &str = "/dev/ferry-disk";
 /// The direct path's volumes: disk `i` at `/disks/<i>/disk.img`, or the device `/dev/ferry-disk-<i>`.
@@ -80,7 +81,6 @@ pub fn convert_spec(
                 })
                 .collect(),
         },
-        scratch_dir: SCRATCH.into(),
         parallel: 2,
         transfer: Default::default(),
     }
@@ -113,22 +113,12 @@ pub fn convert_job(
             "--quiet".into(),
             format!("--spec-json={spec}"),
         ],
-        volumes: vec![
-            secret_volume(
-                "source-credentials",
-                &provider.spec.secret_ref.name,
-                &["user", "password"],
-            ),
-            Volume {
-                name: "scratch".into(),
-                empty_dir: Some(EmptyDirVolumeSource::default()),
-                ..Volume::default()
-            },
-        ],
-        mounts: vec![
-            mount("source-credentials", SOURCE_CREDENTIALS, true),
-            mount("scratch", SCRATCH, false),
-        ],
+        volumes: vec![secret_volume(
+            "source-credentials",
+            &provider.spec.secret_ref.name,
+            &["user", "password"],
+        )],
+        mounts: vec![mount("source-credentials", SOURCE_CREDENTIALS, true)],
         devices: vec![],
         memory_limit_mib,
         user: NOBODY_ID,
@@ -194,11 +184,13 @@ fn convert_memory_mib(spec: &ConvertSpec) -> u64 {
         // Writing a volume holds a few MiB per disk; the page cache it dirties is bounded by the limit itself.
         return DEFAULT_MEMORY_MIB;
     }
+    let qcow2_held = u64::from(spec.format == DiskFormat::Qcow2);
     let upload = spec
         .disks
         .iter()
         .filter_map(|d| PartPlan::for_size(d.capacity_bytes))
-        .map(|plan| plan.memory_bytes())
+        // A qcow2 holds its first part (the header's) until the end.
+        .map(|plan| plan.memory_bytes() + qcow2_held * plan.part_bytes)
         .max()
         .unwrap_or(0);
     (512 + (spec.parallel as u64 * upload).div_ceil(1 << 20)).max(DEFAULT_MEMORY_MIB)
