@@ -174,9 +174,10 @@ impl Guests {
     /// The first serial line containing `pattern`.
     pub fn serial_line(&self, key: &str, pattern: &str) -> Option<String> {
         let text = std::fs::read(self.serial_log(key)).ok()?;
+        // Whole lines only: the guest may be writing the last one as it is read.
         String::from_utf8_lossy(&text)
-            .lines()
-            .find(|l| l.contains(pattern))
+            .split_inclusive('\n')
+            .find(|l| l.ends_with('\n') && l.contains(pattern))
             .map(|l| l.trim().to_string())
     }
 }
