@@ -121,7 +121,7 @@ impl Encoder {
         let l1_clusters = (l1_size * 8).div_ceil(CLUSTER as u64).max(1);
         let used = l1_offset / CLUSTER as u64 + l1_clusters;
         let (table_clusters, blocks) = refcount_layout(used);
-        let table_offset = (used) * CLUSTER as u64;
+        let table_offset = used * CLUSTER as u64;
         let blocks_offset = table_offset + table_clusters * CLUSTER as u64;
         let total = used + table_clusters + blocks;
 
@@ -130,14 +130,18 @@ impl Encoder {
             .map(|b| blocks_offset + b * CLUSTER as u64)
             .collect();
         tail.push(table(&block_offsets, table_clusters as usize * CLUSTER));
+        // Every block but the last counts only used clusters: one buffer shared by all of them, so a disk of
+        // tens of TiB (thousands of blocks) does not hold each in memory.
+        let full = refcount_block(REFCOUNTS_PER_BLOCK as usize);
         for b in 0..blocks {
-            let mut block = vec![0u8; CLUSTER];
-            let first = b * REFCOUNTS_PER_BLOCK;
-            let count = total.saturating_sub(first).min(REFCOUNTS_PER_BLOCK) as usize;
-            for entry in block.chunks_exact_mut(2).take(count) {
-                entry.copy_from_slice(&1u16.to_be_bytes());
-            }
-            tail.push(Bytes::from(block));
+            let count = total
+                .saturating_sub(b * REFCOUNTS_PER_BLOCK)
+                .min(REFCOUNTS_PER_BLOCK);
+            tail.push(if count == REFCOUNTS_PER_BLOCK {
+                full.clone()
+            } else {
+                refcount_block(count as usize)
+            });
         }
         Finished {
             tail,
@@ -166,6 +170,15 @@ fn refcount_layout(used: u64) -> (u64, u64) {
         }
         (table, blocks) = (need_table.max(table), need_blocks.max(blocks));
     }
+}
+
+/// A refcount block whose first `count` clusters are used once.
+fn refcount_block(count: usize) -> Bytes {
+    let mut block = vec![0u8; CLUSTER];
+    for entry in block.chunks_exact_mut(2).take(count) {
+        entry.copy_from_slice(&1u16.to_be_bytes());
+    }
+    Bytes::from(block)
 }
 
 /// Big-endian 8-byte entries, zero-padded to `len` bytes.
@@ -316,6 +329,46 @@ mod tests {
         let finished = check_against_qemu(&vec![0u8; 3 * CLUSTER]);
         assert_eq!(finished.data_clusters, 0);
         assert_eq!(finished.bytes, 4 * CLUSTER as u64, "header, L1, refcounts");
+    }
+
+    #[test]
+    fn a_file_past_one_refcount_block_checks_clean() {
+        use std::os::unix::fs::FileExt;
+        // 2 GiB and a bit of data: more clusters than one refcount block counts, so the shared full block and a
+        // partial last one both appear. Data clusters are left as holes in the file (qemu-img check reads only
+        // the metadata), so this costs a few MiB of disk.
+        let clusters = REFCOUNTS_PER_BLOCK + 100;
+        let data = Bytes::from(vec![7u8; CLUSTER]);
+        let mut encoder = Encoder::new(clusters * CLUSTER as u64);
+        let dir = tempfile::tempdir().unwrap();
+        let image = dir.path().join("big.qcow2");
+        let file = std::fs::File::create(&image).unwrap();
+        let mut at = CLUSTER as u64;
+        let write = |piece: &Bytes, at: &mut u64| {
+            if piece.as_ptr() != data.as_ptr() {
+                file.write_all_at(piece, *at).unwrap();
+            }
+            *at += piece.len() as u64;
+        };
+        for _ in 0..clusters {
+            for piece in encoder.cluster(vec![data.clone()]) {
+                write(&piece, &mut at);
+            }
+        }
+        let finished = encoder.finish();
+        for piece in &finished.tail {
+            write(piece, &mut at);
+        }
+        file.write_all_at(&finished.header, 0).unwrap();
+        file.set_len(at).unwrap();
+        assert_eq!(at, finished.bytes);
+        let check = qemu_img(&["check", "-f", "qcow2", image.to_str().unwrap()]);
+        assert!(
+            check.status.success(),
+            "qemu-img check: {}{}",
+            String::from_utf8_lossy(&check.stdout),
+            String::from_utf8_lossy(&check.stderr)
+        );
     }
 
     #[test]

@@ -293,20 +293,9 @@ impl<'a> Parts<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::spec::StagingSpec;
     use sha2::{Digest, Sha256};
 
     const NAME: &str = "disk-0.qcow2";
-
-    fn staging(dir: &std::path::Path) -> Staging {
-        Staging::open(&StagingSpec {
-            url: format!("file://{}", dir.display()),
-            credentials_dir: None,
-            endpoint: None,
-            region: None,
-        })
-        .unwrap()
-    }
 
     fn source() -> SourceIdentity {
         SourceIdentity {
@@ -332,7 +321,7 @@ mod tests {
     #[tokio::test]
     async fn the_object_is_a_qcow2_qemu_checks_clean_and_reads_as_the_disk() {
         let dir = tempfile::tempdir().unwrap();
-        let store = staging(dir.path());
+        let store = Staging::in_dir(dir.path());
         let data = disk();
         let mut upload = Qcow2Upload::start(&store, NAME, &source(), 0, data.len() as u64)
             .await
@@ -386,7 +375,7 @@ mod tests {
     #[tokio::test]
     async fn a_short_source_completes_nothing_and_a_dead_attempt_is_aborted_by_the_next() {
         let dir = tempfile::tempdir().unwrap();
-        let store = staging(dir.path());
+        let store = Staging::in_dir(dir.path());
         let data = disk();
         let size = data.len() as u64;
 

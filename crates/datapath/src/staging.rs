@@ -462,6 +462,17 @@ fn journal_name(name: &str) -> String {
 
 #[cfg(test)]
 impl Staging {
+    /// `file://` staging in `dir`.
+    pub(crate) fn in_dir(dir: &std::path::Path) -> Self {
+        Self::open(&StagingSpec {
+            url: format!("file://{}", dir.display()),
+            credentials_dir: None,
+            endpoint: None,
+            region: None,
+        })
+        .expect("file:// staging opens")
+    }
+
     /// This staging with its multipart uploads going through `parts` (a wrapper that counts or fails them).
     pub(crate) fn with_parts(self, parts: Arc<dyn MultipartStore>) -> Self {
         Self { parts, ..self }

@@ -264,7 +264,6 @@ mod tests {
     use object_store::{MultipartId, PutPayload, PutResult};
 
     use super::*;
-    use crate::spec::StagingSpec;
 
     const PART: u64 = 1 << 20;
     const NAME: &str = "disk-0.raw";
@@ -319,19 +318,9 @@ mod tests {
         }
     }
 
-    fn staging(dir: &std::path::Path) -> Staging {
-        Staging::open(&StagingSpec {
-            url: format!("file://{}", dir.display()),
-            credentials_dir: None,
-            endpoint: None,
-            region: None,
-        })
-        .unwrap()
-    }
-
     /// `staging` with its parts counted, failing from part `fail_from` on.
     fn counted(dir: &std::path::Path, fail_from: usize) -> (Staging, Arc<Parts>) {
-        let plain = staging(dir);
+        let plain = Staging::in_dir(dir);
         let parts = Arc::new(Parts {
             inner: plain.parts(),
             sent: Mutex::default(),
@@ -420,7 +409,7 @@ mod tests {
     #[tokio::test]
     async fn a_journal_round_trips_through_the_store() {
         let dir = tempfile::tempdir().unwrap();
-        let staging = staging(dir.path());
+        let staging = Staging::in_dir(dir.path());
         let journal = UploadJournal {
             source: source(),
             format: "raw".into(),
