@@ -13,6 +13,7 @@ demo:
 ## test: formatting, lints, then every unit and integration test against real components, a few test binaries
 ## at a time (hack/test.sh).
 test: lint
+	@date +'==> %T lint done; the tools, then the tests'
 	@tools=$$(hack/setup.sh) && (cd tools/vcsim && GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS=-trimpath go test ./...) && \
 	FERRY_TOOLS_BIN=$$tools hack/test.sh --features ferry/chaos
 
@@ -22,6 +23,7 @@ test-unit:
 	cargo test --workspace --lib --bins --features ferry/chaos
 
 lint:
+	@date +'==> %T lint'
 	cargo fmt --all -- --check
 	cargo clippy --workspace --all-targets --quiet -- -D warnings
 	cargo clippy --workspace --all-targets --quiet --features ferry/chaos -- -D warnings

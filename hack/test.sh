@@ -10,12 +10,15 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 lanes=${FERRY_TEST_LANES:-2}
-# Boot real guests under emulation: one lane, in this order.
+# Boot real guests under emulation: one lane, in this order, at normal priority. The others run at a lower one
+# (nice 10): they mostly wait on timers, while an emulated guest's boot is CPU-bound and judged by its clock (a
+# guest check's settle), so on a busy machine it is the guest that must not starve.
 emulated=(linux_guest guest_image)
 # The slowest first, so the long ones do not start last; binaries not named here follow in cargo's order.
 slowest=(chaos migrate_lifecycle migrate migrate_through_faults bench_controlplane migrate_direct
   staging_resume lab_up kubevirt migrate_many_disks datapath_convert bench_migrate node_agent preflight_storage)
-# Started once the others are done, when the emulation lane is on its last binary.
+# Started once the others are done, when the emulation lane is on its last binary; at normal priority, since
+# the demo boots a guest too.
 last=(lab_demo)
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/ferry-tests-XXXXXX")
@@ -23,11 +26,13 @@ trap 'rm -rf "$work"' EXIT
 
 # One line per test binary: its name (an integration test's file name; a crate's unit tests as crate(lib) or
 # crate(bin)), path and package directory.
+built_at=$SECONDS
 cargo test --workspace --no-run --message-format=json-render-diagnostics "$@" |
   jq -r 'select(.reason == "compiler-artifact" and .profile.test and .executable != null)
          | [.target.name + (if .target.kind[0] == "test" then "" else "(" + .target.kind[0] + ")" end),
             .executable, (.manifest_path | rtrimstr("/Cargo.toml"))] | @tsv' |
   awk -F'\t' -v only="${FERRY_TEST_ONLY:-}" 'only == "" || $1 ~ ("^(" only ")")' >"$work/all"
+echo "==> $(wc -l <"$work/all") test binaries built in $((SECONDS - built_at))s"
 
 is_in() {
   local name=$1; shift
@@ -36,22 +41,26 @@ is_in() {
 line_of() { awk -F'\t' -v n="$1" '$1 == n' "$work/all"; }
 
 : >"$work/emulated"; : >"$work/rest"
-for name in "${emulated[@]}"; do line_of "$name" >>"$work/emulated"; done
-for name in "${slowest[@]}"; do line_of "$name" >>"$work/rest"; done
+# A fourth column: the binary's niceness.
+with_nice() { awk -v n="$1" 'NF { print $0 "\t" n }'; }
+for name in "${emulated[@]}"; do line_of "$name" | with_nice 0 >>"$work/emulated"; done
+for name in "${slowest[@]}"; do line_of "$name" | with_nice 10 >>"$work/rest"; done
 while IFS=$'\t' read -r name exe dir; do
-  is_in "$name" "${emulated[@]}" "${slowest[@]}" "${last[@]}" || printf '%s\t%s\t%s\n' "$name" "$exe" "$dir" >>"$work/rest"
+  is_in "$name" "${emulated[@]}" "${slowest[@]}" "${last[@]}" || printf '%s\t%s\t%s\t10\n' "$name" "$exe" "$dir" >>"$work/rest"
 done <"$work/all"
-for name in "${last[@]}"; do line_of "$name" >>"$work/rest"; done
+for name in "${last[@]}"; do line_of "$name" | with_nice 0 >>"$work/rest"; done
 
-# Runs one binary as cargo test would (from its package directory) and prints its output when it ends.
+# Runs one binary as cargo test would (from its package directory) and prints its output when it ends, with the
+# machine's load averages then (a slow binary on a loaded machine tells a different story).
 run_one() {
-  local name=$1 exe=$2 dir=$3 work=$4
+  local name=$1 exe=$2 dir=$3 niceness=$4 work=$5
   local log="$work/${exe##*/}.log" start=$SECONDS rc=0
-  (cd "$dir" && CARGO_MANIFEST_DIR="$dir" "$exe") >"$log" 2>&1 </dev/null || rc=$?
-  local took=$((SECONDS - start))
+  (cd "$dir" && CARGO_MANIFEST_DIR="$dir" nice -n "$niceness" "$exe") >"$log" 2>&1 </dev/null || rc=$?
+  local took=$((SECONDS - start)) load
+  load=$(cut -d' ' -f1-3 /proc/loadavg)
   {
     flock 9
-    echo "==> $name ($exe): $([ $rc = 0 ] && echo ok || echo "FAILED, exit $rc") in ${took}s"
+    echo "==> $name ($exe): $([ $rc = 0 ] && echo ok || echo "FAILED, exit $rc") in ${took}s (load $load)"
     cat "$log"
   } 9>"$work/print.lock"
   echo "$name $rc $took" >>"$work/results"
@@ -59,9 +68,9 @@ run_one() {
 }
 export -f run_one
 
-# Each list as name, path and directory on lines of their own, run by xargs with `lanes` at a time.
+# Each list as name, path, directory and niceness on lines of their own, run by xargs with `lanes` at a time.
 run_list() {
-  tr '\t' '\n' <"$1" | xargs -r -d '\n' -n 3 -P "$2" bash -c 'run_one "$1" "$2" "$3" "$0"' "$work"
+  tr '\t' '\n' <"$1" | xargs -r -d '\n' -n 4 -P "$2" bash -c 'run_one "$1" "$2" "$3" "$4" "$0"' "$work"
 }
 run_list "$work/emulated" 1 </dev/null &
 emulated_pid=$!
