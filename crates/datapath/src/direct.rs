@@ -371,20 +371,29 @@ fn write_all_vectored_at(file: &File, blocks: &[Bytes], mut offset: u64) -> std:
     Ok(())
 }
 
-/// Whether every byte is zero, sixteen at a time.
-pub(crate) fn is_zero(bytes: &[u8]) -> bool {
-    let words = bytes.chunks_exact(16);
-    let tail = words.remainder();
-    words
-        .into_iter()
-        .all(|w| u128::from_ne_bytes(w.try_into().unwrap_or_default()) == 0)
-        && tail.iter().all(|b| *b == 0)
+/// Whether every byte is zero: compared a page at a time with a page of zeros, which is libc's `memcmp`, fast in
+/// any build (a loop over words ran at a tenth of the speed in the unoptimized builds the tests use).
+pub fn is_zero(bytes: &[u8]) -> bool {
+    const ZEROS: [u8; 4096] = [0; 4096];
+    bytes.chunks(ZEROS.len()).all(|c| c == &ZEROS[..c.len()])
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::os::unix::fs::MetadataExt;
+
+    #[test]
+    fn only_all_zero_bytes_are_zero() {
+        assert!(is_zero(&[]));
+        assert!(is_zero(&[0; 65_537]));
+        let mut chunk = vec![0u8; 65_537];
+        chunk[65_536] = 1;
+        assert!(!is_zero(&chunk), "a byte in the last, partial page");
+        chunk[65_536] = 0;
+        chunk[4_000] = 0x80;
+        assert!(!is_zero(&chunk), "a byte in a whole page");
+    }
 
     fn sha(bytes: &[u8]) -> String {
         use sha2::Digest;

@@ -6,7 +6,7 @@ pub mod components;
 pub mod controller_process;
 pub mod crds;
 pub mod demo;
-pub mod disks;
+pub use ferry_lab_disks as disks;
 pub mod guest_image;
 pub mod lab;
 pub mod linux_vms;

@@ -101,3 +101,26 @@ pub fn qemu_img(args: &[&str], paths: &[&Path]) -> Result<()> {
     }
     Ok(())
 }
+
+/// Whether every byte is zero (the CDI stand-in leaves holes for such chunks). The data path has its own: a
+/// product crate must not depend on the lab's.
+pub fn is_zero(bytes: &[u8]) -> bool {
+    const ZEROS: [u8; 4096] = [0; 4096];
+    bytes.chunks(ZEROS.len()).all(|c| c == &ZEROS[..c.len()])
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn only_all_zero_bytes_are_zero() {
+        use super::is_zero;
+        assert!(is_zero(&[]));
+        assert!(is_zero(&[0; 65_537]));
+        let mut chunk = vec![0u8; 65_537];
+        chunk[65_536] = 1;
+        assert!(!is_zero(&chunk), "a byte in the last, partial page");
+        chunk[65_536] = 0;
+        chunk[4_000] = 0x80;
+        assert!(!is_zero(&chunk), "a byte in a whole page");
+    }
+}

@@ -1,0 +1,11 @@
+//! Guest adaptation: `virt-v2v-in-place` turns the migrated copy of a VMware guest into a KubeVirt guest (virtio
+//! drivers in its initramfs, fstab and bootloader fixed, VMware Tools removed). This crate holds the pure parts:
+//! - [`domain`]: the libvirt domain description virt-v2v reads (`-i libvirtxml`), built from what discovery
+//!   recorded about the source VM;
+//! - [`inspection`]: the guest virt-v2v found (OS, version, architecture, firmware, root), read from its log;
+//! - [`failure`]: what a failed run means (unsupported guest, no space, missing drivers, appliance trouble), so
+//!   the controller knows whether a retry can help.
+
+pub mod domain;
+pub mod failure;
+pub mod inspection;
