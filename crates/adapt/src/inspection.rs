@@ -1,6 +1,7 @@
 //! The guest virt-v2v found. With `-v` it prints its inspection as `i_<field> = <value>` lines (`i_root`,
-//! `i_type`, `i_distro`, …, `i_firmware`) before it converts; `virt-v2v-in-place` of Debian 12 (2.2) has no
-//! other machine-readable output, and `virt-v2v-inspector` would run the whole conversion a second time.
+//! `i_type`, `i_distro`, …) before it converts: 2.2 (Debian 12) ends the block with `i_firmware`, 2.6 (Debian 13,
+//! the worker image) has no firmware line but `i_drive_mappings`. `virt-v2v-in-place` before 2.8 has no other
+//! machine-readable output, and `virt-v2v-inspector` would run the whole conversion a second time.
 
 use serde::{Deserialize, Serialize};
 
@@ -148,6 +149,19 @@ libguestfs: trace: v2v: mountpoints
         );
         assert_eq!(inspection.describe(), "Debian 12.15 (x86_64)");
         assert!(!inspection.is_windows());
+    }
+
+    #[test]
+    fn the_block_of_virt_v2v_2_6_has_no_firmware_line() {
+        let log = "i_root = /dev/sda1\ni_type = linux\ni_distro = debian\ni_osinfo = debian12\n\
+                   i_arch = x86_64\ni_major_version = 12\ni_minor_version = 15\ni_package_format = deb\n\
+                   i_package_management = apt\ni_product_name = 12.15\ni_product_variant = unknown\n\
+                   i_windows_systemroot = \ni_windows_software_hive = \ni_windows_system_hive = \n\
+                   i_windows_current_control_set = \ni_drive_mappings = \n";
+        let inspection = Inspection::from_log(log).unwrap();
+        assert_eq!(inspection.osinfo, "debian12");
+        assert_eq!(inspection.firmware, GuestFirmware::Unknown);
+        assert_eq!(inspection.describe(), "Debian 12.15 (x86_64)");
     }
 
     #[test]
