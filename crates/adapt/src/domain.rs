@@ -47,8 +47,8 @@ pub enum Bus {
 }
 
 impl Bus {
-    /// vSphere's controller kinds as discovery records them (`scsi`, `sata`, `ide`, `nvme`). virt-v2v knows no
-    /// NVMe source bus; a SCSI disk is named the way such a guest's kernel names an NVMe disk's peers.
+    /// vSphere's controller kinds as discovery records them (`scsi`, `sata`, `ide`, `nvme`). virt-v2v 2.x knows no
+    /// NVMe source bus, so an NVMe disk is described as SCSI: only the device name virt-v2v maps from differs.
     pub fn from_source(bus: Option<&str>) -> Bus {
         match bus {
             Some("sata") => Bus::Sata,
