@@ -182,6 +182,10 @@ impl TestLab {
                     .as_str()
                     .unwrap_or_default()
                     .to_string(),
+                name: e["objectRef"]["name"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string(),
             })
             .collect()
     }
@@ -309,6 +313,8 @@ pub struct AuditedRequest {
     /// The resource (`jobs`, `datavolumes`, ...) and its namespace, when the request names them.
     pub resource: String,
     pub namespace: String,
+    /// The object's name; the API server fills it in for creates too.
+    pub name: String,
 }
 
 impl AuditedRequest {
