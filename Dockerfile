@@ -1,14 +1,20 @@
-# The `ferry` image: the controller (`ferry controller`) and the conversion and verification Jobs
-# (`ferry convert`, `ferry verify`) run the same binary. Build: docker build -t REGISTRY/ferry:0.1.0 .
+# The `ferry` image: the controller (`ferry controller`) and the conversion, verification and adaptation Jobs
+# (`ferry convert`, `ferry verify`, `ferry adapt`) run the same binary. Build: docker build -t REGISTRY/ferry:0.1.0 .
 FROM rust:1-trixie AS build
 WORKDIR /src
 COPY . .
 RUN cargo build --release --locked --bin ferry
 
 FROM debian:trixie-slim
-# CA certificates for S3 and vCenter endpoints signed by public CAs. Ferry writes qcow2 itself: no qemu-img.
-RUN apt-get update && apt-get install -y --no-install-recommends ca-certificates \
+# CA certificates for S3 and vCenter endpoints signed by public CAs. Ferry writes qcow2 itself; qemu-img is for
+# guest adaptation's overlays. virt-v2v (with nbdkit for its input) adapts guests. libguestfs's appliance is built
+# by supermin in the Job's scratch space from the image's own packages and kernel (2 s): a prebuilt one would be a
+# 4 GiB sparse file, which image layers do not keep sparse. The kernel must be readable by the Jobs' users.
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends ca-certificates qemu-utils virt-v2v nbdkit linux-image-amd64 \
+    && chmod a+r /boot/vmlinuz-* \
     && rm -rf /var/lib/apt/lists/*
+ENV LIBGUESTFS_BACKEND=direct
 COPY --from=build /src/target/release/ferry /usr/local/bin/ferry
 USER 65532:65532
 ENTRYPOINT ["ferry"]

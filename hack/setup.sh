@@ -5,18 +5,21 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 
 # Debian packages: binary (or file) -> package. The second and third lines are what the lab's Debian guests are built and
-# booted with (crates/lab/guest/debian12.sh; OVMF for the EFI guest with Secure Boot).
+# booted with (crates/lab/guest/debian12.sh; OVMF for the EFI guest with Secure Boot). The last line is guest
+# adaptation: virt-v2v, nbdkit for its input, and a kernel for libguestfs's appliance (supermin builds it from /boot).
 declare -A need=(
   [qemu-img]=qemu-utils [qemu-system-x86_64]=qemu-system-x86 [bwrap]=bubblewrap [flock]=util-linux [curl]=curl
   [mmdebstrap]=mmdebstrap [/usr/sbin/mkfs.ext4]=e2fsprogs [/usr/sbin/mkfs.vfat]=dosfstools [/usr/sbin/sfdisk]=fdisk
   [mcopy]=mtools [openssl]=openssl [/usr/share/OVMF/OVMF_CODE_4M.secboot.fd]=ovmf
   [/usr/sbin/qemu-ga]=qemu-guest-agent
   [jq]=jq
+  [virt-v2v-in-place]=virt-v2v [nbdkit]=nbdkit
 )
 missing=()
 for bin in "${!need[@]}"; do
   command -v "$bin" >/dev/null 2>&1 || [ -e "$bin" ] || missing+=("${need[$bin]}")
 done
+compgen -G "/boot/vmlinuz-*" >/dev/null || missing+=(linux-image-amd64)
 if [ ${#missing[@]} -gt 0 ]; then
   echo "installing Debian packages: ${missing[*]}" >&2
   sudo=""; [ "$(id -u)" = 0 ] || sudo="sudo"

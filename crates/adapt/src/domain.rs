@@ -6,6 +6,8 @@
 use std::fmt::Write as _;
 use std::path::PathBuf;
 
+use serde::{Deserialize, Serialize};
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Domain {
     pub name: String,
@@ -17,7 +19,7 @@ pub struct Domain {
     pub nics: Vec<Nic>,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Firmware {
     Bios,
     Efi,
@@ -39,7 +41,7 @@ pub enum Format {
 }
 
 /// The bus the disk had on the source; virt-v2v uses it to map device names (`/dev/sda` to `/dev/vda`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Bus {
     Scsi,
     Sata,
@@ -73,11 +75,13 @@ impl Bus {
     }
 }
 
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
 pub struct Nic {
     pub mac: String,
     pub network: String,
     /// vSphere's adapter type (`vmxnet3`, `e1000e`); virt-v2v replaces it either way.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub model: Option<String>,
 }
 

@@ -3,9 +3,11 @@
 //! - [`domain`]: the libvirt domain description virt-v2v reads (`-i libvirtxml`), built from what discovery
 //!   recorded about the source VM;
 //! - [`inspection`]: the guest virt-v2v found (OS, version, architecture, firmware, root), read from its log;
+//! - [`spec`]: what `ferry adapt` is asked to do, as the controller passes it to the Job;
 //! - [`failure`]: what a failed run means (unsupported guest, no space, missing drivers, appliance trouble), so
 //!   the controller knows whether a retry can help.
 
 pub mod domain;
 pub mod failure;
 pub mod inspection;
+pub mod spec;

@@ -34,6 +34,8 @@ enum Command {
     Convert(worker::ConvertArgs),
     /// Prove an imported disk holds the source's bytes (the verification Job's entrypoint).
     Verify(worker::VerifyArgs),
+    /// Adapts the migrated guest on its volumes with virt-v2v (the adaptation Job's entrypoint).
+    Adapt(worker::AdaptArgs),
     /// List migrations: phase, progress, target, age and reason.
     Get(views::get::GetArgs),
     /// Show one migration: its spec, checkpoints, conditions, disks, Events, and what to do when it stopped.
@@ -78,6 +80,7 @@ async fn run() -> anyhow::Result<()> {
         Command::Watch(args) => views::watch::run(args).await,
         Command::Convert(args) => worker::convert(args).await,
         Command::Verify(args) => worker::verify(args).await,
+        Command::Adapt(args) => worker::adapt(args).await,
         Command::Bench(args) => ferry_bench::run(args).await,
         Command::Crds => {
             print!("{}", ferry_api::crds::to_yaml()?);

@@ -1,4 +1,5 @@
-//! `ferry convert` and `ferry verify`: the entrypoints of the conversion and verification Jobs. Each runs its
+//! `ferry convert`, `ferry verify` and `ferry adapt`: the entrypoints of the conversion, verification and
+//! adaptation Jobs. Each runs its
 //! work in `ferry-datapath` and leaves one report where the controller reads it.
 
 use std::path::{Path, PathBuf};
@@ -73,6 +74,25 @@ pub async fn verify(args: VerifyArgs) -> Result<()> {
     let outcome = ferry_datapath::verify::verify(&args.file, &args.sha256, args.size).await;
     report(&args.result_file, outcome, |verified| {
         JobReport::Verified(verified.clone())
+    })
+}
+
+#[derive(Args)]
+pub struct AdaptArgs {
+    /// The adaptation spec (JSON): the source VM as discovered, and each volume with the sha256 it must hold.
+    #[arg(long)]
+    spec_json: String,
+    /// Where to write the result; in a pod, its termination message path.
+    #[arg(long, default_value = "/dev/termination-log")]
+    result_file: PathBuf,
+}
+
+pub async fn adapt(args: AdaptArgs) -> Result<()> {
+    let spec = ferry_adapt::spec::AdaptSpec::parse(&args.spec_json)
+        .map_err(|e| anyhow::anyhow!("invalid adaptation spec: {e}"))?;
+    let outcome = ferry_datapath::adapt::adapt(&spec).await;
+    report(&args.result_file, outcome, |adapted| {
+        JobReport::Adapted(adapted.clone())
     })
 }
 

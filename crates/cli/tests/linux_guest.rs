@@ -17,6 +17,8 @@ use support::*;
 
 /// A 1 GiB disk through the whole data path, then a Debian boot in software emulation.
 const LINUX_TIMEOUT: Duration = Duration::from_secs(1200);
+/// virt-v2v in software emulation: about 4 minutes on an idle machine, more beside other tests.
+const ADAPTATION_TIMEOUT: Duration = Duration::from_secs(1200);
 
 /// One Linux guest at a time: each takes a core of software emulation while it boots.
 async fn one_guest_at_a_time() -> tokio::sync::OwnedMutexGuard<()> {
@@ -199,6 +201,64 @@ async fn a_bios_linux_vm_boots_on_compatibility_devices_and_its_agent_answers() 
     assert_eq!(domain["devices"]["disks"][0]["bootOrder"], 1);
     assert_eq!(domain["firmware"]["bootloader"], json!({"bios": {}}));
     assert_booted_with_agent(&client, ns.name(), &done, "ferry-linux-bios").await;
+}
+
+/// The BIOS VM adapted by virt-v2v: the same guest that cannot find its root on virtio (the next test) boots on
+/// virtio-blk and virtio-net once its initramfs has the drivers. The volumes hold the adapted guest, the status
+/// both sha256 and what virt-v2v found.
+#[tokio::test]
+async fn a_bios_linux_vm_adapted_by_virt_v2v_boots_on_virtio_and_its_agent_answers() {
+    let _turn = one_guest_at_a_time().await;
+    let _source = source_lock(LINUX_BIOS_VM).await;
+    let (client, ns) = setup("linux-adapted").await;
+    set_source_power(LINUX_BIOS_VM, true).await;
+    let mut extra = slow_boot();
+    extra["conversion"] = json!({"guestAdaptation": "VirtV2v"});
+    migrate(&client, ns.name(), "adapted", LINUX_BIOS_VM, extra).await;
+    let done = wait_for_phase(
+        &client,
+        ns.name(),
+        "adapted",
+        Phase::Succeeded,
+        LINUX_TIMEOUT + ADAPTATION_TIMEOUT,
+    )
+    .await;
+    let status = done.status.clone().unwrap();
+    let adaptation = status.adaptation.clone().expect("status.adaptation");
+    assert_eq!(
+        (adaptation.os_type.as_str(), adaptation.distro.as_str()),
+        ("linux", "debian"),
+        "{adaptation:?}"
+    );
+    assert_eq!(adaptation.boot_disk, Some(0), "{adaptation:?}");
+    assert!(adaptation.os.contains("x86_64"), "{adaptation:?}");
+    let root = &status.disks[0];
+    assert!(
+        root.adapted_sha256.is_some() && root.adapted_sha256 != root.sha256,
+        "the root disk changed, and both hashes are kept: {root:?}"
+    );
+    assert!(
+        status
+            .conditions
+            .iter()
+            .any(|c| c.type_ == "GuestAdapted" && c.status == "True"),
+        "{:?}",
+        status.conditions
+    );
+
+    let vm = vm_api(&client, ns.name()).get("adapted").await.unwrap();
+    let domain = &vm.data["spec"]["template"]["spec"]["domain"];
+    let buses: Vec<&str> = domain["devices"]["disks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["disk"]["bus"].as_str().unwrap())
+        .collect();
+    assert_eq!(buses, ["virtio", "virtio"], "{domain}");
+    assert_eq!(domain["devices"]["interfaces"][0]["model"], "virtio");
+    assert_booted_with_agent(&client, ns.name(), &done, "ferry-linux-bios").await;
+    let line = report_line(&client, ns.name(), "adapted").await;
+    assert_eq!(field(&line, "root"), Some("/dev/vda1"), "{line}");
 }
 
 /// The EFI VM with Secure Boot on in vSphere: OVMF with Microsoft's keys boots it through shim.

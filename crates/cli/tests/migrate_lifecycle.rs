@@ -69,9 +69,10 @@ async fn caught_at(
     vm: &str,
     (route, phase): (Route, Phase),
 ) -> String {
-    let mut manifest = match route {
-        Route::Staged => migration::staged_migration(lab().await, ns, name, vm),
-        _ => migration::migration(lab().await, ns, name, vm),
+    let mut manifest = if route.staged {
+        migration::staged_migration(lab().await, ns, name, vm)
+    } else {
+        migration::migration(lab().await, ns, name, vm)
     };
     if phase != Phase::ValidatingGuest {
         manifest["metadata"]["annotations"] = json!({HOLD_ANNOTATION: phase_name(phase)});
@@ -87,10 +88,10 @@ async fn interrupt_at_every_checkpoint(vm: &str, prefix: &str, cancel: bool) {
     let api = migrations(&client, ns.name());
     // Each checkpoint of the direct itinerary is caught: held before it (its action not yet taken, everything
     // before it done), or, for the guest check, while the booted VM runs. Then the staged path's own rows.
-    let direct = itinerary(Route::Direct)
+    let direct = itinerary(Route::DIRECT)
         .into_iter()
-        .map(|p| (Route::Direct, p));
-    let staged = [Phase::Converting, Phase::Importing].map(|p| (Route::Staged, p));
+        .map(|p| (Route::DIRECT, p));
+    let staged = [Phase::Converting, Phase::Importing].map(|p| (Route::STAGED, p));
     for (i, (route, phase)) in direct.chain(staged).enumerate() {
         set_source_power(vm, true).await;
         let name = format!("{prefix}-{i}");

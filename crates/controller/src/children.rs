@@ -54,6 +54,11 @@ pub fn verify_job(vmm: &VirtualMachineMigration, disk: i32, attempt: i32) -> Str
     child_name(&vmm.name_any(), &format!("verify-{disk}-{attempt}"))
 }
 
+/// One adaptation Job per attempt: `<name>-adapt-<attempt>`.
+pub fn adapt_job(vmm: &VirtualMachineMigration, attempt: i32) -> String {
+    child_name(&vmm.name_any(), &format!("adapt-{attempt}"))
+}
+
 /// One DataVolume per disk, whatever the attempt: `<name>-disk-<disk>`.
 pub fn data_volume(vmm: &VirtualMachineMigration, disk: i32) -> String {
     child_name(&vmm.name_any(), &format!("disk-{disk}"))

@@ -47,6 +47,20 @@ pub enum Error {
     DiskImageMissing { index: u32, path: String },
     #[error("writing the volume {path}: {detail}")]
     Volume { path: String, detail: String },
+    #[error(
+        "disk {index}'s volume no longer holds the source's bytes (sha256 {actual}, the source's {expected}): it \
+         was adapted already or changed, and is never adapted twice"
+    )]
+    NotAsConverted {
+        index: u32,
+        expected: String,
+        actual: String,
+    },
+    #[error("virt-v2v: {message}")]
+    Adaptation {
+        failure: ferry_adapt::failure::AdaptationFailure,
+        message: String,
+    },
 }
 
 impl Error {
@@ -62,6 +76,11 @@ impl Error {
             // CDI's size is the contract: another attempt gets the same volume.
             Error::VolumeTooSmall { .. } => ErrorClass::Permanent,
             Error::DiskImageMissing { .. } | Error::Volume { .. } => ErrorClass::BoundedRetryable,
+            Error::NotAsConverted { .. } => ErrorClass::Permanent,
+            Error::Adaptation { failure, .. } if failure.retryable() => {
+                ErrorClass::BoundedRetryable
+            }
+            Error::Adaptation { .. } => ErrorClass::Permanent,
         }
     }
 
@@ -78,6 +97,18 @@ impl Error {
             Error::VolumeTooSmall { .. } => Reason::VolumeTooSmall,
             Error::DiskImageMissing { .. } => Reason::DiskImageMissing,
             Error::Volume { .. } => Reason::VolumeWriteFailed,
+            Error::NotAsConverted { .. } => Reason::VolumeNotAsConverted,
+            Error::Adaptation { failure, .. } => {
+                use ferry_adapt::failure::AdaptationFailure as F;
+                match failure {
+                    F::UnsupportedGuest => Reason::GuestOSUnsupported,
+                    F::NoSpace => Reason::GuestDiskFull,
+                    F::MissingDrivers => Reason::GuestDriversMissing,
+                    F::GuestFilesystemUnwritable => Reason::GuestFilesystemUnwritable,
+                    F::ApplianceFailed => Reason::AdaptationApplianceFailed,
+                    F::Other => Reason::AdaptationFailed,
+                }
+            }
         }
     }
 }

@@ -3,6 +3,7 @@
 //! A rerun skips disks already staged from the same source, and goes on with a raw upload an earlier run left
 //! unfinished.
 
+pub mod adapt;
 pub mod convert;
 pub mod direct;
 pub mod error;

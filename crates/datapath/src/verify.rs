@@ -19,6 +19,22 @@ pub struct Verified {
 /// Hashes the first `size` bytes of `path` (a raw `disk.img` or a block device) and compares with `expected`.
 /// A PVC may be larger than the disk, so only `size` bytes count; fewer bytes than that is a short image.
 pub async fn verify(path: &Path, expected: &str, size: u64) -> Result<Verified> {
+    let sha256 = sha256_of(path, size).await?;
+    if sha256 != expected.to_ascii_lowercase() {
+        return Err(Error::ChecksumMismatch {
+            what: path.display().to_string(),
+            expected: expected.into(),
+            actual: sha256,
+        });
+    }
+    Ok(Verified {
+        sha256,
+        bytes: size,
+    })
+}
+
+/// The sha256 of `path`'s first `size` bytes; fewer bytes than that is a short image.
+pub async fn sha256_of(path: &Path, size: u64) -> Result<String> {
     let io = |e: std::io::Error| Error::Io {
         path: path.display().to_string(),
         detail: e.to_string(),
@@ -38,15 +54,7 @@ pub async fn verify(path: &Path, expected: &str, size: u64) -> Result<Verified> 
         hash.update(&buf[..n]);
         bytes += n as u64;
     }
-    let sha256 = crate::hex(&hash.finalize());
-    if sha256 != expected.to_ascii_lowercase() {
-        return Err(Error::ChecksumMismatch {
-            what: path.display().to_string(),
-            expected: expected.into(),
-            actual: sha256,
-        });
-    }
-    Ok(Verified { sha256, bytes })
+    Ok(crate::hex(&hash.finalize()))
 }
 
 #[cfg(test)]

@@ -108,6 +108,14 @@ reasons! {
         VolumeTooSmall,
         DiskImageMissing,
         VolumeWriteFailed,
+        // Guest adaptation (virt-v2v).
+        AdaptationFailed,
+        AdaptationApplianceFailed,
+        GuestOSUnsupported,
+        GuestDriversMissing,
+        GuestDiskFull,
+        GuestFilesystemUnwritable,
+        VolumeNotAsConverted,
         // The Kubernetes API, as the controller sees it.
         APIRejected,
         APIServerBusy,

@@ -20,6 +20,8 @@ pub enum Phase {
     Preparing,
     Converting,
     Importing,
+    /// virt-v2v adapts the copies on the volumes to KubeVirt (`conversion.guestAdaptation: VirtV2v` only).
+    Adapting,
     #[serde(rename = "CreatingVM")]
     CreatingVm,
     Starting,
@@ -47,6 +49,7 @@ pub enum ConditionType {
     Validated,
     DiskConverted,
     DiskImported,
+    GuestAdapted,
     VmCreated,
     VmStarted,
     GuestReady,
@@ -54,11 +57,12 @@ pub enum ConditionType {
 }
 
 impl ConditionType {
-    pub const ALL: [ConditionType; 8] = [
+    pub const ALL: [ConditionType; 9] = [
         ConditionType::SourceDiscovered,
         ConditionType::Validated,
         ConditionType::DiskConverted,
         ConditionType::DiskImported,
+        ConditionType::GuestAdapted,
         ConditionType::VmCreated,
         ConditionType::VmStarted,
         ConditionType::GuestReady,
@@ -71,6 +75,7 @@ impl ConditionType {
             ConditionType::Validated => "Validated",
             ConditionType::DiskConverted => "DiskConverted",
             ConditionType::DiskImported => "DiskImported",
+            ConditionType::GuestAdapted => "GuestAdapted",
             ConditionType::VmCreated => "VMCreated",
             ConditionType::VmStarted => "VMStarted",
             ConditionType::GuestReady => "GuestReady",
@@ -111,6 +116,9 @@ pub struct VirtualMachineMigrationStatus {
     /// When each checkpoint was entered.
     #[serde(default)]
     pub checkpoints: Vec<CheckpointTime>,
+    /// What guest adaptation found and did (`conversion.guestAdaptation: VirtV2v`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub adaptation: Option<AdaptationStatus>,
     /// What the guest check observed on the migrated VM.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub guest: Option<GuestStatus>,
@@ -121,6 +129,31 @@ pub struct VirtualMachineMigrationStatus {
     /// Everything the migration created was removed (after a failure or a cancel), and power restored if asked.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub cleaned_up: bool,
+}
+
+/// The guest virt-v2v inspected and adapted. The disks' adapted sha256 are in `disks[].adaptedSha256`.
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AdaptationStatus {
+    /// For people, for example `Debian GNU/Linux 12.15 (debian12), x86_64, BIOS, root on disk 0`.
+    pub os: String,
+    /// `linux`, `windows`, …
+    pub os_type: String,
+    /// `debian`, `rhel`, `windows`, …
+    pub distro: String,
+    /// libosinfo's id, for example `debian12`.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub osinfo: String,
+    pub arch: String,
+    /// `BIOS` or `UEFI` as the guest is installed; empty when virt-v2v did not say.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub firmware: String,
+    /// The disk (index) holding the root file system: the VM boots from it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub boot_disk: Option<i32>,
+    /// How long virt-v2v took, in seconds.
+    #[serde(default)]
+    pub seconds: i64,
 }
 
 /// What was proven about the migrated guest, and how.
@@ -264,6 +297,9 @@ pub struct DiskStatus {
     /// The imported content was read back and matched `sha256`.
     #[serde(default)]
     pub verified: bool,
+    /// The volume's sha256 after guest adaptation changed it (`sha256` stays the source's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub adapted_sha256: Option<String>,
     /// Failed verifications and imports of this disk so far; the next verification Job is
     /// `<name>-verify-<index>-<verifyFailures + 1>`.
     #[serde(default, skip_serializing_if = "is_zero")]

@@ -179,6 +179,22 @@ pub fn render(vmm: &VirtualMachineMigration, events: &[Event], now: Timestamp) -
             ),
         );
     }
+    if let Some(adaptation) = &status.adaptation {
+        line(
+            &mut out,
+            "Adapted:",
+            format!(
+                "{} by virt-v2v in {} s (osinfo {})",
+                adaptation.os,
+                adaptation.seconds,
+                if adaptation.osinfo.is_empty() {
+                    "unknown"
+                } else {
+                    &adaptation.osinfo
+                }
+            ),
+        );
+    }
     if let Some(guest) = &status.guest {
         line(
             &mut out,
@@ -353,6 +369,10 @@ pub fn next_step(reason: &str, class: ErrorClass, phase: Option<Phase>, name: &s
         Some(Reason::SourcePoweredOn) => "shut the source VM down (powerOff.mode is RequireOff)".into(),
         Some(Reason::SnapshotsPresent) => "delete or consolidate the VM's snapshots in vSphere".into(),
         Some(Reason::Forbidden) => "grant the controller's ServiceAccount the permission (see deploy/rbac)".into(),
+        Some(Reason::GuestAdaptationUnsupported | Reason::GuestDriversMissing | Reason::GuestOSUnsupported) => "migrate this VM with conversion.guestAdaptation None (it keeps devices its guest has drivers for)".into(),
+        Some(Reason::GuestDiskFull) => "free space in the guest's file systems (virt-v2v needs room to rebuild its initramfs) in vSphere".into(),
+        Some(Reason::GuestFilesystemUnwritable) => "boot the source guest and shut it down cleanly (no hibernation, no Windows Fast Startup)".into(),
+        Some(Reason::VolumeNotAsConverted) => "a volume changed after it was copied; the source is unchanged, so a new migration copies it again".into(),
         Some(Reason::GuestNotReady) => {
             return format!(
                 "the VM is stopped and kept with its disks. Open its console (virtctl console {name}) after \

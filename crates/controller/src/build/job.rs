@@ -30,7 +30,7 @@ const DISK_DEVICE: &str = "/dev/ferry-disk";
 /// The direct path's volumes: disk `i` at `/disks/<i>/disk.img`, or the device `/dev/ferry-disk-<i>`.
 const DISKS_MOUNT: &str = "/disks";
 /// CDI's importer and virt-launcher's qemu run as this user and group; a blank `disk.img` is theirs, mode 0660.
-const QEMU_ID: i64 = 107;
+pub(super) const QEMU_ID: i64 = 107;
 
 /// What `ferry convert` runs with: every disk discovery found (`source`, from the working status), staged under
 /// the migration's own prefix, or written into its DataVolume's volume when the migration has no staging.
@@ -153,12 +153,12 @@ pub fn convert_job(
     job(vmm, &children::convert_job(vmm, attempt), image, work)
 }
 
-fn block(vmm: &VirtualMachineMigration) -> bool {
+pub(super) fn block(vmm: &VirtualMachineMigration) -> bool {
     vmm.spec.target.volume_mode == VolumeMode::Block
 }
 
 /// Where the direct path's conversion Job finds disk `index`'s volume.
-fn disk_path(vmm: &VirtualMachineMigration, index: u32) -> String {
+pub(super) fn disk_path(vmm: &VirtualMachineMigration, index: u32) -> String {
     if block(vmm) {
         format!("{DISK_DEVICE}-{index}")
     } else {
@@ -166,7 +166,12 @@ fn disk_path(vmm: &VirtualMachineMigration, index: u32) -> String {
     }
 }
 
-fn claim_volume(name: &str, vmm: &VirtualMachineMigration, disk: u32, read_only: bool) -> Volume {
+pub(super) fn claim_volume(
+    name: &str,
+    vmm: &VirtualMachineMigration,
+    disk: u32,
+    read_only: bool,
+) -> Volume {
     Volume {
         name: name.into(),
         persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
@@ -252,15 +257,15 @@ pub fn verify_job(
 
 /// What one Job does: its step (the container's name and the step label), its arguments to `ferry`, and what it
 /// mounts.
-struct Work {
-    step: &'static str,
-    args: Vec<String>,
-    volumes: Vec<Volume>,
-    mounts: Vec<VolumeMount>,
-    devices: Vec<VolumeDevice>,
-    memory_limit_mib: u64,
+pub(super) struct Work {
+    pub step: &'static str,
+    pub args: Vec<String>,
+    pub volumes: Vec<Volume>,
+    pub mounts: Vec<VolumeMount>,
+    pub devices: Vec<VolumeDevice>,
+    pub memory_limit_mib: u64,
     /// The pod's user, group and fsGroup.
-    user: i64,
+    pub user: i64,
 }
 
 /// The distroless image's unprivileged user.
@@ -283,7 +288,7 @@ fn secret_volume(name: &str, secret: &str, keys: &[&str]) -> Volume {
     }
 }
 
-fn mount(name: &str, path: &str, read_only: bool) -> VolumeMount {
+pub(super) fn mount(name: &str, path: &str, read_only: bool) -> VolumeMount {
     VolumeMount {
         name: name.into(),
         mount_path: path.into(),
@@ -299,7 +304,7 @@ fn runtime_default_seccomp() -> Option<SeccompProfile> {
     })
 }
 
-fn job(vmm: &VirtualMachineMigration, name: &str, image: &str, work: Work) -> Job {
+pub(super) fn job(vmm: &VirtualMachineMigration, name: &str, image: &str, work: Work) -> Job {
     let labels = children::labels(vmm, work.step);
     let container = Container {
         name: work.step.into(),

@@ -1,5 +1,6 @@
 //! Pure builders of the children a migration creates, from its spec and what discovery recorded.
 
+pub mod adapt_job;
 pub mod datavolume;
 pub mod job;
 pub mod vm;

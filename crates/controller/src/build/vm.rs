@@ -3,8 +3,8 @@
 //! strategy (the Starting checkpoint sets it again only if someone changed it).
 
 use ferry_api::{
-    DeviceModel, Firmware, GuestAdaptation, RunStrategy, SourceDisk, SourceVmStatus,
-    VirtualMachineMigration,
+    AdaptationStatus, DeviceModel, Firmware, GuestAdaptation, RunStrategy, SourceDisk,
+    SourceVmStatus, VirtualMachineMigration,
 };
 use kube::ResourceExt;
 use kube::api::DynamicObject;
@@ -108,6 +108,32 @@ fn firmware(source: &SourceVmStatus) -> (Value, Value) {
         Some(Firmware::Efi) => (json!({"efi": {"secureBoot": false}}), json!({})),
         _ => (json!({"bios": {}}), json!({})),
     }
+}
+
+/// The source as the adapted guest boots: what vSphere left unsaid (no boot order, no firmware) is taken from
+/// virt-v2v's inspection (the disk holding the root file system; the firmware the guest was installed for).
+pub fn as_adapted(
+    mut source: SourceVmStatus,
+    adaptation: Option<&AdaptationStatus>,
+) -> SourceVmStatus {
+    let Some(adaptation) = adaptation else {
+        return source;
+    };
+    if source.boot_order.is_empty()
+        && let Some(disk) = adaptation
+            .boot_disk
+            .and_then(|i| source.disks.get(i.max(0) as usize))
+    {
+        source.boot_order = vec![disk.key];
+    }
+    if source.firmware.is_none() {
+        source.firmware = match adaptation.firmware.as_str() {
+            "UEFI" => Some(Firmware::Efi),
+            "BIOS" => Some(Firmware::Bios),
+            _ => None,
+        };
+    }
+    source
 }
 
 pub fn run_strategy(strategy: RunStrategy) -> &'static str {
@@ -470,5 +496,34 @@ mod tests {
         let vm = virtual_machine(&vmm, &source);
         let domain = &vm.data["spec"]["template"]["spec"]["domain"];
         assert_eq!(domain["firmware"]["bootloader"], json!({"bios": {}}));
+    }
+
+    #[test]
+    fn what_vsphere_left_unsaid_is_taken_from_the_adaptation() {
+        let disk = |key| SourceDisk {
+            key,
+            ..Default::default()
+        };
+        let source = SourceVmStatus {
+            disks: vec![disk(2000), disk(2001)],
+            ..Default::default()
+        };
+        let adaptation = AdaptationStatus {
+            boot_disk: Some(1),
+            firmware: "UEFI".into(),
+            ..Default::default()
+        };
+        let adapted = as_adapted(source.clone(), Some(&adaptation));
+        assert_eq!(adapted.boot_order, [2001]);
+        assert_eq!(boot_orders(&adapted), [None, Some(1)]);
+        assert_eq!(adapted.firmware, Some(Firmware::Efi));
+        assert_eq!(as_adapted(source.clone(), None), source);
+        // What vSphere said stands.
+        let said = SourceVmStatus {
+            boot_order: vec![2000],
+            firmware: Some(Firmware::Bios),
+            ..source
+        };
+        assert_eq!(as_adapted(said.clone(), Some(&adaptation)), said);
     }
 }

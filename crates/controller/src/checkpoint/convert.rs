@@ -43,7 +43,9 @@ pub async fn run(step: &mut Step<'_>) -> Result<Next> {
             WAIT,
         )),
         JobState::Succeeded(result) => record(step, &name, result).await,
-        JobState::Failed(failure, uid) => retry(step, &ns, &name, &uid, failure).await,
+        JobState::Failed(failure, uid) => {
+            retry(step, Phase::Converting, &ns, &name, &uid, failure).await
+        }
     }
 }
 
@@ -93,36 +95,41 @@ async fn record(step: &mut Step<'_>, job: &str, report: JobReport) -> Result<Nex
     ))
 }
 
-/// A failed attempt: permanent errors stop; anything else is charged to the budget (recorded first), and the
-/// failed Job removed on the next pass, which makes room for the next attempt's Job.
+/// A failed attempt: permanent errors stop; anything else is charged to `phase`'s budget (recorded first), and
+/// the failed Job removed on the next pass, which makes room for the next attempt's Job.
 pub(super) async fn retry(
     step: &mut Step<'_>,
+    phase: Phase,
     ns: &str,
     job: &str,
     uid: &str,
     failure: Failure,
 ) -> Result<Next> {
+    let retrying = match phase {
+        Phase::Adapting => "AdaptationRetrying",
+        _ => "ConversionRetrying",
+    };
     if failure.class == ErrorClass::Permanent {
         return Err(failure);
     }
     let budget = step.vmm.spec.retry.budget;
-    match status::charge(step.status, Phase::Converting, budget, uid) {
+    match status::charge(step.status, phase, budget, uid) {
         status::Charge::Exhausted => Err(status::exhausted(&failure, budget)),
         status::Charge::Charged => {
-            status::record_error(step.status, &failure, Phase::Converting, &step.now);
+            status::record_error(step.status, &failure, phase, &step.now);
             Ok(Next::persist(
-                "ConversionRetrying",
+                retrying,
                 format!(
                     "{} (retry {} of {budget})",
                     failure.message,
-                    status::budget_used(step.status, Phase::Converting)
+                    status::budget_used(step.status, phase)
                 ),
             ))
         }
         status::Charge::AlreadyCharged => {
             jobs::delete(step.ctx, ns, job).await?;
             Ok(Next::wait(
-                "ConversionRetrying",
+                retrying,
                 format!("removing the failed Job {job}"),
                 Duration::from_secs(2),
             ))

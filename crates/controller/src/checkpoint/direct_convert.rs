@@ -67,7 +67,7 @@ pub async fn run(step: &mut Step<'_>) -> Result<Next> {
             format!("Job {name} reported staged disks, but this migration writes its volumes"),
         )),
         JobState::Failed(failure, uid) => {
-            super::convert::retry(step, &ns, &name, &uid, failure).await
+            super::convert::retry(step, Phase::Converting, &ns, &name, &uid, failure).await
         }
     }
 }

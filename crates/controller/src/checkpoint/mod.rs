@@ -1,9 +1,11 @@
 //! The checkpoints, in the order of [`CHECKPOINTS`]. A migration with `spec.staging` takes the staged rows, one
-//! without it the direct rows ([`Route`]); the rest are the same for both. Each file reads as desired (what must be true to leave it),
+//! without it the direct rows, and one with `guestAdaptation: VirtV2v` the adapting row too ([`Route`], [`Runs`]);
+//! the rest are the same for all. Each file reads as desired (what must be true to leave it),
 //! observed (what is read fresh on every reconcile), action (the one idempotent step it may take) and recorded
 //! (what it writes into the status working copy). The reconciler turns the returned [`Next`] into the phase move,
 //! conditions, Events and the single status write.
 
+mod adapt;
 mod allocate;
 mod cleanup;
 mod convert;
@@ -28,7 +30,7 @@ use ferry_api::{
 };
 use futures::future::BoxFuture;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-pub use route::Route;
+pub use route::{Route, Runs};
 
 pub use cleanup::cleanup;
 
@@ -41,114 +43,150 @@ use crate::status::StatusEditor;
 pub struct Checkpoint {
     pub phase: Phase,
     /// The migrations that run it.
-    pub route: Route,
+    pub runs: Runs,
     pub condition: Option<ConditionType>,
     run: for<'a, 'b> fn(&'a mut Step<'b>) -> BoxFuture<'a, Result<Next>>,
 }
 
 /// The itinerary: every migration runs the rows of its route in this order, and is `Succeeded` after the last.
 /// A phase that two routes share keeps one meaning: its condition is the same on both.
-pub const CHECKPOINTS: [Checkpoint; 11] = [
+pub const CHECKPOINTS: [Checkpoint; 12] = [
     Checkpoint {
         phase: Phase::Discovering,
-        route: Route::Both,
+        runs: Runs::Always,
         condition: Some(ConditionType::SourceDiscovered),
         run: |step| Box::pin(discover::run(step)),
     },
     Checkpoint {
         phase: Phase::Validating,
-        route: Route::Both,
+        runs: Runs::Always,
         condition: Some(ConditionType::Validated),
         run: |step| Box::pin(validate::run(step)),
     },
     Checkpoint {
         phase: Phase::Allocating,
-        route: Route::Direct,
+        runs: Runs::Direct,
         condition: None,
         run: |step| Box::pin(allocate::run(step)),
     },
     Checkpoint {
         phase: Phase::Preparing,
-        route: Route::Both,
+        runs: Runs::Always,
         condition: None,
         run: |step| Box::pin(prepare::run(step)),
     },
     Checkpoint {
         phase: Phase::Converting,
-        route: Route::Staged,
+        runs: Runs::Staged,
         condition: Some(ConditionType::DiskConverted),
         run: |step| Box::pin(convert::run(step)),
     },
     Checkpoint {
         phase: Phase::Importing,
-        route: Route::Staged,
+        runs: Runs::Staged,
         condition: Some(ConditionType::DiskImported),
         run: |step| Box::pin(import::run(step)),
     },
     Checkpoint {
         phase: Phase::Converting,
-        route: Route::Direct,
+        runs: Runs::Direct,
         condition: Some(ConditionType::DiskConverted),
         run: |step| Box::pin(direct_convert::run(step)),
     },
     Checkpoint {
         phase: Phase::Importing,
-        route: Route::Direct,
+        runs: Runs::Direct,
         condition: Some(ConditionType::DiskImported),
         run: |step| Box::pin(direct_import::run(step)),
     },
     Checkpoint {
+        phase: Phase::Adapting,
+        runs: Runs::Adapted,
+        condition: Some(ConditionType::GuestAdapted),
+        run: |step| Box::pin(adapt::run(step)),
+    },
+    Checkpoint {
         phase: Phase::CreatingVm,
-        route: Route::Both,
+        runs: Runs::Always,
         condition: Some(ConditionType::VmCreated),
         run: |step| Box::pin(vm::run(step)),
     },
     Checkpoint {
         phase: Phase::Starting,
-        route: Route::Both,
+        runs: Runs::Always,
         condition: Some(ConditionType::VmStarted),
         run: |step| Box::pin(start::run(step)),
     },
     Checkpoint {
         phase: Phase::ValidatingGuest,
-        route: Route::Both,
+        runs: Runs::Always,
         condition: Some(ConditionType::GuestReady),
         run: |step| Box::pin(guest::run(step)),
     },
 ];
 
 mod route {
-    use ferry_api::VirtualMachineMigration;
+    use ferry_api::{GuestAdaptation, VirtualMachineMigration};
 
-    /// Which rows of the itinerary a migration takes.
+    /// The rows of the itinerary a migration takes: its path, and whether its guest is adapted.
     #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-    pub enum Route {
-        /// Rows every migration runs.
-        Both,
-        /// `spec.staging`: the disks go through an object store, and CDI imports them.
+    pub struct Route {
+        /// `spec.staging`: the disks go through an object store, and CDI imports them; else blank
+        /// DataVolumes, written by the conversion Job.
+        pub staged: bool,
+        /// `conversion.guestAdaptation: VirtV2v`.
+        pub adapted: bool,
+    }
+
+    /// Which migrations run a row.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub enum Runs {
+        Always,
         Staged,
-        /// No staging: blank DataVolumes, written by the conversion Job.
         Direct,
+        Adapted,
     }
 
     impl Route {
+        pub const DIRECT: Route = Route {
+            staged: false,
+            adapted: false,
+        };
+        pub const STAGED: Route = Route {
+            staged: true,
+            adapted: false,
+        };
+
         pub fn of(vmm: &VirtualMachineMigration) -> Self {
-            if crate::staging::staged(vmm) {
-                Route::Staged
-            } else {
-                Route::Direct
+            Route {
+                staged: crate::staging::staged(vmm),
+                adapted: vmm.spec.conversion.guest_adaptation == GuestAdaptation::VirtV2v,
             }
         }
 
-        /// Whether a row of this route is run by a migration of `route`.
-        pub fn runs_on(self, route: Route) -> bool {
-            self == Route::Both || self == route
+        pub fn adapted(self) -> Self {
+            Route {
+                adapted: true,
+                ..self
+            }
+        }
+    }
+
+    impl Runs {
+        /// Whether a row that runs so is run by a migration of `route`.
+        pub fn on(self, route: Route) -> bool {
+            match self {
+                Runs::Always => true,
+                Runs::Staged => route.staged,
+                Runs::Direct => !route.staged,
+                Runs::Adapted => route.adapted,
+            }
         }
     }
 }
 
 fn rows(route: Route) -> impl Iterator<Item = &'static Checkpoint> {
-    CHECKPOINTS.iter().filter(move |c| c.route.runs_on(route))
+    CHECKPOINTS.iter().filter(move |c| c.runs.on(route))
 }
 
 /// The phases a migration of `route` runs, in order (without `Succeeded`).
@@ -279,7 +317,8 @@ mod tests {
     #[test]
     fn each_route_runs_its_rows_once_in_the_order_of_all_phases() {
         let all: Vec<Phase> = phases().collect();
-        for route in [Route::Staged, Route::Direct] {
+        let routes = [Route::STAGED, Route::DIRECT];
+        for route in routes.into_iter().chain(routes.map(Route::adapted)) {
             let mut phase = CHECKPOINTS[0].phase;
             let mut walked = vec![phase];
             while phase != Phase::Succeeded {
@@ -298,9 +337,15 @@ mod tests {
                 "{route:?}: {ranks:?}"
             );
         }
-        assert_eq!(after(Route::Direct, Phase::Validating), Phase::Allocating);
-        assert_eq!(after(Route::Staged, Phase::Validating), Phase::Preparing);
-        assert!(find(Route::Staged, Phase::Allocating).is_none());
+        assert_eq!(after(Route::DIRECT, Phase::Validating), Phase::Allocating);
+        assert_eq!(after(Route::STAGED, Phase::Validating), Phase::Preparing);
+        assert!(find(Route::STAGED, Phase::Allocating).is_none());
+        assert_eq!(after(Route::DIRECT, Phase::Importing), Phase::CreatingVm);
+        for route in routes.map(Route::adapted) {
+            assert_eq!(after(route, Phase::Importing), Phase::Adapting);
+            assert_eq!(after(route, Phase::Adapting), Phase::CreatingVm);
+        }
+        assert!(find(Route::STAGED, Phase::Adapting).is_none());
         assert_eq!(condition_of(Phase::Allocating), None);
         for phase in [Phase::Converting, Phase::Importing] {
             let conditions: Vec<_> = CHECKPOINTS
@@ -325,15 +370,16 @@ mod tests {
                 Phase::Preparing,
                 Phase::Converting,
                 Phase::Importing,
+                Phase::Adapting,
                 Phase::CreatingVm,
                 Phase::Starting,
                 Phase::ValidatingGuest,
                 Phase::Succeeded,
             ]
         );
-        assert_eq!(after(Route::Staged, Phase::Preparing), Phase::Converting);
+        assert_eq!(after(Route::STAGED, Phase::Preparing), Phase::Converting);
         assert_eq!(
-            after(Route::Direct, Phase::ValidatingGuest),
+            after(Route::DIRECT, Phase::ValidatingGuest),
             Phase::Succeeded
         );
         assert_eq!(condition_of(Phase::Preparing), None);
@@ -341,6 +387,6 @@ mod tests {
             condition_of(Phase::Importing),
             Some(ConditionType::DiskImported)
         );
-        assert!(find(Route::Direct, Phase::Cancelling).is_none());
+        assert!(find(Route::DIRECT, Phase::Cancelling).is_none());
     }
 }

@@ -45,13 +45,39 @@ pub async fn run(step: &mut Step<'_>) -> Result<Next> {
     ))
 }
 
+/// What virt-v2v can adapt, as far as vSphere's description tells before the source is touched. The adaptation
+/// Job checks again with its own inspection of the guest.
+fn check_adaptable(source: &SourceVmStatus) -> Result<()> {
+    let guest = source.guest_os.as_deref().unwrap_or_default();
+    if guest.starts_with("win") {
+        return Err(Failure::permanent(
+            Reason::GuestAdaptationUnsupported,
+            format!(
+                "{} is a Windows guest ({guest}): adapting it needs the virtio-win drivers (viostor, vioscsi, \
+                 netkvm), which this version cannot be given yet; migrate it with guestAdaptation None, which \
+                 keeps the devices it has drivers for",
+                source.name
+            ),
+        ));
+    }
+    let most = super::adapt::MAX_DISKS;
+    if source.disks.len() > most {
+        return Err(Failure::permanent(
+            Reason::GuestAdaptationUnsupported,
+            format!(
+                "{} has {} disks; an adapted VM has at most {most}",
+                source.name,
+                source.disks.len()
+            ),
+        ));
+    }
+    Ok(())
+}
+
 /// The checks that need nothing but the spec and what discovery found.
 pub fn check_source(vmm: &VirtualMachineMigration, source: &SourceVmStatus) -> Result<()> {
     if vmm.spec.conversion.guest_adaptation == GuestAdaptation::VirtV2v {
-        return Err(Failure::permanent(
-            Reason::GuestAdaptationUnsupported,
-            "guestAdaptation VirtV2v is not available in this version; use None",
-        ));
+        check_adaptable(source)?;
     }
     if source.disks.is_empty() {
         return Err(Failure::permanent(

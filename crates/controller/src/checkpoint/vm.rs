@@ -15,6 +15,7 @@ pub async fn run(step: &mut Step<'_>) -> Result<Next> {
     let source = step.status.source.clone().ok_or_else(|| {
         Failure::transient(Reason::SourceNotDiscovered, "discovery recorded no source")
     })?;
+    let source = build::vm::as_adapted(source, step.status.adaptation.as_ref());
     let desired = build::vm::virtual_machine(step.vmm, &source);
     let name = desired.name_any();
     let vms = Api::<DynamicObject>::namespaced_with(step.ctx.client.clone(), &ns, &vm_resource());

@@ -23,8 +23,12 @@ use serde_json::json;
 use super::kubevirt::NODE;
 
 const MANAGER: &str = "lab-node-agent";
-/// Paths that stay read-only system directories inside the sandbox; volumes cannot be mounted below them.
-const SYSTEM_DIRS: [&str; 6] = ["/usr", "/etc", "/bin", "/sbin", "/lib", "/lib64"];
+/// Paths that stay read-only system directories inside the sandbox; volumes cannot be mounted below them. The
+/// kernel in `/boot` and the package database in `/var/lib` are what libguestfs builds its appliance from, and
+/// libosinfo's `usb.ids` links there too (`/var/lib/usbutils`), as in the image.
+const SYSTEM_DIRS: [&str; 8] = [
+    "/usr", "/etc", "/bin", "/sbin", "/lib", "/lib64", "/boot", "/var/lib",
+];
 
 pub struct NodeAgentConfig {
     /// The binary that images named `ferry` run.

@@ -1,0 +1,177 @@
+//! The adaptation Job: `ferry adapt` with the migration's volumes (filesystem or block, either path), a scratch
+//! emptyDir for virt-v2v's overlays and appliance, and the source VM as discovery recorded it.
+
+use ferry_adapt::domain::{Bus, Firmware as DomainFirmware, Nic};
+use ferry_adapt::spec::{AdaptDisk, AdaptSpec};
+use ferry_api::{DiskStatus, Firmware, SourceVmStatus, VirtualMachineMigration};
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::{EmptyDirVolumeSource, Volume, VolumeDevice};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+
+use super::job::{QEMU_ID, Work, block, claim_volume, disk_path, job, mount};
+use crate::children;
+
+const SCRATCH: &str = "/scratch";
+/// Overlays hold what virt-v2v changes (a new initramfs, removed packages), and the appliance is about 300 MiB.
+const SCRATCH_LIMIT: &str = "8Gi";
+/// libguestfs's appliance takes 1-2 GiB besides the worker itself.
+const MEMORY_MIB: u64 = 4096;
+
+/// What `ferry adapt` runs with: each volume and the source sha256 it must still hold (`disks`, as verified).
+pub fn adapt_spec(
+    vmm: &VirtualMachineMigration,
+    source: &SourceVmStatus,
+    disks: &[DiskStatus],
+) -> AdaptSpec {
+    AdaptSpec {
+        name: source.name.clone(),
+        memory_mib: source.memory_mib.max(0) as u64,
+        cpus: source.cpus.max(1) as u32,
+        firmware: match source.firmware {
+            Some(Firmware::Efi) => DomainFirmware::Efi,
+            _ => DomainFirmware::Bios,
+        },
+        disks: disks
+            .iter()
+            .map(|disk| AdaptDisk {
+                path: disk_path(vmm, disk.index as u32).into(),
+                block: block(vmm),
+                bus: Bus::from_source(
+                    source
+                        .disks
+                        .get(disk.index as usize)
+                        .and_then(|d| d.bus.as_deref()),
+                ),
+                size_bytes: disk.capacity_bytes.max(0) as u64,
+                source_sha256: disk.sha256.clone().unwrap_or_default(),
+            })
+            .collect(),
+        nics: source
+            .nics
+            .iter()
+            .map(|nic| Nic {
+                mac: nic.mac.clone(),
+                network: nic.network.clone(),
+                model: nic.model.clone(),
+            })
+            .collect(),
+        scratch: SCRATCH.into(),
+        virtio_win: None,
+    }
+}
+
+pub fn adapt_job(
+    vmm: &VirtualMachineMigration,
+    source: &SourceVmStatus,
+    disks: &[DiskStatus],
+    attempt: i32,
+    image: &str,
+) -> Job {
+    let spec = serde_json::to_string(&adapt_spec(vmm, source, disks)).expect("a spec serializes");
+    let mut work = Work {
+        step: "adapt",
+        args: vec!["adapt".into(), format!("--spec-json={spec}")],
+        volumes: vec![Volume {
+            name: "scratch".into(),
+            empty_dir: Some(EmptyDirVolumeSource {
+                size_limit: Some(Quantity(SCRATCH_LIMIT.into())),
+                ..EmptyDirVolumeSource::default()
+            }),
+            ..Volume::default()
+        }],
+        mounts: vec![mount("scratch", SCRATCH, false)],
+        devices: vec![],
+        memory_limit_mib: MEMORY_MIB,
+        user: QEMU_ID,
+    };
+    for disk in disks {
+        let index = disk.index as u32;
+        let name = format!("disk-{index}");
+        work.volumes.push(claim_volume(&name, vmm, index, false));
+        if block(vmm) {
+            work.devices.push(VolumeDevice {
+                name,
+                device_path: disk_path(vmm, index),
+            });
+        } else {
+            let path = disk_path(vmm, index);
+            let dir = path.trim_end_matches("/disk.img");
+            work.mounts.push(mount(&name, dir, false));
+        }
+    }
+    job(vmm, &children::adapt_job(vmm, attempt), image, work)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn the_job_mounts_every_volume_writable_and_names_the_sha256_each_must_hold() {
+        let mut vmm = VirtualMachineMigration::new(
+            "m",
+            serde_json::from_value(json!({
+                "source": {"providerRef": {"name": "p"}, "vm": {"name": "x"}},
+                "conversion": {"guestAdaptation": "VirtV2v"}}))
+            .unwrap(),
+        );
+        vmm.metadata.uid = Some("u".into());
+        vmm.metadata.namespace = Some("ns".into());
+        let source: SourceVmStatus = serde_json::from_value(json!({
+            "name": "x", "moref": "vm-1", "cpus": 2, "coresPerSocket": 1, "memoryMib": 1024, "snapshots": 0,
+            "firmware": "Efi",
+            "disks": [{"key": 1, "file": "[ds] x/x.vmdk", "capacityBytes": 1024, "bus": "sata"},
+                      {"key": 2, "file": "[ds] x/x_1.vmdk", "capacityBytes": 2048}],
+            "nics": [{"mac": "00:50:56:aa:bb:cc", "network": "VM Network", "model": "vmxnet3"}]}))
+        .unwrap();
+        let disks: Vec<DiskStatus> = (0..2)
+            .map(|i| DiskStatus {
+                index: i,
+                capacity_bytes: 1024 << i,
+                sha256: Some(format!("sha{i}")),
+                verified: true,
+                ..DiskStatus::default()
+            })
+            .collect();
+        let spec = adapt_spec(&vmm, &source, &disks);
+        assert_eq!(spec.firmware, DomainFirmware::Efi);
+        assert_eq!(spec.disks[0].bus, Bus::Sata);
+        assert_eq!(
+            spec.disks[1].path,
+            std::path::Path::new("/disks/1/disk.img")
+        );
+        assert_eq!(spec.disks[1].source_sha256, "sha1");
+        assert_eq!(spec.nics[0].mac, "00:50:56:aa:bb:cc");
+
+        let job = adapt_job(&vmm, &source, &disks, 1, "ferry:1");
+        assert_eq!(job.metadata.name.as_deref(), Some("m-adapt-1"));
+        let pod = job.spec.unwrap().template.spec.unwrap();
+        let container = &pod.containers[0];
+        let mounts: Vec<_> = container
+            .volume_mounts
+            .iter()
+            .flatten()
+            .map(|m| (m.mount_path.as_str(), m.read_only.unwrap_or(false)))
+            .collect();
+        assert_eq!(
+            mounts,
+            [
+                ("/scratch", false),
+                ("/disks/0", false),
+                ("/disks/1", false)
+            ]
+        );
+        let claims: Vec<_> = pod
+            .volumes
+            .iter()
+            .flatten()
+            .filter_map(|v| Some(v.persistent_volume_claim.as_ref()?.claim_name.clone()))
+            .collect();
+        assert_eq!(claims, ["m-disk-0", "m-disk-1"]);
+        assert!(
+            container.env.is_none(),
+            "nothing secret, nothing in the environment"
+        );
+    }
+}
