@@ -171,6 +171,16 @@ async fn assert_booted_with_agent(
     assert_eq!(field(&line, "mac"), Some(source_mac.as_str()), "{line}");
 }
 
+/// Each disk's bus in a VM's domain, in order.
+fn disk_buses(domain: &Value) -> Vec<&str> {
+    domain["devices"]["disks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["disk"]["bus"].as_str().unwrap())
+        .collect()
+}
+
 /// The default guest check, with time for the agent: under TCG on a loaded 2-core machine a Debian guest's agent
 /// can take minutes to answer, and after the settle the check would settle for "ran steadily". The check ends
 /// when the agent answers, so the long window costs nothing on a machine that boots the guest quickly.
@@ -190,12 +200,7 @@ async fn a_bios_linux_vm_boots_on_compatibility_devices_and_its_agent_answers() 
 
     let vm = vm_api(&client, ns.name()).get("bios").await.unwrap();
     let domain = &vm.data["spec"]["template"]["spec"]["domain"];
-    let buses: Vec<&str> = domain["devices"]["disks"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|d| d["disk"]["bus"].as_str().unwrap())
-        .collect();
+    let buses = disk_buses(domain);
     assert_eq!(buses, ["sata", "sata"], "{domain}");
     assert_eq!(domain["devices"]["interfaces"][0]["model"], "e1000e");
     assert_eq!(domain["devices"]["disks"][0]["bootOrder"], 1);
@@ -248,12 +253,7 @@ async fn a_bios_linux_vm_adapted_by_virt_v2v_boots_on_virtio_and_its_agent_answe
 
     let vm = vm_api(&client, ns.name()).get("adapted").await.unwrap();
     let domain = &vm.data["spec"]["template"]["spec"]["domain"];
-    let buses: Vec<&str> = domain["devices"]["disks"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|d| d["disk"]["bus"].as_str().unwrap())
-        .collect();
+    let buses = disk_buses(domain);
     assert_eq!(buses, ["virtio", "virtio"], "{domain}");
     assert_eq!(domain["devices"]["interfaces"][0]["model"], "virtio");
     assert_booted_with_agent(&client, ns.name(), &done, "ferry-linux-bios").await;

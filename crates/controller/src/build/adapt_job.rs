@@ -5,10 +5,10 @@ use ferry_adapt::domain::{Bus, Firmware as DomainFirmware, Nic};
 use ferry_adapt::spec::{AdaptDisk, AdaptSpec};
 use ferry_api::{DiskStatus, Firmware, SourceVmStatus, VirtualMachineMigration};
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{EmptyDirVolumeSource, Volume, VolumeDevice};
+use k8s_openapi::api::core::v1::{EmptyDirVolumeSource, Volume};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
-use super::job::{QEMU_ID, Work, block, claim_volume, disk_path, job, mount};
+use super::job::{QEMU_ID, Work, block, disk_path, job, mount, mount_disks};
 use crate::children;
 
 const SCRATCH: &str = "/scratch";
@@ -84,21 +84,7 @@ pub fn adapt_job(
         memory_limit_mib: MEMORY_MIB,
         user: QEMU_ID,
     };
-    for disk in disks {
-        let index = disk.index as u32;
-        let name = format!("disk-{index}");
-        work.volumes.push(claim_volume(&name, vmm, index, false));
-        if block(vmm) {
-            work.devices.push(VolumeDevice {
-                name,
-                device_path: disk_path(vmm, index),
-            });
-        } else {
-            let path = disk_path(vmm, index);
-            let dir = path.trim_end_matches("/disk.img");
-            work.mounts.push(mount(&name, dir, false));
-        }
-    }
+    mount_disks(&mut work, vmm, disks.iter().map(|d| d.index as u32));
     job(vmm, &children::adapt_job(vmm, attempt), image, work)
 }
 

@@ -134,23 +134,32 @@ pub fn convert_job(
             }
         }
         None => {
-            for index in 0..source.disks.len() as u32 {
-                let name = format!("disk-{index}");
-                work.volumes.push(claim_volume(&name, vmm, index, false));
-                if block(vmm) {
-                    work.devices.push(VolumeDevice {
-                        name,
-                        device_path: disk_path(vmm, index),
-                    });
-                } else {
-                    work.mounts
-                        .push(mount(&name, &format!("{DISKS_MOUNT}/{index}"), false));
-                }
-            }
+            mount_disks(&mut work, vmm, 0..source.disks.len() as u32);
             work.user = QEMU_ID;
         }
     }
     job(vmm, &children::convert_job(vmm, attempt), image, work)
+}
+
+/// Every disk's volume, writable, where [`disk_path`] says the Job finds it.
+pub(super) fn mount_disks(
+    work: &mut Work,
+    vmm: &VirtualMachineMigration,
+    indexes: impl IntoIterator<Item = u32>,
+) {
+    for index in indexes {
+        let name = format!("disk-{index}");
+        work.volumes.push(claim_volume(&name, vmm, index, false));
+        if block(vmm) {
+            work.devices.push(VolumeDevice {
+                name,
+                device_path: disk_path(vmm, index),
+            });
+        } else {
+            work.mounts
+                .push(mount(&name, &format!("{DISKS_MOUNT}/{index}"), false));
+        }
+    }
 }
 
 pub(super) fn block(vmm: &VirtualMachineMigration) -> bool {
