@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Builds every test binary of the workspace once, then runs them a few at a time: most lab tests wait on
 # controllers and timers far more than they compute (about a third of 2 cores), so one binary at a time left the
-# machine idle. The two that boot most Debian guests under software emulation run one after the other in a lane
-# of their own, since parallel emulated boots only slow each other down; the demo, which boots one, runs last. Every binary runs to the end (no fail-fast); each
-# one's output is printed whole when it ends, and the run fails if any failed.
+# machine idle. The one that boots most Debian guests under software emulation runs in a lane of its own, since
+# parallel emulated boots only slow each other down; the demo and the guest image's boots run last, on the core
+# the others leave. Every binary runs to the end (no fail-fast); each one's output is printed whole when it ends,
+# and the run fails if any failed.
 #
 # Usage: hack/test.sh [extra cargo args]. FERRY_TEST_LANES sets the lanes beside the emulation lane (default 2);
 # FERRY_TEST_ONLY, an extended regex, runs only the binaries whose names match it.
@@ -13,13 +14,13 @@ lanes=${FERRY_TEST_LANES:-2}
 # Boot real guests under emulation: one lane, in this order, at normal priority. The others run at a lower one
 # (nice 10): they mostly wait on timers, while an emulated guest's boot is CPU-bound and judged by its clock (a
 # guest check's settle), so on a busy machine it is the guest that must not starve.
-emulated=(linux_guest guest_image)
+emulated=(linux_guest)
 # The slowest first, so the long ones do not start last; binaries not named here follow in cargo's order.
 slowest=(chaos migrate_lifecycle migrate migrate_through_faults bench_controlplane migrate_direct
   staging_resume lab_up kubevirt migrate_many_disks datapath_convert bench_migrate node_agent preflight_storage)
-# Started once the others are done, when the emulation lane is on its last binary; at normal priority, since
-# the demo boots a guest too.
-last=(lab_demo)
+# Started once the others are done, while the emulation lane still runs; at normal priority, since each boots
+# guests too: by then the other core is free.
+last=(lab_demo guest_image)
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/ferry-tests-XXXXXX")
 trap 'rm -rf "$work"' EXIT

@@ -1,9 +1,11 @@
 //! Guest adaptation: `virt-v2v-in-place` turns the migrated copy of a VMware guest into a KubeVirt guest (virtio
-//! drivers in its initramfs, fstab and bootloader fixed, VMware Tools removed). This crate holds the pure parts:
+//! drivers in its initramfs, fstab and bootloader fixed, VMware Tools removed). This crate holds the pure parts
+//! (and one look into the volume that holds the virtio-win drivers):
 //! - [`domain`]: the libvirt domain description virt-v2v reads (`-i libvirtxml`), built from what discovery
 //!   recorded about the source VM;
 //! - [`inspection`]: the guest virt-v2v found (OS, version, architecture, firmware, root), read from its log;
-//! - [`spec`]: what `ferry adapt` is asked to do, as the controller passes it to the Job;
+//! - [`spec`]: what `ferry adapt` is asked to do, as the controller passes it to the Job, and where the
+//!   virtio-win drivers it names are found in the volume the Job mounted;
 //! - [`failure`]: what a failed run means (unsupported guest, no space, missing drivers, appliance trouble), so
 //!   the controller knows whether a retry can help.
 

@@ -6,6 +6,8 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use crate::domain::{Bus, Disk, Domain, Firmware, Format, Nic};
+use crate::failure::AdaptationFailure;
+use crate::inspection::Inspection;
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -19,7 +21,8 @@ pub struct AdaptSpec {
     pub nics: Vec<Nic>,
     /// Where the overlays, virt-v2v's log and libguestfs's appliance cache go (an emptyDir).
     pub scratch: PathBuf,
-    /// The virtio-win drivers (an ISO or a directory) for a Windows guest; none for Linux guests.
+    /// The virtio-win drivers (an ISO or a directory) for a Windows guest, virt-v2v's `VIRTIO_WIN`; none when
+    /// the migration names none (`conversion.virtioWin`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub virtio_win: Option<PathBuf>,
 }
@@ -71,6 +74,25 @@ impl AdaptSpec {
         }
     }
 
+    /// What a virt-v2v run on this spec means, before anything is committed: a Windows guest given no drivers
+    /// is refused whatever virt-v2v made of it (it would look in its own default place, which the worker image
+    /// does not fill), and otherwise virt-v2v's own words decide ([`AdaptationFailure::of_run`]).
+    pub fn verdict(&self, output: &str, exited_ok: bool) -> Option<(AdaptationFailure, String)> {
+        if self.virtio_win.is_none()
+            && let Some(windows) = Inspection::from_log(output).filter(Inspection::is_windows)
+        {
+            return Some((
+                AdaptationFailure::MissingDrivers,
+                format!(
+                    "virt-v2v found {}, and the migration names no virtio-win drivers for it: set \
+                     spec.conversion.virtioWin to the PersistentVolumeClaim or image holding the virtio-win ISO",
+                    windows.describe()
+                ),
+            ));
+        }
+        AdaptationFailure::of_run(output, exited_ok)
+    }
+
     /// The disk whose overlay is `device`'s disk in the appliance (`/dev/sdb1` is disk 1): virt-v2v's appliance
     /// names the disks `sda`, `sdb`, … in the domain's order, whatever their bus.
     pub fn disk_of_device(&self, device: &str) -> Option<usize> {
@@ -88,6 +110,78 @@ impl AdaptSpec {
         let index = index.checked_sub(1)?;
         (index < self.disks.len()).then_some(index)
     }
+}
+
+/// Where virt-v2v finds the drivers (`VIRTIO_WIN`) in what the Job mounted at `named`: a file is the ISO; a
+/// directory that holds nothing but one ISO image, through directories that each hold only one entry, stands for
+/// that ISO (a KubeVirt container disk holds `disk/<name>.iso`; a PersistentVolumeClaim may hold one ISO beside
+/// `lost+found`); any other directory is unpacked drivers. Missing: what is there instead, for the person to fix
+/// `conversion.virtioWin.path`.
+pub fn virtio_win_source(named: &Path) -> Result<PathBuf, String> {
+    let metadata = std::fs::metadata(named).map_err(|e| {
+        let mut listing = String::new();
+        if let Some(parent) = named.ancestors().skip(1).find(|p| p.is_dir()) {
+            let names = entries(parent).unwrap_or_default();
+            const SHOWN: usize = 12;
+            let more = match names.len().saturating_sub(SHOWN) {
+                0 => String::new(),
+                n => format!(" and {n} more"),
+            };
+            listing = format!(
+                "; {} holds {}{more}",
+                parent.display(),
+                if names.is_empty() {
+                    "nothing".into()
+                } else {
+                    names[..names.len().min(SHOWN)].join(", ")
+                }
+            );
+        }
+        format!(
+            "the virtio-win drivers named by spec.conversion.virtioWin are not at {} ({e}){listing}",
+            named.display()
+        )
+    })?;
+    if !metadata.is_dir() {
+        return Ok(named.to_path_buf());
+    }
+    let mut dir = named.to_path_buf();
+    // Bounded: a container disk's is two levels deep.
+    for _ in 0..4 {
+        let Ok(names) = entries(&dir) else { break };
+        let [only] = names.as_slice() else { break };
+        let next = dir.join(only);
+        if next.is_dir() {
+            dir = next;
+        } else if is_iso9660(&next) {
+            return Ok(next);
+        } else {
+            break;
+        }
+    }
+    Ok(named.to_path_buf())
+}
+
+/// A directory's entries, sorted, without what a file system or a volume adds by itself.
+fn entries(dir: &Path) -> std::io::Result<Vec<String>> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)?
+        .filter_map(|entry| entry.ok()?.file_name().into_string().ok())
+        .filter(|name| name != "lost+found" && !name.starts_with('.'))
+        .collect();
+    names.sort();
+    Ok(names)
+}
+
+/// ISO 9660's first volume descriptor, at sector 16, starts with `CD001` after its type byte.
+fn is_iso9660(path: &Path) -> bool {
+    use std::io::{Read, Seek, SeekFrom};
+    let mut magic = [0u8; 5];
+    std::fs::File::open(path)
+        .and_then(|mut file| {
+            file.seek(SeekFrom::Start(16 * 2048 + 1))?;
+            file.read_exact(&mut magic)
+        })
+        .is_ok_and(|()| &magic == b"CD001")
 }
 
 #[cfg(test)]
@@ -142,5 +236,88 @@ mod tests {
 
     fn spec_with_no_disks() -> AdaptSpec {
         spec(0)
+    }
+
+    #[test]
+    fn a_windows_guest_given_no_drivers_is_refused_before_the_commit() {
+        let windows = "i_root = /dev/sda2\ni_type = windows\ni_distro = windows\ni_osinfo = win2k22\n\
+                       i_arch = x86_64\ni_major_version = 10\ni_minor_version = 0\n\
+                       i_product_name = Windows Server 2022 Standard\n[  60.0] Converting Windows Server 2022 \
+                       Standard to run on KVM\n[  90.0] Finishing off\n";
+        let (class, message) = spec(1).verdict(windows, true).unwrap();
+        assert_eq!(class, AdaptationFailure::MissingDrivers);
+        assert!(
+            message.starts_with("virt-v2v found Windows Server 2022 Standard (x86_64)")
+                && message.contains("spec.conversion.virtioWin"),
+            "{message}"
+        );
+        let mut given = spec(1);
+        given.virtio_win = Some("/run/ferry/virtio-win/disk/virtio-win.iso".into());
+        assert_eq!(
+            given.verdict(windows, true),
+            None,
+            "drivers given and installed"
+        );
+        let linux = windows.replace("= windows", "= linux");
+        assert_eq!(
+            spec(1).verdict(&linux, true),
+            None,
+            "a Linux guest needs none"
+        );
+        // With drivers given, virt-v2v's own verdict stands.
+        let unusable = format!(
+            "{windows}virt-v2v-in-place: warning: there is no virtio network driver for this version of \
+             Windows (10.0 x86_64).  virt-v2v looks for this driver in /run/ferry/virtio-win\n\n"
+        );
+        assert_eq!(
+            given.verdict(&unusable, true).unwrap().0,
+            AdaptationFailure::MissingDrivers
+        );
+    }
+
+    fn iso(path: &Path) {
+        let mut bytes = vec![0u8; 17 * 2048];
+        bytes[16 * 2048..16 * 2048 + 6].copy_from_slice(b"\x01CD001");
+        std::fs::write(path, bytes).unwrap();
+    }
+
+    #[test]
+    fn the_drivers_are_the_iso_a_volume_holds_alone_or_its_directory() {
+        let root = tempfile::tempdir().unwrap();
+        let mount = root.path();
+        // A KubeVirt container disk: disk/<whatever the ISO is called>.
+        std::fs::create_dir(mount.join("disk")).unwrap();
+        iso(&mount.join("disk/virtio-win-0.1.266.iso"));
+        let found = mount.join("disk/virtio-win-0.1.266.iso");
+        assert_eq!(virtio_win_source(mount).unwrap(), found);
+        assert_eq!(virtio_win_source(&mount.join("disk")).unwrap(), found);
+        assert_eq!(virtio_win_source(&found).unwrap(), found);
+        // Named but absent: what is there, so the path can be corrected.
+        let missing = virtio_win_source(&mount.join("disk/virtio-win.iso")).unwrap_err();
+        assert!(
+            missing.contains("spec.conversion.virtioWin")
+                && missing.contains("not at")
+                && missing.ends_with("holds virtio-win-0.1.266.iso"),
+            "{missing}"
+        );
+
+        // A claim with one ISO beside lost+found.
+        let claim = tempfile::tempdir().unwrap();
+        std::fs::create_dir(claim.path().join("lost+found")).unwrap();
+        iso(&claim.path().join("virtio-win.iso"));
+        assert_eq!(
+            virtio_win_source(claim.path()).unwrap(),
+            claim.path().join("virtio-win.iso")
+        );
+
+        // Unpacked drivers, and a lone file that is no ISO: the directory itself, for virt-v2v to search.
+        let unpacked = tempfile::tempdir().unwrap();
+        for dir in ["viostor/2k22/amd64", "NetKVM/2k22/amd64"] {
+            std::fs::create_dir_all(unpacked.path().join(dir)).unwrap();
+        }
+        assert_eq!(virtio_win_source(unpacked.path()).unwrap(), unpacked.path());
+        let lone = tempfile::tempdir().unwrap();
+        std::fs::write(lone.path().join("drivers.zip"), b"PK").unwrap();
+        assert_eq!(virtio_win_source(lone.path()).unwrap(), lone.path());
     }
 }

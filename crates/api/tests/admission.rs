@@ -410,6 +410,63 @@ fn invalid_cases() -> Vec<Invalid> {
             r#"spec.conversion.guestAdaptation: Unsupported value: "Magic""#,
         ),
         create(
+            "virtio-win drivers without guest adaptation",
+            with(
+                m(),
+                "/spec/conversion/virtioWin",
+                json!({"persistentVolumeClaim": "virtio-win"}),
+            ),
+            "conversion.virtioWin is used only by guest adaptation",
+        ),
+        create(
+            "virtio-win drivers from nowhere",
+            with(
+                m(),
+                "/spec/conversion",
+                json!({"guestAdaptation": "VirtV2v", "virtioWin": {"path": "virtio-win.iso"}}),
+            ),
+            "conversion.virtioWin needs exactly one of persistentVolumeClaim or image",
+        ),
+        create(
+            "virtio-win drivers from a claim and an image",
+            with(
+                m(),
+                "/spec/conversion",
+                json!({"guestAdaptation": "VirtV2v",
+                       "virtioWin": {"persistentVolumeClaim": "virtio-win", "image": "quay.io/kubevirt/virtio-container-disk"}}),
+            ),
+            "conversion.virtioWin needs exactly one of persistentVolumeClaim or image",
+        ),
+        create(
+            "virtio-win path absolute",
+            with(
+                m(),
+                "/spec/conversion",
+                json!({"guestAdaptation": "VirtV2v",
+                       "virtioWin": {"persistentVolumeClaim": "virtio-win", "path": "/virtio-win.iso"}}),
+            ),
+            "virtioWin.path is relative to the volume's root",
+        ),
+        create(
+            "virtio-win path above the volume",
+            with(
+                m(),
+                "/spec/conversion",
+                json!({"guestAdaptation": "VirtV2v",
+                       "virtioWin": {"persistentVolumeClaim": "virtio-win", "path": "drivers/../../etc"}}),
+            ),
+            "virtioWin.path must stay inside the volume",
+        ),
+        create(
+            "virtio-win claim name",
+            with(
+                m(),
+                "/spec/conversion",
+                json!({"guestAdaptation": "VirtV2v", "virtioWin": {"persistentVolumeClaim": "Virtio_Win"}}),
+            ),
+            "spec.conversion.virtioWin.persistentVolumeClaim in body should match",
+        ),
+        create(
             "staging scheme",
             with(m(), "/spec/staging/url", json!("ftp://host/path")),
             "staging url must start with s3://, http://, https:// or file://",
@@ -627,6 +684,17 @@ async fn valid_manifests_are_accepted_with_their_defaults() {
             with(migration(), "/metadata/name", json!("direct")),
             "/spec/staging",
             Value::Null,
+        ),
+        with(
+            with(migration(), "/metadata/name", json!("windows")),
+            "/spec/conversion",
+            json!({"guestAdaptation": "VirtV2v",
+                   "virtioWin": {"image": "quay.io/kubevirt/virtio-container-disk:v1.6.0", "path": "disk/virtio-win.iso"}}),
+        ),
+        with(
+            with(migration(), "/metadata/name", json!("windows-claim")),
+            "/spec/conversion",
+            json!({"guestAdaptation": "VirtV2v", "virtioWin": {"persistentVolumeClaim": "virtio-win"}}),
         ),
         with(
             with(migration(), "/metadata/name", json!("by-path")),

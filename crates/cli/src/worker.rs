@@ -88,9 +88,27 @@ pub struct AdaptArgs {
 }
 
 pub async fn adapt(args: AdaptArgs) -> Result<()> {
-    let spec = ferry_adapt::spec::AdaptSpec::parse(&args.spec_json)
+    let mut spec = ferry_adapt::spec::AdaptSpec::parse(&args.spec_json)
         .map_err(|e| anyhow::anyhow!("invalid adaptation spec: {e}"))?;
-    let outcome = ferry_datapath::adapt::adapt(&spec).await;
+    // The drivers are looked for in the mounted volume before anything is hashed or run: a wrong path is the
+    // person's to fix, and no retry finds them.
+    let drivers = match spec.virtio_win.as_deref() {
+        Some(named) => ferry_adapt::spec::virtio_win_source(named).map(Some),
+        None => Ok(None),
+    };
+    let outcome = match drivers {
+        Ok(drivers) => {
+            if let Some(drivers) = &drivers {
+                println!("virtio-win drivers: {}", drivers.display());
+            }
+            spec.virtio_win = drivers;
+            ferry_datapath::adapt::adapt(&spec).await
+        }
+        Err(message) => Err(ferry_datapath::Error::Adaptation {
+            failure: ferry_adapt::failure::AdaptationFailure::MissingDrivers,
+            message,
+        }),
+    };
     report(&args.result_file, outcome, |adapted| {
         JobReport::Adapted(adapted.clone())
     })

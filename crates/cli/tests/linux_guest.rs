@@ -10,7 +10,8 @@ use std::time::Duration;
 use ferry_api::{GuestEvidence, Phase, PowerState, VirtualMachineMigration};
 use ferry_lab::linux_vms::{LINUX_BIOS_VM, LINUX_EFI_VM};
 use ferry_testkit::migration;
-use kube::api::DynamicObject;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
 use kube::{Api, Client, ResourceExt};
 use serde_json::{Value, json};
 use support::*;
@@ -208,57 +209,386 @@ async fn a_bios_linux_vm_boots_on_compatibility_devices_and_its_agent_answers() 
     assert_booted_with_agent(&client, ns.name(), &done, "ferry-linux-bios").await;
 }
 
-/// The BIOS VM adapted by virt-v2v: the same guest that cannot find its root on virtio (the next test) boots on
-/// virtio-blk and virtio-net once its initramfs has the drivers. The volumes hold the adapted guest, the status
-/// both sha256 and what virt-v2v found.
-#[tokio::test]
-async fn a_bios_linux_vm_adapted_by_virt_v2v_boots_on_virtio_and_its_agent_answers() {
-    let _turn = one_guest_at_a_time().await;
-    let _source = source_lock(LINUX_BIOS_VM).await;
-    let (client, ns) = setup("linux-adapted").await;
-    set_source_power(LINUX_BIOS_VM, true).await;
-    let mut extra = slow_boot();
-    extra["conversion"] = json!({"guestAdaptation": "VirtV2v"});
-    migrate(&client, ns.name(), "adapted", LINUX_BIOS_VM, extra).await;
-    let done = wait_for_phase(
-        &client,
-        ns.name(),
-        "adapted",
-        Phase::Succeeded,
-        LINUX_TIMEOUT + ADAPTATION_TIMEOUT,
-    )
-    .await;
+/// What an adapted migration must show: virt-v2v's findings, both sha256 of each changed disk, the condition,
+/// a VM on virtio, and the guest booted with its agent answering and its root on virtio-blk.
+async fn assert_adapted(client: &Client, ns: &str, done: &VirtualMachineMigration, hostname: &str) {
+    let name = done.name_any();
     let status = done.status.clone().unwrap();
     let adaptation = status.adaptation.clone().expect("status.adaptation");
     assert_eq!(
         (adaptation.os_type.as_str(), adaptation.distro.as_str()),
         ("linux", "debian"),
-        "{adaptation:?}"
+        "{name}: {adaptation:?}"
     );
-    assert_eq!(adaptation.boot_disk, Some(0), "{adaptation:?}");
-    assert!(adaptation.os.contains("x86_64"), "{adaptation:?}");
+    assert_eq!(adaptation.boot_disk, Some(0), "{name}: {adaptation:?}");
+    assert!(adaptation.os.contains("x86_64"), "{name}: {adaptation:?}");
     let root = &status.disks[0];
     assert!(
         root.adapted_sha256.is_some() && root.adapted_sha256 != root.sha256,
-        "the root disk changed, and both hashes are kept: {root:?}"
+        "{name}: the root disk changed, and both hashes are kept: {root:?}"
     );
+    assert!(!status.rewrite_volumes, "{name}: {status:?}");
     assert!(
         status
             .conditions
             .iter()
             .any(|c| c.type_ == "GuestAdapted" && c.status == "True"),
-        "{:?}",
+        "{name}: {:?}",
         status.conditions
     );
-
-    let vm = vm_api(&client, ns.name()).get("adapted").await.unwrap();
+    let vm = vm_api(client, ns).get(&name).await.unwrap();
     let domain = &vm.data["spec"]["template"]["spec"]["domain"];
-    let buses = disk_buses(domain);
-    assert_eq!(buses, ["virtio", "virtio"], "{domain}");
+    assert_eq!(disk_buses(domain), ["virtio", "virtio"], "{domain}");
     assert_eq!(domain["devices"]["interfaces"][0]["model"], "virtio");
-    assert_booted_with_agent(&client, ns.name(), &done, "ferry-linux-bios").await;
-    let line = report_line(&client, ns.name(), "adapted").await;
-    assert_eq!(field(&line, "root"), Some("/dev/vda1"), "{line}");
+    assert_booted_with_agent(client, ns, done, hostname).await;
+    let line = report_line(client, ns, &name).await;
+    assert_eq!(field(&line, "root"), Some("/dev/vda1"), "{name}: {line}");
+}
+
+fn adapted(mut extra: Value) -> Value {
+    extra["conversion"] = json!({"guestAdaptation": "VirtV2v"});
+    extra
+}
+
+/// Both Linux VMs adapted by virt-v2v, at once (two sources, so two cores of emulation): the BIOS guest that
+/// cannot find its root on virtio without adaptation (`a_guest_without_virtio_drivers_...`, in the same run)
+/// boots on virtio-blk and virtio-net once its initramfs has the drivers, and so does the EFI guest, still
+/// under Secure Boot. The volumes hold the adapted guests, the status both sha256 and what virt-v2v found.
+#[tokio::test]
+async fn the_bios_and_efi_linux_vms_adapted_by_virt_v2v_boot_on_virtio_and_their_agents_answer() {
+    let _turn = one_guest_at_a_time().await;
+    let _bios = source_lock(LINUX_BIOS_VM).await;
+    let _efi = source_lock(LINUX_EFI_VM).await;
+    let (client, ns) = setup("linux-adapted").await;
+    for (name, vm) in [("bios", LINUX_BIOS_VM), ("efi", LINUX_EFI_VM)] {
+        set_source_power(vm, true).await;
+        migrate(&client, ns.name(), name, vm, adapted(slow_boot())).await;
+    }
+    let timeout = LINUX_TIMEOUT + ADAPTATION_TIMEOUT;
+    let (bios, efi) = tokio::join!(
+        wait_for_phase(&client, ns.name(), "bios", Phase::Succeeded, timeout),
+        wait_for_phase(&client, ns.name(), "efi", Phase::Succeeded, timeout),
+    );
+    assert_adapted(&client, ns.name(), &bios, "ferry-linux-bios").await;
+    assert_adapted(&client, ns.name(), &efi, "ferry-linux-efi").await;
+    let vm = vm_api(&client, ns.name()).get("efi").await.unwrap();
+    let domain = &vm.data["spec"]["template"]["spec"]["domain"];
+    assert_eq!(
+        domain["firmware"]["bootloader"],
+        json!({"efi": {"secureBoot": true}})
+    );
+}
+
+/// This migration's adaptation pod while it runs, and its log so far (the lab's node keeps it by pod uid).
+async fn running_adaptation(client: &Client, ns: &str, uid: &str) -> Option<(String, String)> {
+    let selector = format!(
+        "{},{}=adapt",
+        ferry_api::keys::uid_selector(uid),
+        ferry_api::keys::STEP_LABEL
+    );
+    let pods = Api::<Pod>::namespaced(client.clone(), ns)
+        .list(&ListParams::default().labels(&selector))
+        .await
+        .ok()?;
+    let pod = pods.items.into_iter().find(|p| {
+        p.metadata.deletion_timestamp.is_none()
+            && p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
+    })?;
+    let log = lab()
+        .await
+        .dir()
+        .join("standin-node")
+        .join(pod.uid()?)
+        .join("container.log");
+    Some((
+        pod.name_any(),
+        std::fs::read_to_string(log).unwrap_or_default(),
+    ))
+}
+
+/// Waits until this migration's adaptation pod has logged `words`; its name.
+async fn adaptation_logged(client: &Client, ns: &str, uid: &str, words: &str) -> String {
+    ferry_testkit::eventually(
+        &format!("the adaptation pod to log {words:?}"),
+        ADAPTATION_TIMEOUT,
+        || async {
+            let (pod, log) = running_adaptation(client, ns, uid).await?;
+            log.contains(words).then_some(pod)
+        },
+    )
+    .await
+}
+
+/// Processes of virt-v2v or its appliance still running on this machine.
+fn adaptation_processes() -> Vec<String> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else {
+            continue;
+        };
+        let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+        if cmdline.contains("virt-v2v") || cmdline.contains("appliance.d") {
+            found.push(cmdline);
+        }
+    }
+    found
+}
+
+/// Cancelled, then deleted, while virt-v2v runs: its pod is stopped with its appliance, and nothing with the
+/// migration's UID is left; the source runs again.
+#[tokio::test]
+async fn an_adaptation_cancelled_or_deleted_midway_leaves_nothing_behind() {
+    let _turn = one_guest_at_a_time().await;
+    let _source = source_lock(LINUX_BIOS_VM).await;
+    let (client, ns) = setup("linux-adapt-stop").await;
+    let api = migrations(&client, ns.name());
+    for (name, cancel) in [("cancelled", true), ("deleted", false)] {
+        set_source_power(LINUX_BIOS_VM, true).await;
+        migrate(&client, ns.name(), name, LINUX_BIOS_VM, adapted(json!({}))).await;
+        let midway = wait_for_phase(&client, ns.name(), name, Phase::Adapting, LINUX_TIMEOUT).await;
+        let uid = midway.uid().unwrap();
+        // virt-v2v's own progress lines: it runs, in its appliance.
+        let pod = adaptation_logged(&client, ns.name(), &uid, "virt-v2v: [").await;
+        println!("{name}: stopping while {pod} adapts");
+        assert!(!adaptation_processes().is_empty(), "virt-v2v runs");
+        if cancel {
+            let patch = json!({"spec": {"cancel": true}});
+            api.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+                .unwrap();
+            let done = wait_for_phase(
+                &client,
+                ns.name(),
+                name,
+                Phase::Cancelled,
+                Duration::from_secs(120),
+            )
+            .await;
+            assert!(done.status.unwrap().cleaned_up);
+        } else {
+            api.delete(name, &DeleteParams::default()).await.unwrap();
+        }
+        ferry_testkit::eventually(
+            &format!("everything of {name} gone"),
+            Duration::from_secs(120),
+            || async {
+                for (group, version, kind) in [
+                    ("batch", "v1", "Job"),
+                    ("", "v1", "Pod"),
+                    ("cdi.kubevirt.io", "v1beta1", "DataVolume"),
+                    ("", "v1", "PersistentVolumeClaim"),
+                    ("kubevirt.io", "v1", "VirtualMachine"),
+                ] {
+                    let left =
+                        labelled(&client, ns.name(), &resource(group, version, kind), &uid).await;
+                    if !left.is_empty() {
+                        return None;
+                    }
+                }
+                let processes = adaptation_processes();
+                let gone = if cancel {
+                    true
+                } else {
+                    api.get_opt(name).await.unwrap().is_none()
+                };
+                (gone && processes.is_empty()).then_some(())
+            },
+        )
+        .await;
+        ferry_testkit::eventually(
+            "the source powered on again",
+            Duration::from_secs(120),
+            || async { (source_power(LINUX_BIOS_VM).await == PowerState::PoweredOn).then_some(()) },
+        )
+        .await;
+    }
+}
+
+/// Runs `ferry adapt` again, by hand, on a migration's adapted volumes: it must refuse them before anything runs
+/// (`VolumeNotAsConverted`), and leave them as they were.
+async fn a_second_adaptation_is_refused(
+    client: &Client,
+    ns: &str,
+    adapted: &VirtualMachineMigration,
+) {
+    let status = adapted.status.clone().unwrap();
+    let mut spec = ferry_controller::surface::build::adapt_spec(
+        adapted,
+        status.source.as_ref().unwrap(),
+        &status.disks,
+    );
+    let mut before = Vec::new();
+    for (disk, recorded) in spec.disks.iter_mut().zip(&status.disks) {
+        // The lab's volumes are files, whatever their mode.
+        disk.path =
+            support::volume_image(client, ns, recorded.data_volume.as_deref().unwrap()).await;
+        disk.block = false;
+        before.push(ferry_testkit::disks::sha256_file(&disk.path));
+    }
+    let dir = tempfile::tempdir().unwrap();
+    spec.scratch = dir.path().join("scratch");
+    let result = dir.path().join("result");
+    let out = std::process::Command::new(ferry())
+        .arg("adapt")
+        .arg(format!(
+            "--spec-json={}",
+            serde_json::to_string(&spec).unwrap()
+        ))
+        .arg("--result-file")
+        .arg(&result)
+        .output()
+        .unwrap();
+    let report = std::fs::read_to_string(&result).unwrap_or_default();
+    assert!(!out.status.success(), "{report}");
+    assert!(report.contains("VolumeNotAsConverted"), "{report}");
+    assert!(
+        !spec.scratch.exists(),
+        "refused before any overlay was made"
+    );
+    for (disk, sha) in spec.disks.iter().zip(&before) {
+        assert_eq!(
+            &ferry_testkit::disks::sha256_file(&disk.path),
+            sha,
+            "{}",
+            disk.path.display()
+        );
+    }
+}
+
+/// Sets (or, with null, removes) the annotation that holds `name` before a checkpoint.
+async fn hold(client: &Client, ns: &str, name: &str, phase: Value) {
+    let patch = json!({"metadata": {"annotations": {ferry_api::keys::HOLD_ANNOTATION: phase}}});
+    migrations(client, ns)
+        .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap();
+}
+
+/// Restarts, run by hand (two adaptations and a boot: about ten minutes of emulation, too long for CI):
+/// `cargo test -p ferry --test linux_guest -- --ignored --nocapture`. The controller is SIGKILLed at seeded
+/// pseudo-random moments (`FERRY_RESTART_SEED`), and the first adaptation pod is killed right as it starts
+/// committing. The volumes, possibly half-adapted, are written from the source again before the next attempt;
+/// the migration succeeds with each disk adapted once: one GuestAdapted, the volumes hashing to the recorded
+/// adapted sha256 (read while held before the VM is created), and the guest booting on virtio.
+#[tokio::test]
+#[ignore = "ten minutes of emulation; run by hand"]
+async fn an_adaptation_killed_midway_and_a_controller_killed_again_and_again_still_adapt_once() {
+    let _turn = one_guest_at_a_time().await;
+    let _source = source_lock(LINUX_BIOS_VM).await;
+    let (client, ns) = setup("linux-adapt-kill").await;
+    set_source_power(LINUX_BIOS_VM, true).await;
+    migrate(
+        &client,
+        ns.name(),
+        "survivor",
+        LINUX_BIOS_VM,
+        adapted(slow_boot()),
+    )
+    .await;
+    // Held before the VM is created, so the volumes can be read as adaptation left them: a booted guest writes.
+    let creating = serde_json::to_value(Phase::CreatingVm).unwrap();
+    hold(&client, ns.name(), "survivor", creating).await;
+    let mut seed: u64 = std::env::var("FERRY_RESTART_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(20261202);
+    println!("restart seed {seed}");
+    let kills = async {
+        for kill in 0..6 {
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            let pause = Duration::from_millis(5_000 + (seed >> 33) % 60_000);
+            tokio::time::sleep(pause).await;
+            let phase = migrations(&client, ns.name())
+                .get("survivor")
+                .await
+                .unwrap()
+                .status
+                .and_then(|s| s.phase);
+            println!("controller kill {kill} after {pause:?}, at {phase:?}");
+            controller().await.lock().await.restart().await.unwrap();
+        }
+    };
+    let pod_kill = async {
+        let midway = wait_for_phase(
+            &client,
+            ns.name(),
+            "survivor",
+            Phase::Adapting,
+            LINUX_TIMEOUT,
+        )
+        .await;
+        let uid = midway.uid().unwrap();
+        // Printed right before the first overlay is committed into its volume.
+        let pod = adaptation_logged(&client, ns.name(), &uid, "virt-v2v found").await;
+        println!("killing {pod} as it commits");
+        Api::<Pod>::namespaced(client.clone(), ns.name())
+            .delete(&pod, &DeleteParams::default())
+            .await
+            .unwrap();
+    };
+    tokio::join!(kills, pod_kill);
+    let held = wait_for_phase(
+        &client,
+        ns.name(),
+        "survivor",
+        Phase::CreatingVm,
+        LINUX_TIMEOUT + 2 * ADAPTATION_TIMEOUT,
+    )
+    .await;
+    let status = held.status.clone().unwrap();
+    // The volumes hold what the one counted adaptation recorded.
+    for disk in &status.disks {
+        let image =
+            support::volume_image(&client, ns.name(), disk.data_volume.as_deref().unwrap()).await;
+        let sha = ferry_testkit::disks::sha256_file(&image);
+        assert_eq!(
+            Some(&sha),
+            disk.adapted_sha256.as_ref(),
+            "disk {}",
+            disk.index
+        );
+    }
+    a_second_adaptation_is_refused(&client, ns.name(), &held).await;
+    hold(&client, ns.name(), "survivor", Value::Null).await;
+    let done = wait_for_phase(
+        &client,
+        ns.name(),
+        "survivor",
+        Phase::Succeeded,
+        LINUX_TIMEOUT,
+    )
+    .await;
+    print_timeline(&done);
+    let status = done.status.clone().unwrap();
+    let retry = status.retry.clone().unwrap_or_default();
+    println!("retries: {:?}", retry.budget_used);
+    let audit = lab().await.audit_requests_by(migration::SERVICE_ACCOUNT);
+    let jobs: Vec<String> = audit
+        .iter()
+        .filter(|r| r.resource == "jobs" && r.namespace == ns.name() && r.verb == "create")
+        .map(|r| format!("{} {}", r.name, r.code))
+        .collect();
+    println!("job creates: {jobs:?}");
+    assert!(
+        jobs.iter().any(|j| j.starts_with("survivor-rewrite-")),
+        "the killed attempt's volumes were written again: {jobs:?}"
+    );
+    // One adaptation counted: its Event.
+    let events = Api::<k8s_openapi::api::core::v1::Event>::namespaced(client.clone(), ns.name())
+        .list(&ListParams::default())
+        .await
+        .unwrap();
+    // An Event repeated is one object with a count.
+    let adapted_events: i32 = events
+        .items
+        .iter()
+        .filter(|e| e.reason.as_deref() == Some("GuestAdapted"))
+        .map(|e| e.count.unwrap_or(1).max(1))
+        .sum();
+    assert_eq!(adapted_events, 1, "one adaptation recorded");
+    assert_adapted(&client, ns.name(), &done, "ferry-linux-bios").await;
 }
 
 /// The EFI VM with Secure Boot on in vSphere: OVMF with Microsoft's keys boots it through shim.

@@ -74,6 +74,9 @@ async fn caught_at(
     } else {
         migration::migration(lab().await, ns, name, vm)
     };
+    if route.adapted {
+        manifest["spec"]["conversion"]["guestAdaptation"] = json!("VirtV2v");
+    }
     if phase != Phase::ValidatingGuest {
         manifest["metadata"]["annotations"] = json!({HOLD_ANNOTATION: phase_name(phase)});
     }
@@ -92,7 +95,9 @@ async fn interrupt_at_every_checkpoint(vm: &str, prefix: &str, cancel: bool) {
         .into_iter()
         .map(|p| (Route::DIRECT, p));
     let staged = [Phase::Converting, Phase::Importing].map(|p| (Route::STAGED, p));
-    for (i, (route, phase)) in direct.chain(staged).enumerate() {
+    // Held before virt-v2v runs; `linux_guest` stops a real adaptation midway.
+    let adapted = [(Route::DIRECT.adapted(), Phase::Adapting)];
+    for (i, (route, phase)) in direct.chain(staged).chain(adapted).enumerate() {
         set_source_power(vm, true).await;
         let name = format!("{prefix}-{i}");
         let uid = caught_at(&client, ns.name(), &name, vm, (route, phase)).await;

@@ -59,6 +59,12 @@ pub fn adapt_job(vmm: &VirtualMachineMigration, attempt: i32) -> String {
     child_name(&vmm.name_any(), &format!("adapt-{attempt}"))
 }
 
+/// One rewrite of the volumes from the source per adaptation attempt that may have changed them:
+/// `<name>-rewrite-<attempt>`.
+pub fn rewrite_job(vmm: &VirtualMachineMigration, attempt: i32) -> String {
+    child_name(&vmm.name_any(), &format!("rewrite-{attempt}"))
+}
+
 /// One DataVolume per disk, whatever the attempt: `<name>-disk-<disk>`.
 pub fn data_volume(vmm: &VirtualMachineMigration, disk: i32) -> String {
     child_name(&vmm.name_any(), &format!("disk-{disk}"))

@@ -1,5 +1,6 @@
 //! `ferry adapt`: virt-v2v-in-place adapts the copies on the volumes to KubeVirt, exactly once. Each volume must
-//! still hash to the source's sha256 (one that does not was adapted already or torn, and is refused). virt-v2v
+//! still hash to the source's sha256 (one that does not was adapted already or torn, and is refused: the
+//! controller rewrites it from the source first). virt-v2v
 //! writes qcow2 overlays in scratch, never the volumes; only after it succeeded are the overlays committed into
 //! them, synced and hashed again. A run that fails before the commit leaves the volumes as they were.
 
@@ -62,7 +63,7 @@ pub async fn adapt(spec: &AdaptSpec) -> Result<AdaptedSummary> {
     let domain = spec.scratch.join("domain.xml");
     std::fs::write(&domain, spec.domain().to_xml()).map_err(io(&domain))?;
     let (output, exited_ok) = virt_v2v(spec, &domain, &work).await?;
-    if let Some((failure, message)) = AdaptationFailure::of_run(&output, exited_ok) {
+    if let Some((failure, message)) = spec.verdict(&output, exited_ok) {
         return Err(Error::Adaptation { failure, message });
     }
     let inspection = Inspection::from_log(&output).ok_or_else(|| Error::Adaptation {
@@ -287,7 +288,7 @@ mod tests {
         adapted.disks[0].source_sha256 = crate::hex(&Sha256::digest(b"other"));
         let refused = adapt(&adapted).await.unwrap_err();
         assert_eq!(refused.reason(), ferry_types::Reason::VolumeNotAsConverted);
-        assert_eq!(refused.class(), ferry_types::ErrorClass::Permanent);
+        assert_eq!(refused.class(), ferry_types::ErrorClass::BoundedRetryable);
         assert!(
             !spec.scratch.exists(),
             "refused before any overlay was made"

@@ -49,7 +49,8 @@ pub enum Error {
     Volume { path: String, detail: String },
     #[error(
         "disk {index}'s volume no longer holds the source's bytes (sha256 {actual}, the source's {expected}): it \
-         was adapted already or changed, and is never adapted twice"
+         was adapted already, torn by an interrupted commit, or changed, and is never adapted again: it is rewritten \
+         from the source first"
     )]
     NotAsConverted {
         index: u32,
@@ -76,7 +77,8 @@ impl Error {
             // CDI's size is the contract: another attempt gets the same volume.
             Error::VolumeTooSmall { .. } => ErrorClass::Permanent,
             Error::DiskImageMissing { .. } | Error::Volume { .. } => ErrorClass::BoundedRetryable,
-            Error::NotAsConverted { .. } => ErrorClass::Permanent,
+            // The controller rewrites the volumes from the source, then adapts them again.
+            Error::NotAsConverted { .. } => ErrorClass::BoundedRetryable,
             Error::Adaptation { failure, .. } if failure.retryable() => {
                 ErrorClass::BoundedRetryable
             }

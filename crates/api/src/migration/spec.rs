@@ -270,13 +270,21 @@ pub struct MultusNetwork {
     pub network_name: String,
 }
 
-#[derive(Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, Default, JsonSchema)]
+#[derive(KubeSchema, Deserialize, Serialize, Clone, Debug, PartialEq, Eq, Default)]
 #[serde(rename_all = "camelCase")]
+#[x_kube(
+    validation = Rule::new("!has(self.virtioWin) || (has(self.guestAdaptation) && self.guestAdaptation == 'VirtV2v')")
+        .message("conversion.virtioWin is used only by guest adaptation: set conversion.guestAdaptation VirtV2v, or remove virtioWin")
+)]
 pub struct ConversionSpec {
     #[serde(default)]
     pub format: DiskFormat,
     #[serde(default)]
     pub guest_adaptation: GuestAdaptation,
+    /// The virtio-win drivers virt-v2v installs into a Windows guest (viostor, vioscsi, netkvm, the QEMU guest
+    /// agent's MSI): a Windows guest cannot be adapted without them. Linux guests do not use them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub virtio_win: Option<VirtioWinSource>,
 }
 
 #[derive(Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, Default, JsonSchema)]
@@ -284,6 +292,58 @@ pub enum GuestAdaptation {
     #[default]
     None,
     VirtV2v,
+}
+
+/// Where the virtio-win drivers are: exactly one of a PersistentVolumeClaim or an image, mounted read-only into
+/// the adaptation Job, and the ISO or directory inside it.
+#[derive(KubeSchema, Deserialize, Serialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(
+    validation = Rule::new("[has(self.persistentVolumeClaim), has(self.image)].exists_one(x, x)")
+        .message("conversion.virtioWin needs exactly one of persistentVolumeClaim or image")
+)]
+pub struct VirtioWinSource {
+    /// The name of a PersistentVolumeClaim in the migration's namespace that holds the drivers.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253), pattern(crate::DNS_SUBDOMAIN))]
+    pub persistent_volume_claim: Option<String>,
+    /// An OCI image that holds the drivers, mounted as an image volume (the cluster needs the ImageVolume
+    /// feature), for example KubeVirt's `quay.io/kubevirt/virtio-container-disk:<KubeVirt version>`, which holds
+    /// the virtio-win ISO alone in `disk/`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 1024), pattern(r"^[^\s]+$"))]
+    pub image: Option<String>,
+    /// Inside the volume: the virtio-win ISO, or a directory. Unset: the volume's root. A directory that holds
+    /// nothing but one ISO image (directly, or through directories that each hold only one entry, as the container
+    /// disk's `disk/` does; `lost+found` does not count) stands for that ISO; any other directory must hold the
+    /// ISO's unpacked contents.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[x_kube(
+        validation = Rule::new("!self.startsWith('/')")
+            .message("virtioWin.path is relative to the volume's root: it must not start with /"),
+        validation = Rule::new("!self.matches('(^|/)[.][.](/|$)')")
+            .message("virtioWin.path must stay inside the volume: it must not contain ..")
+    )]
+    #[schemars(length(min = 1, max = 1024))]
+    pub path: Option<String>,
+}
+
+impl VirtioWinSource {
+    /// `path` as admission checks it: relative and never above the volume's root; empty for the root itself.
+    pub fn relative_path(&self) -> Result<&str, String> {
+        let path = self.path.as_deref().unwrap_or_default();
+        if path.starts_with('/') {
+            return Err(format!(
+                "conversion.virtioWin.path {path} must be relative to the volume's root"
+            ));
+        }
+        if path.split('/').any(|segment| segment == "..") {
+            return Err(format!(
+                "conversion.virtioWin.path {path} must stay inside the volume (no ..)"
+            ));
+        }
+        Ok(path)
+    }
 }
 
 /// Where converted disks are staged, and how CDI reads them back.

@@ -119,6 +119,11 @@ pub struct VirtualMachineMigrationStatus {
     /// What guest adaptation found and did (`conversion.guestAdaptation: VirtV2v`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub adaptation: Option<AdaptationStatus>,
+    /// An adaptation attempt ended without showing that it left the volumes as they were (its pod was lost, or it
+    /// failed during or after its commit): they are rewritten from the source before the next attempt, so a
+    /// half-adapted disk is never adapted again.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub rewrite_volumes: bool,
     /// What the guest check observed on the migrated VM.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub guest: Option<GuestStatus>,

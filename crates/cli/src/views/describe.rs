@@ -369,7 +369,8 @@ pub fn next_step(reason: &str, class: ErrorClass, phase: Option<Phase>, name: &s
         Some(Reason::SourcePoweredOn) => "shut the source VM down (powerOff.mode is RequireOff)".into(),
         Some(Reason::SnapshotsPresent) => "delete or consolidate the VM's snapshots in vSphere".into(),
         Some(Reason::Forbidden) => "grant the controller's ServiceAccount the permission (see deploy/rbac)".into(),
-        Some(Reason::GuestAdaptationUnsupported | Reason::GuestDriversMissing | Reason::GuestOSUnsupported) => "migrate this VM with conversion.guestAdaptation None (it keeps devices its guest has drivers for)".into(),
+        Some(Reason::GuestDriversMissing) => "name the virtio-win drivers in spec.conversion.virtioWin: a PersistentVolumeClaim (persistentVolumeClaim) or image (image, for example quay.io/kubevirt/virtio-container-disk:<KubeVirt version>) holding a virtio-win ISO with drivers for this Windows version, and path if it is not found by itself; or migrate it with conversion.guestAdaptation None".into(),
+        Some(Reason::GuestAdaptationUnsupported | Reason::GuestOSUnsupported) => "migrate this VM with conversion.guestAdaptation None (it keeps devices its guest has drivers for)".into(),
         Some(Reason::GuestDiskFull) => "free space in the guest's file systems (virt-v2v needs room to rebuild its initramfs) in vSphere".into(),
         Some(Reason::GuestFilesystemUnwritable) => "boot the source guest and shut it down cleanly (no hibernation, no Windows Fast Startup)".into(),
         Some(Reason::VolumeNotAsConverted) => "a volume changed after it was copied; the source is unchanged, so a new migration copies it again".into(),
@@ -391,5 +392,35 @@ pub fn next_step(reason: &str, class: ErrorClass, phase: Option<Phase>, name: &s
         format!("{specific}; the migration resumes by itself")
     } else {
         format!("{specific}, then delete this migration and create it again")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn missing_windows_drivers_are_named_where_they_go() {
+        let waiting = next_step(
+            "GuestDriversMissing",
+            ErrorClass::Permanent,
+            Some(Phase::ManualInterventionRequired),
+            "m",
+        );
+        assert!(
+            waiting.starts_with("name the virtio-win drivers in spec.conversion.virtioWin")
+                && waiting.ends_with("the migration resumes by itself"),
+            "{waiting}"
+        );
+        let failed = next_step(
+            "GuestDriversMissing",
+            ErrorClass::Permanent,
+            Some(Phase::Failed),
+            "m",
+        );
+        assert!(
+            failed.ends_with("then delete this migration and create it again"),
+            "{failed}"
+        );
     }
 }

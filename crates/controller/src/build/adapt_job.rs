@@ -1,17 +1,24 @@
 //! The adaptation Job: `ferry adapt` with the migration's volumes (filesystem or block, either path), a scratch
-//! emptyDir for virt-v2v's overlays and appliance, and the source VM as discovery recorded it.
+//! emptyDir for virt-v2v's overlays and appliance, the source VM as discovery recorded it, and the virtio-win
+//! drivers read-only when the migration names them (`conversion.virtioWin`).
+
+use std::path::{Component, Path, PathBuf};
 
 use ferry_adapt::domain::{Bus, Firmware as DomainFirmware, Nic};
 use ferry_adapt::spec::{AdaptDisk, AdaptSpec};
-use ferry_api::{DiskStatus, Firmware, SourceVmStatus, VirtualMachineMigration};
+use ferry_api::{DiskStatus, Firmware, SourceVmStatus, VirtioWinSource, VirtualMachineMigration};
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{EmptyDirVolumeSource, Volume};
+use k8s_openapi::api::core::v1::{
+    EmptyDirVolumeSource, ImageVolumeSource, PersistentVolumeClaimVolumeSource, Volume,
+};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
 use super::job::{QEMU_ID, Work, block, disk_path, job, mount, mount_disks};
 use crate::children;
 
 const SCRATCH: &str = "/scratch";
+/// Where the volume `conversion.virtioWin` names is mounted, read-only.
+const VIRTIO_WIN: &str = "/run/ferry/virtio-win";
 /// Overlays hold what virt-v2v changes (a new initramfs, removed packages), and the appliance is about 300 MiB.
 const SCRATCH_LIMIT: &str = "8Gi";
 /// libguestfs's appliance takes 1-2 GiB besides the worker itself.
@@ -56,8 +63,41 @@ pub fn adapt_spec(
             })
             .collect(),
         scratch: SCRATCH.into(),
-        virtio_win: None,
+        virtio_win: vmm.spec.conversion.virtio_win.as_ref().map(virtio_win_path),
     }
+}
+
+/// The ISO or directory virt-v2v reads (`VIRTIO_WIN`): `path` inside the mounted volume. Only plain names are
+/// joined, so it never leaves the volume (preflight refuses a path that would).
+fn virtio_win_path(drivers: &VirtioWinSource) -> PathBuf {
+    let mut path = PathBuf::from(VIRTIO_WIN);
+    for part in Path::new(drivers.path.as_deref().unwrap_or_default()).components() {
+        if let Component::Normal(name) = part {
+            path.push(name);
+        }
+    }
+    path
+}
+
+/// The claim or image that holds the drivers; neither when the migration names none.
+fn virtio_win_volume(drivers: &VirtioWinSource) -> Option<Volume> {
+    let mut volume = Volume {
+        name: "virtio-win".into(),
+        ..Volume::default()
+    };
+    if let Some(claim) = &drivers.persistent_volume_claim {
+        volume.persistent_volume_claim = Some(PersistentVolumeClaimVolumeSource {
+            claim_name: claim.clone(),
+            read_only: Some(true),
+        });
+    } else {
+        // An image volume is read-only whatever the mount says; IfNotPresent unless the tag is `latest`.
+        volume.image = Some(ImageVolumeSource {
+            reference: Some(drivers.image.clone()?),
+            pull_policy: None,
+        });
+    }
+    Some(volume)
 }
 
 pub fn adapt_job(
@@ -84,6 +124,16 @@ pub fn adapt_job(
         memory_limit_mib: MEMORY_MIB,
         user: QEMU_ID,
     };
+    if let Some(volume) = vmm
+        .spec
+        .conversion
+        .virtio_win
+        .as_ref()
+        .and_then(virtio_win_volume)
+    {
+        work.volumes.push(volume);
+        work.mounts.push(mount("virtio-win", VIRTIO_WIN, true));
+    }
     mount_disks(&mut work, vmm, disks.iter().map(|d| d.index as u32));
     job(vmm, &children::adapt_job(vmm, attempt), image, work)
 }
@@ -93,25 +143,31 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    #[test]
-    fn the_job_mounts_every_volume_writable_and_names_the_sha256_each_must_hold() {
+    fn migration(conversion: serde_json::Value) -> VirtualMachineMigration {
         let mut vmm = VirtualMachineMigration::new(
             "m",
             serde_json::from_value(json!({
                 "source": {"providerRef": {"name": "p"}, "vm": {"name": "x"}},
-                "conversion": {"guestAdaptation": "VirtV2v"}}))
+                "conversion": conversion}))
             .unwrap(),
         );
         vmm.metadata.uid = Some("u".into());
         vmm.metadata.namespace = Some("ns".into());
-        let source: SourceVmStatus = serde_json::from_value(json!({
+        vmm
+    }
+
+    fn source() -> SourceVmStatus {
+        serde_json::from_value(json!({
             "name": "x", "moref": "vm-1", "cpus": 2, "coresPerSocket": 1, "memoryMib": 1024, "snapshots": 0,
             "firmware": "Efi",
             "disks": [{"key": 1, "file": "[ds] x/x.vmdk", "capacityBytes": 1024, "bus": "sata"},
                       {"key": 2, "file": "[ds] x/x_1.vmdk", "capacityBytes": 2048}],
             "nics": [{"mac": "00:50:56:aa:bb:cc", "network": "VM Network", "model": "vmxnet3"}]}))
-        .unwrap();
-        let disks: Vec<DiskStatus> = (0..2)
+        .unwrap()
+    }
+
+    fn disks() -> Vec<DiskStatus> {
+        (0..2)
             .map(|i| DiskStatus {
                 index: i,
                 capacity_bytes: 1024 << i,
@@ -119,8 +175,19 @@ mod tests {
                 verified: true,
                 ..DiskStatus::default()
             })
-            .collect();
+            .collect()
+    }
+
+    fn pod(job: Job) -> k8s_openapi::api::core::v1::PodSpec {
+        job.spec.unwrap().template.spec.unwrap()
+    }
+
+    #[test]
+    fn the_job_mounts_every_volume_writable_and_names_the_sha256_each_must_hold() {
+        let vmm = migration(json!({"guestAdaptation": "VirtV2v"}));
+        let (source, disks) = (source(), disks());
         let spec = adapt_spec(&vmm, &source, &disks);
+        assert_eq!(spec.virtio_win, None, "no drivers named, none passed");
         assert_eq!(spec.firmware, DomainFirmware::Efi);
         assert_eq!(spec.disks[0].bus, Bus::Sata);
         assert_eq!(
@@ -132,7 +199,7 @@ mod tests {
 
         let job = adapt_job(&vmm, &source, &disks, 1, "ferry:1");
         assert_eq!(job.metadata.name.as_deref(), Some("m-adapt-1"));
-        let pod = job.spec.unwrap().template.spec.unwrap();
+        let pod = pod(job);
         let container = &pod.containers[0];
         let mounts: Vec<_> = container
             .volume_mounts
@@ -159,5 +226,72 @@ mod tests {
             container.env.is_none(),
             "nothing secret, nothing in the environment"
         );
+    }
+
+    #[test]
+    fn the_virtio_win_drivers_are_mounted_read_only_and_named_to_virt_v2v() {
+        let (source, disks) = (source(), disks());
+        let image = "quay.io/kubevirt/virtio-container-disk:v1.6.0";
+        for (drivers, expected) in [
+            (
+                json!({"image": image, "path": "disk/virtio-win.iso"}),
+                "/run/ferry/virtio-win/disk/virtio-win.iso",
+            ),
+            (
+                json!({"persistentVolumeClaim": "virtio-win"}),
+                "/run/ferry/virtio-win",
+            ),
+            (
+                json!({"persistentVolumeClaim": "virtio-win", "path": "./drivers/"}),
+                "/run/ferry/virtio-win/drivers",
+            ),
+        ] {
+            let vmm = migration(json!({"guestAdaptation": "VirtV2v", "virtioWin": drivers}));
+            let spec = adapt_spec(&vmm, &source, &disks);
+            assert_eq!(
+                spec.virtio_win.as_deref(),
+                Some(Path::new(expected)),
+                "{drivers}"
+            );
+            let pod = pod(adapt_job(&vmm, &source, &disks, 1, "ferry:1"));
+            let mount = pod.containers[0]
+                .volume_mounts
+                .iter()
+                .flatten()
+                .find(|m| m.name == "virtio-win")
+                .unwrap();
+            assert_eq!(mount.mount_path, "/run/ferry/virtio-win");
+            assert_eq!(mount.read_only, Some(true), "{drivers}");
+            let volume = pod
+                .volumes
+                .iter()
+                .flatten()
+                .find(|v| v.name == "virtio-win")
+                .unwrap();
+            match (&volume.persistent_volume_claim, &volume.image) {
+                (Some(claim), None) => {
+                    assert_eq!(claim.claim_name, "virtio-win");
+                    assert_eq!(claim.read_only, Some(true));
+                }
+                (None, Some(oci)) => assert_eq!(oci.reference.as_deref(), Some(image)),
+                other => panic!("one claim or one image, not {other:?}"),
+            }
+            let args = pod.containers[0].args.clone().unwrap();
+            assert!(
+                args[1].contains(&format!("\"virtioWin\":\"{expected}\"")),
+                "the spec names the drivers: {}",
+                args[1]
+            );
+        }
+    }
+
+    #[test]
+    fn a_path_that_would_leave_the_volume_is_kept_inside_it() {
+        let drivers: VirtioWinSource = serde_json::from_value(
+            json!({"persistentVolumeClaim": "v", "path": "/../x/../virtio-win.iso"}),
+        )
+        .unwrap();
+        // Preflight refuses it first; the builder still never names a file outside the mount.
+        assert!(virtio_win_path(&drivers).starts_with(VIRTIO_WIN));
     }
 }

@@ -73,13 +73,7 @@ pub fn convert_spec(
         }),
         volumes: match vmm.spec.staging {
             Some(_) => vec![],
-            None => (0..source.disks.len() as u32)
-                .map(|index| VolumeSpec {
-                    index,
-                    path: disk_path(vmm, index).into(),
-                    block: block(vmm),
-                })
-                .collect(),
+            None => volume_specs(vmm, source.disks.len() as u32),
         },
         parallel: 2,
         transfer: Default::default(),
@@ -104,14 +98,54 @@ pub fn convert_job(
     image: &str,
 ) -> Job {
     let spec = convert_spec(vmm, source, provider);
-    let memory_limit_mib = convert_memory_mib(&spec);
-    let spec = serde_json::to_string(&spec).expect("a spec serializes");
+    let work = convert_work("convert", vmm, &spec, provider);
+    job(vmm, &children::convert_job(vmm, attempt), image, work)
+}
+
+/// Writes every disk from the source into its volume again, whichever route filled them: an adaptation attempt
+/// may have left them half-adapted. The same worker as the direct path's conversion, so the same guarantees:
+/// stale bytes cannot survive, and only a read-back that hashes to the source counts.
+pub fn rewrite_job(
+    vmm: &VirtualMachineMigration,
+    source: &SourceVmStatus,
+    provider: &Provider,
+    attempt: i32,
+    image: &str,
+) -> Job {
+    let spec = ConvertSpec {
+        staging: None,
+        volumes: volume_specs(vmm, source.disks.len() as u32),
+        ..convert_spec(vmm, source, provider)
+    };
+    let work = convert_work("rewrite", vmm, &spec, provider);
+    job(vmm, &children::rewrite_job(vmm, attempt), image, work)
+}
+
+fn volume_specs(vmm: &VirtualMachineMigration, disks: u32) -> Vec<VolumeSpec> {
+    (0..disks)
+        .map(|index| VolumeSpec {
+            index,
+            path: disk_path(vmm, index).into(),
+            block: block(vmm),
+        })
+        .collect()
+}
+
+/// `ferry convert` with `spec`: the source's credentials, and the staging credentials or the volumes.
+fn convert_work(
+    step: &'static str,
+    vmm: &VirtualMachineMigration,
+    spec: &ConvertSpec,
+    provider: &Provider,
+) -> Work {
+    let memory_limit_mib = convert_memory_mib(spec);
+    let json = serde_json::to_string(spec).expect("a spec serializes");
     let mut work = Work {
-        step: "convert",
+        step,
         args: vec![
             "convert".into(),
             "--quiet".into(),
-            format!("--spec-json={spec}"),
+            format!("--spec-json={json}"),
         ],
         volumes: vec![secret_volume(
             "source-credentials",
@@ -123,22 +157,26 @@ pub fn convert_job(
         memory_limit_mib,
         user: NOBODY_ID,
     };
-    match &vmm.spec.staging {
-        Some(staging) => {
-            if let Some(secret) = &staging.secret_ref {
-                let keys = ["accessKeyId", "secretKey"];
-                work.volumes
-                    .push(secret_volume("staging-credentials", &secret.name, &keys));
-                work.mounts
-                    .push(mount("staging-credentials", STAGING_CREDENTIALS, true));
-            }
+    let staging_secret = vmm
+        .spec
+        .staging
+        .as_ref()
+        .and_then(|s| s.secret_ref.as_ref());
+    match (&spec.staging, staging_secret) {
+        (Some(_), Some(secret)) => {
+            let keys = ["accessKeyId", "secretKey"];
+            work.volumes
+                .push(secret_volume("staging-credentials", &secret.name, &keys));
+            work.mounts
+                .push(mount("staging-credentials", STAGING_CREDENTIALS, true));
         }
-        None => {
-            mount_disks(&mut work, vmm, 0..source.disks.len() as u32);
+        (Some(_), None) => {}
+        (None, _) => {
+            mount_disks(&mut work, vmm, spec.volumes.iter().map(|v| v.index));
             work.user = QEMU_ID;
         }
     }
-    job(vmm, &children::convert_job(vmm, attempt), image, work)
+    work
 }
 
 /// Every disk's volume, writable, where [`disk_path`] says the Job finds it.

@@ -1,15 +1,17 @@
 //! Adapting (`conversion.guestAdaptation: VirtV2v` only). Desired: the guest on the volumes adapted by virt-v2v
 //! exactly once, its new sha256 and what virt-v2v found recorded. Observed: this attempt's Job
-//! `<name>-adapt-<attempt>` and its report. Action: create the Job (it refuses volumes that no longer hold the
-//! source's bytes, so an adapted disk is never adapted again); after a failed attempt that left the volumes as
-//! they were, charge it and remove its Job. Recorded: each disk's `adaptedSha256`, `status.adaptation`;
-//! GuestAdapted.
+//! `<name>-adapt-<attempt>` and its report, or, after an attempt that may have changed the volumes, its rewrite
+//! Job `<name>-rewrite-<attempt>`; pods of earlier attempts still running. Action: once no earlier pod runs,
+//! rewrite the volumes from the source if `rewriteVolumes` says so, then create the adaptation Job (it refuses
+//! volumes that no longer hold the source's bytes, so an adapted or torn disk is never adapted again); a failed
+//! attempt is charged, and unless it failed before touching the volumes, they are marked for rewriting.
+//! Recorded: each disk's `adaptedSha256`, `status.adaptation`, `rewriteVolumes`; GuestAdapted.
 
 use std::time::Duration;
 
-use ferry_api::{AdaptationStatus, Phase, Reason};
+use ferry_api::{AdaptationStatus, ErrorClass, Phase, Reason};
 use ferry_datapath::adapt::{AdaptedSummary, MAX_ADAPTED_DISKS};
-use ferry_datapath::report::JobReport;
+use ferry_datapath::report::{JobReport, WrittenSummary};
 use kube::ResourceExt;
 
 use super::jobs::{self, JobState};
@@ -20,6 +22,9 @@ use crate::{build, children, status};
 /// virt-v2v takes minutes; the Job's own changes wake the migration up.
 const WAIT: Duration = Duration::from_secs(60);
 
+/// The Jobs that write the volumes while a migration adapts.
+const WRITERS: [&str; 2] = ["adapt", "rewrite"];
+
 pub async fn run(step: &mut Step<'_>) -> Result<Next> {
     if !step.status.disks.is_empty() && step.status.disks.iter().all(|d| d.adapted_sha256.is_some())
     {
@@ -27,11 +32,17 @@ pub async fn run(step: &mut Step<'_>) -> Result<Next> {
     }
     let ns = step.vmm.namespace().unwrap_or_default();
     let attempt = status::budget_used(step.status, Phase::Adapting) + 1;
+    if step.status.rewrite_volumes {
+        return rewrite(step, &ns, attempt).await;
+    }
     let name = children::adapt_job(step.vmm, attempt);
     match jobs::observe(step.ctx, &ns, &name).await? {
         JobState::Absent => {
             if attempt > 1 {
                 jobs::delete(step.ctx, &ns, &children::adapt_job(step.vmm, attempt - 1)).await?;
+            }
+            if let Some(wait) = earlier_writers(step, &ns).await? {
+                return Ok(wait);
             }
             create_job(step, &ns, attempt).await?;
             Ok(adapting(&name, attempt))
@@ -48,15 +59,149 @@ pub async fn run(step: &mut Step<'_>) -> Result<Next> {
             format!("Job {name} did not report an adaptation"),
         )),
         JobState::Failed(failure, uid) => {
+            if failure.class != ErrorClass::Permanent && may_have_changed_volumes(&failure) {
+                step.status.rewrite_volumes = true;
+            }
             super::convert::retry(step, Phase::Adapting, &ns, &name, &uid, failure).await
         }
     }
 }
 
-async fn create_job(step: &Step<'_>, ns: &str, attempt: i32) -> Result<()> {
-    let source = step.status.source.clone().ok_or_else(|| {
+/// Whether a failed attempt may have left the volumes changed. The worker classes virt-v2v's own refusals, and
+/// virt-v2v writes only overlays in scratch; anything else (a lost pod, an error during or after the commit, a
+/// volume found not to hold the source) may have left a volume half-adapted. Pure.
+fn may_have_changed_volumes(failure: &Failure) -> bool {
+    !matches!(
+        failure.reason,
+        Reason::AdaptationFailed
+            | Reason::AdaptationApplianceFailed
+            | Reason::GuestOSUnsupported
+            | Reason::GuestDriversMissing
+            | Reason::GuestDiskFull
+            | Reason::GuestFilesystemUnwritable
+    )
+}
+
+/// Writes every volume from the source again, then clears `rewriteVolumes`; its failures are charged to the
+/// adaptation's budget, like the attempt that made it necessary.
+async fn rewrite(step: &mut Step<'_>, ns: &str, attempt: i32) -> Result<Next> {
+    let name = children::rewrite_job(step.vmm, attempt);
+    match jobs::observe(step.ctx, ns, &name).await? {
+        JobState::Absent => {
+            if attempt > 1 {
+                for earlier in [
+                    children::adapt_job(step.vmm, attempt - 1),
+                    children::rewrite_job(step.vmm, attempt - 1),
+                ] {
+                    jobs::delete(step.ctx, ns, &earlier).await?;
+                }
+            }
+            if let Some(wait) = earlier_writers(step, ns).await? {
+                return Ok(wait);
+            }
+            let provider = super::source::provider(step.ctx, step.vmm).await?;
+            let source = recorded_source(step)?;
+            let job = build::job::rewrite_job(
+                step.vmm,
+                &source,
+                &provider,
+                attempt,
+                &step.ctx.config.worker_image,
+            );
+            jobs::create(step.ctx, ns, &job).await?;
+            Ok(rewriting(&name, attempt))
+        }
+        JobState::Terminating => Ok(Next::wait(
+            "AdaptationRestarting",
+            format!("Job {name} is being removed"),
+            WAIT,
+        )),
+        JobState::Running => Ok(rewriting(&name, attempt)),
+        JobState::Succeeded(JobReport::Written(summary)) => rewritten(step, &name, summary),
+        JobState::Succeeded(_) => Err(Failure::bounded(
+            Reason::JobResultUnreadable,
+            format!("Job {name} did not report the volumes it wrote"),
+        )),
+        JobState::Failed(failure, uid) => {
+            super::convert::retry(step, Phase::Adapting, ns, &name, &uid, failure).await
+        }
+    }
+}
+
+/// Waits while a pod of an earlier attempt still runs: it may still be committing into a volume.
+async fn earlier_writers(step: &Step<'_>, ns: &str) -> Result<Option<Next>> {
+    let running = jobs::pods_running(step.ctx, ns, step.vmm, &WRITERS).await?;
+    Ok((!running.is_empty()).then(|| {
+        Next::wait(
+            "AdaptationRestarting",
+            format!(
+                "waiting for the earlier pod(s) {} to end",
+                running.join(", ")
+            ),
+            Duration::from_secs(2),
+        )
+    }))
+}
+
+fn rewriting(job: &str, attempt: i32) -> Next {
+    Next::wait(
+        "RewritingVolumes",
+        format!(
+            "Job {job} (attempt {attempt}) writes the volumes from the source again: the previous attempt may \
+             have changed them"
+        ),
+        WAIT,
+    )
+}
+
+/// The volumes hold the source's bytes again, or the source itself changed.
+fn rewritten(step: &mut Step<'_>, job: &str, summary: WrittenSummary) -> Result<Next> {
+    let recorded: Vec<Option<&String>> = step
+        .status
+        .disks
+        .iter()
+        .map(|d| d.sha256.as_ref())
+        .collect();
+    if summary.sha256.len() != recorded.len() {
+        return Err(Failure::bounded(
+            Reason::DiskNotConverted,
+            format!(
+                "Job {job} wrote {} disk(s), the VM has {}",
+                summary.sha256.len(),
+                recorded.len()
+            ),
+        ));
+    }
+    for (index, (read, copied)) in summary.sha256.iter().zip(&recorded).enumerate() {
+        if Some(read) != *copied {
+            return Err(Failure::permanent(
+                Reason::ChecksumMismatch,
+                format!(
+                    "disk {index} of the source now hashes to {read}, not to {} as when it was copied: the source \
+                     changed while it was off, so this copy is not trusted; a new migration copies it again",
+                    copied.map(String::as_str).unwrap_or("nothing recorded")
+                ),
+            ));
+        }
+    }
+    step.status.rewrite_volumes = false;
+    Ok(Next::persist(
+        "VolumesRewritten",
+        format!(
+            "Job {job} wrote {} disk(s) from the source again and read them back equal to it; adapting again",
+            summary.sha256.len()
+        ),
+    ))
+}
+
+fn recorded_source(step: &Step<'_>) -> Result<ferry_api::SourceVmStatus> {
+    step.status.source.clone().ok_or_else(|| {
         Failure::transient(Reason::SourceNotDiscovered, "discovery recorded no source")
-    })?;
+    })
+}
+
+async fn create_job(step: &Step<'_>, ns: &str, attempt: i32) -> Result<()> {
+    let source = recorded_source(step)?;
     if let Some(disk) = step.status.disks.iter().find(|d| d.sha256.is_none()) {
         return Err(Failure::bounded(
             Reason::DiskNotConverted,
@@ -136,3 +281,27 @@ fn adapted(step: &Step<'_>) -> Next {
 
 /// The most disks an adapted migration takes: their results must fit the Job's termination message.
 pub const MAX_DISKS: usize = MAX_ADAPTED_DISKS;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_virt_v2vs_own_refusals_leave_the_volumes_unmarked() {
+        for untouched in [
+            Reason::AdaptationFailed,
+            Reason::AdaptationApplianceFailed,
+            Reason::GuestDiskFull,
+        ] {
+            assert!(!may_have_changed_volumes(&Failure::bounded(untouched, "")));
+        }
+        // A pod killed mid-commit reports nothing; a commit that failed is an I/O error; a volume found changed.
+        for unknown in [
+            Reason::JobFailed,
+            Reason::VolumeWriteFailed,
+            Reason::VolumeNotAsConverted,
+        ] {
+            assert!(may_have_changed_volumes(&Failure::bounded(unknown, "")));
+        }
+    }
+}

@@ -9,9 +9,7 @@ use std::time::Duration;
 
 use ferry_api::{Phase, Reason};
 use ferry_datapath::report::{JobReport, MAX_WRITTEN_DISKS, WrittenSummary};
-use k8s_openapi::api::core::v1::Pod;
-use kube::api::ListParams;
-use kube::{Api, ResourceExt};
+use kube::ResourceExt;
 
 use super::allocate::{Ensured, ensure};
 use super::jobs::{self, JobState};
@@ -40,7 +38,7 @@ pub async fn run(step: &mut Step<'_>) -> Result<Next> {
                 Ensured::Persist(next) => return Ok(next),
             }
             // A deleted Job's pods go later (background deletion); two writers on one volume would interleave.
-            let writers = writers_alive(step, &ns).await?;
+            let writers = jobs::pods_running(step.ctx, &ns, step.vmm, &["convert"]).await?;
             if !writers.is_empty() {
                 return Ok(Next::wait(
                     "ConversionRestarting",
@@ -79,26 +77,6 @@ fn writing(job: &str, attempt: i32) -> Next {
         format!("Job {job} (attempt {attempt}) writes the disks into their volumes"),
         WAIT,
     )
-}
-
-/// Pods of this migration's conversion Jobs that have not ended.
-async fn writers_alive(step: &Step<'_>, ns: &str) -> Result<Vec<String>> {
-    let pods = Api::<Pod>::namespaced(step.ctx.client.clone(), ns);
-    let selector = format!(
-        "{},{}=convert",
-        children::uid_selector(step.vmm),
-        children::STEP_LABEL
-    );
-    let listed = pods.list(&ListParams::default().labels(&selector)).await?;
-    Ok(listed
-        .items
-        .iter()
-        .filter(|pod| {
-            let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
-            !matches!(phase, Some("Succeeded" | "Failed"))
-        })
-        .map(|pod| pod.name_any())
-        .collect())
 }
 
 fn record(step: &mut Step<'_>, job: &str, summary: WrittenSummary) -> Result<Next> {

@@ -1,12 +1,13 @@
 //! A Job's state, and the result its pod left in the termination message.
 
-use ferry_api::Reason;
+use ferry_api::{Reason, VirtualMachineMigration};
 use ferry_datapath::report::JobReport;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::ListParams;
 use kube::{Api, ResourceExt};
 
+use crate::children;
 use crate::context::Context;
 use crate::error::{Failure, Result};
 
@@ -105,6 +106,33 @@ async fn termination_message(ctx: &Context, ns: &str, job: &str) -> Result<Optio
             .iter()
             .find_map(|c| c.state.as_ref()?.terminated.as_ref()?.message.clone())
     }))
+}
+
+/// This migration's pods of the Jobs of `steps` that have not ended. A deleted or failed Job's pod can still run
+/// (background deletion, a pod counted failed while it terminates): two writers on one volume would interleave.
+pub async fn pods_running(
+    ctx: &Context,
+    ns: &str,
+    vmm: &VirtualMachineMigration,
+    steps: &[&str],
+) -> Result<Vec<String>> {
+    let pods = Api::<Pod>::namespaced(ctx.client.clone(), ns);
+    let selector = format!(
+        "{},{} in ({})",
+        children::uid_selector(vmm),
+        children::STEP_LABEL,
+        steps.join(",")
+    );
+    let listed = pods.list(&ListParams::default().labels(&selector)).await?;
+    Ok(listed
+        .items
+        .iter()
+        .filter(|pod| {
+            let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
+            !matches!(phase, Some("Succeeded" | "Failed"))
+        })
+        .map(|pod| pod.name_any())
+        .collect())
 }
 
 /// Creates `job`; one already there is ours (an earlier reconcile's, by its deterministic name).

@@ -6,6 +6,7 @@ use std::collections::BTreeSet;
 
 use ferry_api::{GuestAdaptation, Reason, SourceVmStatus, VirtualMachineMigration};
 use ferry_datapath::staging::{PartPlan, too_large_message};
+use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::api::{DynamicObject, ListParams};
 use kube::{Api, ResourceExt};
@@ -28,6 +29,7 @@ pub async fn run(step: &mut Step<'_>) -> Result<Next> {
     check_source(step.vmm, &source)?;
     super::disk_files::check(step, &source).await?;
     let storage_class = check_storage_class(step).await?;
+    check_virtio_win_claim(step).await?;
     check_collisions(step).await?;
     let route = if crate::staging::staged(step.vmm) {
         let staging = crate::staging::open(step.ctx, step.vmm).await?;
@@ -47,15 +49,24 @@ pub async fn run(step: &mut Step<'_>) -> Result<Next> {
 
 /// What virt-v2v can adapt, as far as vSphere's description tells before the source is touched. The adaptation
 /// Job checks again with its own inspection of the guest.
-fn check_adaptable(source: &SourceVmStatus) -> Result<()> {
+fn check_adaptable(vmm: &VirtualMachineMigration, source: &SourceVmStatus) -> Result<()> {
+    let drivers = vmm.spec.conversion.virtio_win.as_ref();
+    if let Some(drivers) = drivers {
+        drivers
+            .relative_path()
+            .map_err(|message| Failure::fixable(Reason::InvalidConversionSpec, message))?;
+    }
     let guest = source.guest_os.as_deref().unwrap_or_default();
-    if guest.starts_with("win") {
-        return Err(Failure::permanent(
-            Reason::GuestAdaptationUnsupported,
+    if guest.starts_with("win") && drivers.is_none() {
+        // Fixable: nothing has happened to the source yet, and naming the drivers in place lets it go on.
+        return Err(Failure::fixable(
+            Reason::GuestDriversMissing,
             format!(
                 "{} is a Windows guest ({guest}): adapting it needs the virtio-win drivers (viostor, vioscsi, \
-                 netkvm), which this version cannot be given yet; migrate it with guestAdaptation None, which \
-                 keeps the devices it has drivers for",
+                 netkvm, the QEMU guest agent's MSI); set spec.conversion.virtioWin to the PersistentVolumeClaim \
+                 (persistentVolumeClaim) or image (image) that holds the virtio-win ISO or its unpacked \
+                 contents, for example image quay.io/kubevirt/virtio-container-disk:<KubeVirt version>; or \
+                 migrate it with guestAdaptation None, which keeps the devices it has drivers for",
                 source.name
             ),
         ));
@@ -74,10 +85,45 @@ fn check_adaptable(source: &SourceVmStatus) -> Result<()> {
     Ok(())
 }
 
+/// The claim `conversion.virtioWin` names must exist before the source is touched: the adaptation Job's pod
+/// would wait for it forever.
+async fn check_virtio_win_claim(step: &Step<'_>) -> Result<()> {
+    if step.vmm.spec.conversion.guest_adaptation != GuestAdaptation::VirtV2v {
+        return Ok(());
+    }
+    let Some(name) = step
+        .vmm
+        .spec
+        .conversion
+        .virtio_win
+        .as_ref()
+        .and_then(|d| d.persistent_volume_claim.as_deref())
+    else {
+        return Ok(());
+    };
+    let ns = step.vmm.namespace().unwrap_or_default();
+    let claims = Api::<PersistentVolumeClaim>::namespaced(step.ctx.client.clone(), &ns);
+    match claims.get_opt(name).await? {
+        Some(claim) if claim.metadata.deletion_timestamp.is_none() => Ok(()),
+        found => Err(Failure::fixable(
+            Reason::GuestDriversMissing,
+            format!(
+                "PersistentVolumeClaim {ns}/{name}, named by spec.conversion.virtioWin, {}; create it holding \
+                 the virtio-win ISO or its unpacked drivers (or name another), and the migration resumes",
+                if found.is_some() {
+                    "is being deleted"
+                } else {
+                    "does not exist"
+                }
+            ),
+        )),
+    }
+}
+
 /// The checks that need nothing but the spec and what discovery found.
 pub fn check_source(vmm: &VirtualMachineMigration, source: &SourceVmStatus) -> Result<()> {
     if vmm.spec.conversion.guest_adaptation == GuestAdaptation::VirtV2v {
-        check_adaptable(source)?;
+        check_adaptable(vmm, source)?;
     }
     if source.disks.is_empty() {
         return Err(Failure::permanent(
@@ -309,6 +355,63 @@ mod tests {
             )),
             "MultiplePodNetworkNICs"
         );
+    }
+
+    fn adapted(conversion: serde_json::Value) -> VirtualMachineMigration {
+        let mut vmm = vmm(json!([{"source": "VM Network", "pod": {}}]));
+        vmm.spec.conversion = serde_json::from_value(conversion).unwrap();
+        vmm
+    }
+
+    #[test]
+    fn a_windows_guest_is_adapted_only_with_the_virtio_win_drivers_named() {
+        let mut windows = source();
+        windows.guest_os = Some("windows2019srv_64Guest".into());
+        let bare = adapted(json!({"guestAdaptation": "VirtV2v"}));
+        let refused = check_source(&bare, &windows).unwrap_err();
+        assert_eq!(refused.reason, "GuestDriversMissing");
+        assert_eq!(refused.class, ferry_api::ErrorClass::Permanent);
+        assert!(refused.fixable, "naming the drivers in place resumes it");
+        assert!(
+            refused.message.contains("windows2019srv_64Guest")
+                && refused.message.contains("spec.conversion.virtioWin")
+                && refused
+                    .message
+                    .contains("quay.io/kubevirt/virtio-container-disk"),
+            "{}",
+            refused.message
+        );
+        for drivers in [
+            json!({"image": "quay.io/kubevirt/virtio-container-disk:v1.6.0", "path": "disk/virtio-win.iso"}),
+            json!({"persistentVolumeClaim": "virtio-win"}),
+        ] {
+            let named = adapted(json!({"guestAdaptation": "VirtV2v", "virtioWin": drivers}));
+            assert!(check_source(&named, &windows).is_ok(), "{drivers}");
+        }
+        // Not adapted: its devices stay ones it has drivers for, and nothing is asked of it.
+        assert!(check_source(&adapted(json!({})), &windows).is_ok());
+        // A Linux guest needs no drivers.
+        assert!(check_source(&bare, &source()).is_ok());
+    }
+
+    #[test]
+    fn a_virtio_win_path_outside_its_volume_is_refused() {
+        for path in [
+            "/disk/virtio-win.iso",
+            "../virtio-win.iso",
+            "disk/../../etc",
+        ] {
+            let escaping = adapted(json!({"guestAdaptation": "VirtV2v",
+                "virtioWin": {"persistentVolumeClaim": "virtio-win", "path": path}}));
+            assert_eq!(
+                reason(check_source(&escaping, &source())),
+                "InvalidConversionSpec",
+                "{path}"
+            );
+        }
+        let inside = adapted(json!({"guestAdaptation": "VirtV2v",
+            "virtioWin": {"persistentVolumeClaim": "virtio-win", "path": "drivers..old/virtio-win.iso"}}));
+        assert!(check_source(&inside, &source()).is_ok());
     }
 
     #[test]
