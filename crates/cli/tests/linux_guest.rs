@@ -372,18 +372,8 @@ async fn an_adaptation_cancelled_or_deleted_midway_leaves_nothing_behind() {
             &format!("everything of {name} gone"),
             Duration::from_secs(120),
             || async {
-                for (group, version, kind) in [
-                    ("batch", "v1", "Job"),
-                    ("", "v1", "Pod"),
-                    ("cdi.kubevirt.io", "v1beta1", "DataVolume"),
-                    ("", "v1", "PersistentVolumeClaim"),
-                    ("kubevirt.io", "v1", "VirtualMachine"),
-                ] {
-                    let left =
-                        labelled(&client, ns.name(), &resource(group, version, kind), &uid).await;
-                    if !left.is_empty() {
-                        return None;
-                    }
+                if !children_left(&client, ns.name(), &uid).await.is_empty() {
+                    return None;
                 }
                 let processes = adaptation_processes();
                 let gone = if cancel {
@@ -488,28 +478,8 @@ async fn an_adaptation_killed_midway_and_a_controller_killed_again_and_again_sti
     // Held before the VM is created, so the volumes can be read as adaptation left them: a booted guest writes.
     let creating = serde_json::to_value(Phase::CreatingVm).unwrap();
     hold(&client, ns.name(), "survivor", creating).await;
-    let mut seed: u64 = std::env::var("FERRY_RESTART_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(20261202);
-    println!("restart seed {seed}");
-    let kills = async {
-        for kill in 0..6 {
-            seed = seed
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            let pause = Duration::from_millis(5_000 + (seed >> 33) % 60_000);
-            tokio::time::sleep(pause).await;
-            let phase = migrations(&client, ns.name())
-                .get("survivor")
-                .await
-                .unwrap()
-                .status
-                .and_then(|s| s.phase);
-            println!("controller kill {kill} after {pause:?}, at {phase:?}");
-            controller().await.lock().await.restart().await.unwrap();
-        }
-    };
+    let pauses = (Duration::from_secs(5), Duration::from_secs(60));
+    let kills = kill_controller_at_random(&client, ns.name(), "survivor", 6, pauses, 20261202);
     let pod_kill = async {
         let midway = wait_for_phase(
             &client,

@@ -25,26 +25,17 @@ fn phase_name(phase: Phase) -> String {
 
 /// Nothing labelled with `uid` in `ns` (children, their pods and volumes), and nothing staged.
 async fn nothing_left(client: &kube::Client, ns: &str, name: &str, uid: &str) {
-    let kinds = [
-        ("batch", "v1", "Job"),
-        ("", "v1", "Pod"),
-        ("cdi.kubevirt.io", "v1beta1", "DataVolume"),
-        ("", "v1", "PersistentVolumeClaim"),
-        ("kubevirt.io", "v1", "VirtualMachine"),
-    ];
     let deadline = std::time::Instant::now() + Duration::from_secs(90);
     ferry_testkit::eventually(
         &format!("everything of {name} to be gone"),
         Duration::from_secs(95),
         || async {
-            for (group, version, kind) in kinds {
-                let left = labelled(client, ns, &resource(group, version, kind), uid).await;
-                if !left.is_empty() {
-                    if std::time::Instant::now() > deadline {
-                        println!("{name}: still there: {kind} {left:?}");
-                    }
-                    return None;
+            let left = children_left(client, ns, uid).await;
+            if !left.is_empty() {
+                if std::time::Instant::now() > deadline {
+                    println!("{name}: still there: {left:?}");
                 }
+                return None;
             }
             let vmi = kube::Api::<kube::api::DynamicObject>::namespaced_with(
                 client.clone(),
@@ -350,27 +341,9 @@ async fn a_controller_killed_ten_times_still_migrates_with_one_of_everything() {
     )
     .await
     .unwrap();
-    // Ten SIGKILLs at pseudo-random moments (seeded, so a failure can be replayed), each followed by a restart.
-    let mut seed: u64 = std::env::var("FERRY_RESTART_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(20261129);
-    println!("restart seed {seed}");
-    for kill in 0..10 {
-        seed = seed
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        let pause = Duration::from_millis(100 + (seed >> 33) % 900);
-        tokio::time::sleep(pause).await;
-        let phase = migrations(&client, ns.name())
-            .get("survivor")
-            .await
-            .unwrap()
-            .status
-            .and_then(|s| s.phase);
-        println!("kill {kill} after {pause:?}, at {phase:?}");
-        controller().await.lock().await.restart().await.unwrap();
-    }
+    // Ten SIGKILLs at pseudo-random moments, each followed by a restart.
+    let pauses = (Duration::from_millis(100), Duration::from_millis(900));
+    kill_controller_at_random(&client, ns.name(), "survivor", 10, pauses, 20261129).await;
     let done = wait_for_phase(
         &client,
         ns.name(),

@@ -107,6 +107,59 @@ pub async fn wait_for_phase(
     }
 }
 
+/// The kinds a migration creates and labels with its UID: its children, their pods and volumes.
+pub const CHILD_KINDS: [(&str, &str, &str); 5] = [
+    ("batch", "v1", "Job"),
+    ("", "v1", "Pod"),
+    ("cdi.kubevirt.io", "v1beta1", "DataVolume"),
+    ("", "v1", "PersistentVolumeClaim"),
+    ("kubevirt.io", "v1", "VirtualMachine"),
+];
+
+/// The objects of [`CHILD_KINDS`] in `ns` still labelled with `uid`, as `Kind name`.
+pub async fn children_left(client: &Client, ns: &str, uid: &str) -> Vec<String> {
+    let mut left = Vec::new();
+    for (group, version, kind) in CHILD_KINDS {
+        for name in labelled(client, ns, &resource(group, version, kind), uid).await {
+            left.push(format!("{kind} {name}"));
+        }
+    }
+    left
+}
+
+/// SIGKILLs the controller `kills` times and restarts it, each after a pseudo-random pause of `base` plus up to
+/// `spread` (seeded by `FERRY_RESTART_SEED`, else `seed`, so a failure can be replayed), printing where
+/// migration `name` was at each.
+pub async fn kill_controller_at_random(
+    client: &Client,
+    ns: &str,
+    name: &str,
+    kills: u32,
+    (base, spread): (Duration, Duration),
+    seed: u64,
+) {
+    let mut seed: u64 = std::env::var("FERRY_RESTART_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(seed);
+    println!("restart seed {seed}");
+    for kill in 0..kills {
+        seed = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        let pause = base + Duration::from_millis((seed >> 33) % spread.as_millis() as u64);
+        tokio::time::sleep(pause).await;
+        let phase = migrations(client, ns)
+            .get(name)
+            .await
+            .unwrap()
+            .status
+            .and_then(|s| s.phase);
+        println!("controller kill {kill} after {pause:?}, at {phase:?}");
+        controller().await.lock().await.restart().await.unwrap();
+    }
+}
+
 /// Names of the objects of `resource` in `ns` that carry the migration's UID label.
 pub async fn labelled(
     client: &Client,

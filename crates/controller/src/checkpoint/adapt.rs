@@ -100,7 +100,7 @@ async fn rewrite(step: &mut Step<'_>, ns: &str, attempt: i32) -> Result<Next> {
                 return Ok(wait);
             }
             let provider = super::source::provider(step.ctx, step.vmm).await?;
-            let source = recorded_source(step)?;
+            let source = super::source::recorded(step.status)?;
             let job = build::job::rewrite_job(
                 step.vmm,
                 &source,
@@ -130,17 +130,7 @@ async fn rewrite(step: &mut Step<'_>, ns: &str, attempt: i32) -> Result<Next> {
 
 /// Waits while a pod of an earlier attempt still runs: it may still be committing into a volume.
 async fn earlier_writers(step: &Step<'_>, ns: &str) -> Result<Option<Next>> {
-    let running = jobs::pods_running(step.ctx, ns, step.vmm, &WRITERS).await?;
-    Ok((!running.is_empty()).then(|| {
-        Next::wait(
-            "AdaptationRestarting",
-            format!(
-                "waiting for the earlier pod(s) {} to end",
-                running.join(", ")
-            ),
-            Duration::from_secs(2),
-        )
-    }))
+    jobs::wait_for_writers(step.ctx, ns, step.vmm, &WRITERS, "AdaptationRestarting").await
 }
 
 fn rewriting(job: &str, attempt: i32) -> Next {
@@ -194,14 +184,8 @@ fn rewritten(step: &mut Step<'_>, job: &str, summary: WrittenSummary) -> Result<
     ))
 }
 
-fn recorded_source(step: &Step<'_>) -> Result<ferry_api::SourceVmStatus> {
-    step.status.source.clone().ok_or_else(|| {
-        Failure::transient(Reason::SourceNotDiscovered, "discovery recorded no source")
-    })
-}
-
 async fn create_job(step: &Step<'_>, ns: &str, attempt: i32) -> Result<()> {
-    let source = recorded_source(step)?;
+    let source = super::source::recorded(step.status)?;
     if let Some(disk) = step.status.disks.iter().find(|d| d.sha256.is_none()) {
         return Err(Failure::bounded(
             Reason::DiskNotConverted,

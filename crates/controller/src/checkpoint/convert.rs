@@ -53,9 +53,7 @@ pub async fn run(step: &mut Step<'_>) -> Result<Next> {
 /// whether it stages or writes the volumes).
 pub(super) async fn create_job(step: &Step<'_>, ns: &str, attempt: i32) -> Result<()> {
     let provider = super::source::provider(step.ctx, step.vmm).await?;
-    let source = step.status.source.clone().ok_or_else(|| {
-        Failure::transient(Reason::SourceNotDiscovered, "discovery recorded no source")
-    })?;
+    let source = super::source::recorded(step.status)?;
     let job = build::job::convert_job(
         step.vmm,
         &source,

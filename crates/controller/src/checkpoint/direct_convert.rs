@@ -38,16 +38,15 @@ pub async fn run(step: &mut Step<'_>) -> Result<Next> {
                 Ensured::Persist(next) => return Ok(next),
             }
             // A deleted Job's pods go later (background deletion); two writers on one volume would interleave.
-            let writers = jobs::pods_running(step.ctx, &ns, step.vmm, &["convert"]).await?;
-            if !writers.is_empty() {
-                return Ok(Next::wait(
-                    "ConversionRestarting",
-                    format!(
-                        "waiting for the earlier writer pod(s) {} to end",
-                        writers.join(", ")
-                    ),
-                    Duration::from_secs(2),
-                ));
+            let writers = jobs::wait_for_writers(
+                step.ctx,
+                &ns,
+                step.vmm,
+                &["convert"],
+                "ConversionRestarting",
+            );
+            if let Some(wait) = writers.await? {
+                return Ok(wait);
             }
             super::convert::create_job(step, &ns, attempt).await?;
             Ok(writing(&name, attempt))

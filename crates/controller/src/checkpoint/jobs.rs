@@ -1,5 +1,7 @@
 //! A Job's state, and the result its pod left in the termination message.
 
+use std::time::Duration;
+
 use ferry_api::{Reason, VirtualMachineMigration};
 use ferry_datapath::report::JobReport;
 use k8s_openapi::api::batch::v1::Job;
@@ -7,6 +9,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::ListParams;
 use kube::{Api, ResourceExt};
 
+use super::Next;
 use crate::children;
 use crate::context::Context;
 use crate::error::{Failure, Result};
@@ -110,7 +113,7 @@ async fn termination_message(ctx: &Context, ns: &str, job: &str) -> Result<Optio
 
 /// This migration's pods of the Jobs of `steps` that have not ended. A deleted or failed Job's pod can still run
 /// (background deletion, a pod counted failed while it terminates): two writers on one volume would interleave.
-pub async fn pods_running(
+async fn pods_running(
     ctx: &Context,
     ns: &str,
     vmm: &VirtualMachineMigration,
@@ -133,6 +136,27 @@ pub async fn pods_running(
         })
         .map(|pod| pod.name_any())
         .collect())
+}
+
+/// A wait while a pod of `steps` still runs: the next writer of the volumes starts only after it.
+pub async fn wait_for_writers(
+    ctx: &Context,
+    ns: &str,
+    vmm: &VirtualMachineMigration,
+    steps: &[&str],
+    reason: &'static str,
+) -> Result<Option<Next>> {
+    let running = pods_running(ctx, ns, vmm, steps).await?;
+    Ok((!running.is_empty()).then(|| {
+        Next::wait(
+            reason,
+            format!(
+                "waiting for the earlier writer pod(s) {} to end",
+                running.join(", ")
+            ),
+            Duration::from_secs(2),
+        )
+    }))
 }
 
 /// Creates `job`; one already there is ours (an earlier reconcile's, by its deterministic name).

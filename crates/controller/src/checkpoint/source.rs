@@ -7,6 +7,13 @@ use kube::{Api, ResourceExt};
 use crate::context::Context;
 use crate::error::{Failure, Result};
 
+/// The source VM as discovery recorded it in the status.
+pub fn recorded(status: &VirtualMachineMigrationStatus) -> Result<ferry_api::SourceVmStatus> {
+    status.source.clone().ok_or_else(|| {
+        Failure::transient(Reason::SourceNotDiscovered, "discovery recorded no source")
+    })
+}
+
 pub async fn provider(ctx: &Context, vmm: &VirtualMachineMigration) -> Result<Provider> {
     let ns = vmm.namespace().unwrap_or_default();
     let name = &vmm.spec.source.provider_ref.name;

@@ -23,9 +23,7 @@ const FLAT_BACKINGS: [&str; 3] = [
 ];
 
 pub async fn run(step: &mut Step<'_>) -> Result<Next> {
-    let source = step.status.source.clone().ok_or_else(|| {
-        Failure::transient(Reason::SourceNotDiscovered, "discovery recorded no source")
-    })?;
+    let source = super::source::recorded(step.status)?;
     check_source(step.vmm, &source)?;
     super::disk_files::check(step, &source).await?;
     let storage_class = check_storage_class(step).await?;

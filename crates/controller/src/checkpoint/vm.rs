@@ -12,9 +12,7 @@ use crate::error::{Failure, Result};
 
 pub async fn run(step: &mut Step<'_>) -> Result<Next> {
     let ns = step.vmm.namespace().unwrap_or_default();
-    let source = step.status.source.clone().ok_or_else(|| {
-        Failure::transient(Reason::SourceNotDiscovered, "discovery recorded no source")
-    })?;
+    let source = super::source::recorded(step.status)?;
     let source = build::vm::as_adapted(source, step.status.adaptation.as_ref());
     let desired = build::vm::virtual_machine(step.vmm, &source);
     let name = desired.name_any();
