@@ -36,7 +36,7 @@ async fn fixture() -> Fixture {
         .unwrap();
     let work = tempfile::tempdir().unwrap();
     let disk = make_flat_vmdk(work.path(), "data", DISK_BYTES, 7);
-    let attached = provision::attach_flat_vmdk(&session, &vm, &disk.descriptor, &disk.extent)
+    let attached = provision::link_flat_vmdk(&session, &vm, &disk.descriptor, &disk.extent)
         .await
         .unwrap();
     let info = inventory::describe_vm(&session, &vm).await.unwrap();

@@ -27,7 +27,7 @@ async fn the_session_is_kept_alive_while_a_disk_streams_and_no_longer_after() {
         .unwrap();
     let work = tempfile::tempdir().unwrap();
     let disk = make_flat_vmdk(work.path(), "kept", DISK_BYTES, 5);
-    let attached = provision::attach_flat_vmdk(&session, &vm, &disk.descriptor, &disk.extent)
+    let attached = provision::link_flat_vmdk(&session, &vm, &disk.descriptor, &disk.extent)
         .await
         .unwrap();
     let info = inventory::describe_vm(&session, &vm).await.unwrap();

@@ -41,7 +41,7 @@ pub async fn upload(
     }
     let response = request.send().await.map_err(|e| Error::Unreachable {
         url: url.to_string(),
-        detail: e.to_string(),
+        detail: crate::session::error_chain(&e),
     })?;
     if !response.status().is_success() {
         return Err(Error::Http {
@@ -61,7 +61,35 @@ pub async fn attach_flat_vmdk(
     descriptor: &Path,
     extent: &Path,
 ) -> Result<DatastorePath> {
-    let disk = attach_flat_vmdk_at(session, vm, descriptor, extent, None, Transfer::Upload).await?;
+    attach_new_disk(session, vm, descriptor, extent, Transfer::Upload).await
+}
+
+/// As [`attach_flat_vmdk`], but hard-links the files when the datastore is a directory on this machine (vcsim's
+/// are): nothing is copied, so a busy machine cannot stall the fixture on a long upload.
+pub async fn link_flat_vmdk(
+    session: &Session,
+    vm: &MoRef,
+    descriptor: &Path,
+    extent: &Path,
+) -> Result<DatastorePath> {
+    attach_new_disk(
+        session,
+        vm,
+        descriptor,
+        extent,
+        Transfer::LinkIntoLocalDatastore,
+    )
+    .await
+}
+
+async fn attach_new_disk(
+    session: &Session,
+    vm: &MoRef,
+    descriptor: &Path,
+    extent: &Path,
+    transfer: Transfer,
+) -> Result<DatastorePath> {
+    let disk = attach_flat_vmdk_at(session, vm, descriptor, extent, None, transfer).await?;
     DatastorePath::parse(&disk.file).ok_or_else(|| Error::UnsupportedDisk {
         file: disk.file.clone(),
         reason: "not a datastore path".into(),

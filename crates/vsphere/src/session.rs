@@ -451,7 +451,7 @@ fn transport_error(config: &ConnectConfig, seen: &SeenThumbprint, error: &reqwes
 }
 
 /// The whole cause chain as text, including causes that `io::Error` keeps inside itself.
-fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
+pub(crate) fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
     let mut parts = vec![error.to_string()];
     let mut next = error.source();
     while let Some(cause) = next {
