@@ -54,6 +54,8 @@ pub struct Context {
     vm_names: tokio::sync::Mutex<HashMap<String, VmNameIndex>>,
     /// Staging stores per bucket, endpoint and keys (a hash of them: the keys are not kept twice).
     stores: Mutex<HashMap<u64, Staging>>,
+    /// Disk slots per ESXi host.
+    pub slots: crate::slots::Slots,
 }
 
 const MAX_STAGING_STORES: usize = 16;
@@ -77,6 +79,7 @@ impl Context {
             written: Mutex::default(),
             vm_names: Default::default(),
             stores: Mutex::default(),
+            slots: Default::default(),
         }
     }
 

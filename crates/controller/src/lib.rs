@@ -28,6 +28,7 @@ pub(crate) mod reconcile;
 #[cfg(test)]
 mod reconcile_tests;
 pub(crate) mod runtime;
+pub(crate) mod slots;
 pub(crate) mod staging;
 pub(crate) mod status;
 pub mod surface;

@@ -123,7 +123,10 @@ async fn run_controllers(client: Client, ctx: Arc<Context>, namespace: Option<&s
     let store = migrations.store();
     let by_provider = store.clone();
     let by_vm = store.clone();
+    let (wake, woken) = futures::channel::mpsc::unbounded();
+    ctx.slots.attach(store, wake);
     let migrations = migrations
+        .reconcile_on(woken)
         .owns(api::<Job>(&client, namespace), config.clone())
         .owns_with(
             dynamic(&client, namespace, &dv_resource()),

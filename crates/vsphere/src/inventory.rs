@@ -69,8 +69,17 @@ pub struct VmInfo {
     /// The datacenter's inventory path below the root folder (`DC0`, or `Folder1/DC0` in a folder): the
     /// `dcPath` of `/folder` URLs.
     pub datacenter: String,
+    /// The ESXi host the VM runs on (`runtime.host`): whose disk reads a migration shares.
+    pub host: Option<HostRef>,
     pub disks: Vec<DiskInfo>,
     pub nics: Vec<NicInfo>,
+}
+
+/// An ESXi host: its managed object id and its name in the inventory.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct HostRef {
+    pub moref: String,
+    pub name: String,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -250,7 +259,7 @@ pub async fn find_vm(session: &Session, selector: &VmSelector) -> Result<MoRef> 
     }
 }
 
-const DESCRIBE_PROPS: [&str; 16] = [
+const DESCRIBE_PROPS: [&str; 17] = [
     "name",
     "config.uuid",
     "config.instanceUuid",
@@ -263,6 +272,7 @@ const DESCRIBE_PROPS: [&str; 16] = [
     "config.hardware.device",
     "config.changeTrackingEnabled",
     "runtime.powerState",
+    "runtime.host",
     "guest.toolsRunningStatus",
     "snapshot",
     "parent",
@@ -329,6 +339,7 @@ pub async fn describe_vm(session: &Session, vm: &MoRef) -> Result<VmInfo> {
         change_tracking: o.text("config.changeTrackingEnabled") == Some("true"),
         snapshots: o.prop("snapshot").map(count_snapshots).unwrap_or(0),
         datacenter: datacenter_of(session, o.prop("parent").or(o.prop("resourcePool"))).await?,
+        host: host_of(session, o.prop("runtime.host")).await?,
         disks,
         nics,
     })
@@ -545,6 +556,30 @@ fn count_snapshots(info: &Element) -> usize {
 /// Walks `parent` up from `start` to the datacenter, then on up to the root folder: the datacenter's inventory
 /// path (`Folder1/DC0`), which `/folder` URLs take as `dcPath`. A bare name answers 404 on a real vCenter once
 /// the datacenter sits in a folder (govmomi `object/datastore.go` FindInventoryPath; govmomi issue 285).
+/// The host `runtime.host` names, with its name; none when the VM has no host (vCenter leaves it unset for a VM
+/// that is not registered on one).
+async fn host_of(session: &Session, host: Option<&Element>) -> Result<Option<HostRef>> {
+    let Some(host) = host.and_then(MoRef::from_element) else {
+        return Ok(None);
+    };
+    let found = props::retrieve(
+        session,
+        "HostSystem",
+        std::slice::from_ref(&host),
+        &["name"],
+    )
+    .await?;
+    let name = found
+        .first()
+        .and_then(|o| o.text("name"))
+        .unwrap_or(&host.value)
+        .to_string();
+    Ok(Some(HostRef {
+        moref: host.value,
+        name,
+    }))
+}
+
 async fn datacenter_of(session: &Session, start: Option<&Element>) -> Result<String> {
     let root = &session.content().root_folder;
     let mut current = start.and_then(MoRef::from_element);

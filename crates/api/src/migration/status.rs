@@ -134,6 +134,24 @@ pub struct VirtualMachineMigrationStatus {
     /// Everything the migration created was removed (after a failure or a cancel), and power restored if asked.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub cleaned_up: bool,
+    /// Disk reads granted on the source's ESXi host under the Provider's `maxConcurrentDisksPerHost`: set before
+    /// the source is powered off or read, cleared once its disks are copied or the migration has cleaned up.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_slot: Option<HostSlot>,
+}
+
+/// A grant of disk reads on one ESXi host.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct HostSlot {
+    /// The host's name, for example `esx-07.example.com`.
+    pub host: String,
+    /// The host's managed object id, for example `host-42`, which identifies it when names repeat.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub host_moref: String,
+    /// Disks the grant counts against the host's limit.
+    pub disks: i32,
+    pub granted: MicroTime,
 }
 
 /// The guest virt-v2v inspected and adapted. The disks' adapted sha256 are in `disks[].adaptedSha256`.
@@ -218,6 +236,12 @@ pub struct SourceVmStatus {
     /// The datacenter whose datastores hold the disks.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub datacenter: Option<String>,
+    /// The ESXi host the VM ran on when it was discovered (`runtime.host`), by name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<String>,
+    /// That host's managed object id.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_moref: Option<String>,
     pub cpus: i32,
     pub cores_per_socket: i32,
     pub memory_mib: i64,

@@ -317,6 +317,16 @@ pub fn disk_stem(vm: &str, index: usize) -> String {
 /// controller; the first disk boots and prints the VM's marker, the others hold a pattern. Returns each disk's
 /// file stem and sha256. The files live under `dir` (in the lab's directory, removed with the lab).
 pub async fn seed_vm(dir: &Path, vm: &str, sizes_mib: &[u64]) -> Vec<(String, String)> {
+    seed_vm_on(dir, vm, sizes_mib, ferry_lab::linux_vms::HOST).await
+}
+
+/// [`seed_vm`] on ESXi host `host` (`DC0_H0`, or a cluster's `DC0_C0_H0`).
+pub async fn seed_vm_on(
+    dir: &Path,
+    vm: &str,
+    sizes_mib: &[u64],
+    host: &str,
+) -> Vec<(String, String)> {
     std::fs::create_dir_all(dir).unwrap();
     let mut disks = Vec::new();
     for (i, mib) in sizes_mib.iter().enumerate() {
@@ -330,7 +340,7 @@ pub async fn seed_vm(dir: &Path, vm: &str, sizes_mib: &[u64]) -> Vec<(String, St
         .unwrap();
         disks.push(ferry_lab::disks::raw_to_flat_vmdk(&raw, &stem, sha, mib << 20).unwrap());
     }
-    provision_seeded(vm, &disks).await;
+    provision_seeded_on(vm, &disks, host).await;
     (0..sizes_mib.len())
         .map(|i| disk_stem(vm, i))
         .zip(disks.into_iter().map(|d| d.sha256))
@@ -339,7 +349,12 @@ pub async fn seed_vm(dir: &Path, vm: &str, sizes_mib: &[u64]) -> Vec<(String, St
 
 /// Creates VM `vm` in the lab's vcsim, powered on, with `disks` on one PVSCSI controller.
 pub async fn provision_seeded(vm: &str, disks: &[ferry_lab::disks::FlatVmdk]) {
-    use ferry_lab::linux_vms::{DATASTORE, GUEST_ID, HOST, NETWORK};
+    provision_seeded_on(vm, disks, ferry_lab::linux_vms::HOST).await
+}
+
+/// [`provision_seeded`] on ESXi host `host`.
+pub async fn provision_seeded_on(vm: &str, disks: &[ferry_lab::disks::FlatVmdk], host: &str) {
+    use ferry_lab::linux_vms::{DATASTORE, GUEST_ID, NETWORK};
     use ferry_vsphere::provision::{self, NewVm, Transfer, VmdkFiles};
     let vcsim = lab().await.state().vcsim.clone().unwrap();
     let session =
@@ -354,7 +369,7 @@ pub async fn provision_seeded(vm: &str, disks: &[ferry_lab::disks::FlatVmdk]) {
         memory_mib: 64,
         firmware: ferry_api::Firmware::Bios,
         efi_secure_boot: false,
-        host: HOST.into(),
+        host: host.into(),
         datastore: DATASTORE.into(),
         network: NETWORK.into(),
     };

@@ -100,6 +100,9 @@ async fn rewrite(step: &mut Step<'_>, ns: &str, attempt: i32) -> Result<Next> {
                 return Ok(wait);
             }
             let provider = super::source::provider(step.ctx, step.vmm).await?;
+            if let Some(next) = crate::slots::acquire(step, &provider).await? {
+                return Ok(next);
+            }
             let source = super::source::recorded(step.status)?;
             let job = build::job::rewrite_job(
                 step.vmm,
@@ -175,6 +178,7 @@ fn rewritten(step: &mut Step<'_>, job: &str, summary: WrittenSummary) -> Result<
         }
     }
     step.status.rewrite_volumes = false;
+    step.status.host_slot = None;
     Ok(Next::persist(
         "VolumesRewritten",
         format!(

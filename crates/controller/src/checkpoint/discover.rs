@@ -61,6 +61,8 @@ pub fn source_status(info: &VmInfo) -> SourceVmStatus {
         secure_boot: info.efi_secure_boot.unwrap_or(false),
         boot_order: info.boot_order.clone(),
         datacenter: Some(info.datacenter.clone()),
+        host: info.host.as_ref().map(|h| h.name.clone()),
+        host_moref: info.host.as_ref().map(|h| h.moref.clone()),
         cpus: info.cpus,
         cores_per_socket: info.cores_per_socket,
         memory_mib: info.memory_mib,

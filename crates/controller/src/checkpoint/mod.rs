@@ -45,6 +45,8 @@ pub struct Checkpoint {
     /// The migrations that run it.
     pub runs: Runs,
     pub condition: Option<ConditionType>,
+    /// It reads the source's disks: the host slot granted before Preparing is freed when it is left.
+    pub reads_source: bool,
     run: for<'a, 'b> fn(&'a mut Step<'b>) -> BoxFuture<'a, Result<Next>>,
 }
 
@@ -55,72 +57,84 @@ pub const CHECKPOINTS: [Checkpoint; 12] = [
         phase: Phase::Discovering,
         runs: Runs::Always,
         condition: Some(ConditionType::SourceDiscovered),
+        reads_source: false,
         run: |step| Box::pin(discover::run(step)),
     },
     Checkpoint {
         phase: Phase::Validating,
         runs: Runs::Always,
         condition: Some(ConditionType::Validated),
+        reads_source: false,
         run: |step| Box::pin(validate::run(step)),
     },
     Checkpoint {
         phase: Phase::Allocating,
         runs: Runs::Direct,
         condition: None,
+        reads_source: false,
         run: |step| Box::pin(allocate::run(step)),
     },
     Checkpoint {
         phase: Phase::Preparing,
         runs: Runs::Always,
         condition: None,
+        reads_source: false,
         run: |step| Box::pin(prepare::run(step)),
     },
     Checkpoint {
         phase: Phase::Converting,
         runs: Runs::Staged,
         condition: Some(ConditionType::DiskConverted),
+        reads_source: true,
         run: |step| Box::pin(convert::run(step)),
     },
     Checkpoint {
         phase: Phase::Importing,
         runs: Runs::Staged,
         condition: Some(ConditionType::DiskImported),
+        reads_source: false,
         run: |step| Box::pin(import::run(step)),
     },
     Checkpoint {
         phase: Phase::Converting,
         runs: Runs::Direct,
         condition: Some(ConditionType::DiskConverted),
+        reads_source: true,
         run: |step| Box::pin(direct_convert::run(step)),
     },
     Checkpoint {
         phase: Phase::Importing,
         runs: Runs::Direct,
         condition: Some(ConditionType::DiskImported),
+        reads_source: false,
         run: |step| Box::pin(direct_import::run(step)),
     },
     Checkpoint {
         phase: Phase::Adapting,
         runs: Runs::Adapted,
         condition: Some(ConditionType::GuestAdapted),
+        reads_source: true,
         run: |step| Box::pin(adapt::run(step)),
     },
     Checkpoint {
         phase: Phase::CreatingVm,
         runs: Runs::Always,
         condition: Some(ConditionType::VmCreated),
+        reads_source: false,
         run: |step| Box::pin(vm::run(step)),
     },
     Checkpoint {
         phase: Phase::Starting,
         runs: Runs::Always,
         condition: Some(ConditionType::VmStarted),
+        reads_source: false,
         run: |step| Box::pin(start::run(step)),
     },
     Checkpoint {
         phase: Phase::ValidatingGuest,
         runs: Runs::Always,
         condition: Some(ConditionType::GuestReady),
+        reads_source: false,
         run: |step| Box::pin(guest::run(step)),
     },
 ];
@@ -218,6 +232,13 @@ pub fn phases() -> impl Iterator<Item = Phase> {
             new
         })
         .chain([Phase::Succeeded])
+}
+
+/// Whether leaving checkpoint `phase` frees the source host's disk slot.
+pub fn frees_host_slot(phase: Phase) -> bool {
+    CHECKPOINTS
+        .iter()
+        .any(|c| c.phase == phase && c.reads_source)
 }
 
 /// The condition checkpoint `phase` makes true when it is left (the same on every route).

@@ -1,6 +1,6 @@
 //! Preparing. Desired: the source powered off per `powerOff.mode`. Observed: its power state and the power task
-//! in flight. Action: record the original power state first (a status write of its own), then ask the guest to
-//! shut down or power off, keeping the task's moref in status so a restarted controller follows it instead of
+//! in flight. Action: first a disk slot on the source's host ([`crate::slots`]), then record the original power
+//! state (each a status write of its own), then ask the guest to shut down or power off, keeping the task's moref in status so a restarted controller follows it instead of
 //! repeating it. Recorded: the power state before and after.
 
 use std::time::Duration;
@@ -56,7 +56,11 @@ pub fn plan(
 }
 
 pub async fn run(step: &mut Step<'_>) -> Result<Next> {
-    let session = super::source::session(step.ctx, step.vmm).await?;
+    let provider = super::source::provider(step.ctx, step.vmm).await?;
+    if let Some(next) = crate::slots::acquire(step, &provider).await? {
+        return Ok(next);
+    }
+    let session = super::source::session_for(step.ctx, &provider).await?;
     let vm = super::source::source_vm(step.status)?;
     let observed = power::current_power_state(&session, &vm).await?;
     let spec = &step.vmm.spec.source.power_off;

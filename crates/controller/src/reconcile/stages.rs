@@ -178,6 +178,9 @@ impl<'a> Reconcile<'a> {
             };
             let to = checkpoint::after(checkpoint::Route::of(self.vmm), checkpoint);
             self.edit.advance(checkpoint, to, reason, message.clone());
+            if checkpoint::frees_host_slot(checkpoint) {
+                self.edit.status.host_slot = None;
+            }
             if let Some(retry) = &mut self.edit.status.retry {
                 retry.last_error = None;
             }
@@ -340,6 +343,7 @@ impl<'a> Reconcile<'a> {
         };
         if done {
             self.edit.status.cleaned_up = true;
+            self.edit.status.host_slot = None;
             finish(&mut self.edit);
         }
         self.write().await?;

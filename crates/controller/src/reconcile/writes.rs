@@ -39,6 +39,8 @@ pub(super) async fn write_status(
         )
         .await?;
     ctx.wrote(&key(vmm), written.resource_version());
+    let slot = status.host_slot.as_ref();
+    crate::slots::wrote(&ctx.slots, vmm, before.host_slot.as_ref(), slot);
     Ok(())
 }
 

@@ -1,0 +1,316 @@
+//! Disk slots per ESXi host: at most the Provider's `maxConcurrentDisksPerHost` disks of its migrations are read
+//! from one host at once. A migration is granted its disks before its source is powered off or read, and the
+//! grant is on record in its status (`hostSlot`) before anything acts on it, so a restarted controller counts
+//! every grant from what the migrations record. Waiters are served first come, first served: by creation time,
+//! then name.
+//!
+//! Grants are decided one at a time (only the lease holder reconciles), from the watch cache overlaid with this
+//! process's own grants and writes, which the cache may not show yet. So a lagging cache can only show a slot
+//! still held that was freed (a waiter waits a little longer), never one free that was taken.
+
+use std::collections::HashMap;
+use std::sync::{Mutex, OnceLock};
+use std::time::Duration;
+
+use ferry_api::{HostSlot, Phase, Provider, VirtualMachineMigration as Vmm};
+use futures::channel::mpsc::UnboundedSender;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+use kube::ResourceExt;
+use kube::runtime::reflector::{ObjectRef, Store};
+
+use crate::checkpoint::{Next, Step};
+use crate::error::Result;
+
+/// The reason a migration waits for a slot; also how other migrations see it waiting.
+pub const WAITING: &str = "WaitingForHostSlot";
+
+/// A waiter looks again this often should no release wake it (a holder deleted without its finalizer).
+const RECHECK: Duration = Duration::from_secs(30);
+
+/// The watch cache of migrations, the wake-up channel, and what this process granted or wrote.
+#[derive(Default)]
+pub struct Slots {
+    store: OnceLock<Store<Vmm>>,
+    wake: OnceLock<UnboundedSender<ObjectRef<Vmm>>>,
+    /// The `hostSlot` this process last granted or wrote per migration (`namespace/name`).
+    ours: Mutex<HashMap<String, Option<HostSlot>>>,
+}
+
+impl Slots {
+    /// Connects the controller's cache of migrations and the channel that reconciles a migration on demand.
+    pub fn attach(&self, store: Store<Vmm>, wake: UnboundedSender<ObjectRef<Vmm>>) {
+        let _ = self.store.set(store);
+        let _ = self.wake.set(wake);
+    }
+
+    fn ours(&self) -> std::sync::MutexGuard<'_, HashMap<String, Option<HostSlot>>> {
+        self.ours.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Everything in the cache, once it holds a full listing; nothing without a cache (unit tests).
+    async fn migrations(&self) -> Option<Vec<std::sync::Arc<Vmm>>> {
+        let store = self.store.get()?;
+        tokio::time::timeout(RECHECK, store.wait_until_ready())
+            .await
+            .ok()?
+            .ok()?;
+        Some(store.state())
+    }
+}
+
+/// One migration as the gate sees it. Pure data.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Contender {
+    /// First come, first served: creation time, then name (creation times have one-second steps).
+    pub order: (i64, String),
+    pub host: String,
+    /// Disks granted on `host`.
+    pub holds: u32,
+    /// Disks it waits for on `host`.
+    pub waits: u32,
+}
+
+/// Whether `cost` disks on `host` fit beside what others hold there and what migrations ahead in line wait for.
+/// Pure.
+pub fn admit(
+    order: &(i64, String),
+    host: &str,
+    cost: u32,
+    others: &[Contender],
+    limit: u32,
+) -> bool {
+    let on_host = || others.iter().filter(|c| c.host == host);
+    let held: u32 = on_host().map(|c| c.holds).sum();
+    let ahead: u32 = on_host()
+        .filter(|c| c.order < *order)
+        .map(|c| c.waits)
+        .sum();
+    held + ahead + cost <= limit
+}
+
+/// The disks a migration needs read: those not yet copied, or all of them when they are written again from the
+/// source; at least one, and at most the limit, so a VM with more disks than the limit runs on an idle host.
+pub fn cost(status: &ferry_api::VirtualMachineMigrationStatus, limit: u32) -> u32 {
+    let disks = status.disks.iter();
+    let wanted = if status.rewrite_volumes {
+        disks.count()
+    } else {
+        disks.filter(|d| d.sha256.is_none()).count()
+    };
+    (wanted as u32).clamp(1, limit.max(1))
+}
+
+/// The host a slot or a source is counted on: its moref when known, else its name.
+fn host_key(moref: &str, name: &str) -> String {
+    if moref.is_empty() { name } else { moref }.to_string()
+}
+
+fn source_host(status: &ferry_api::VirtualMachineMigrationStatus) -> (String, String) {
+    let source = status.source.as_ref();
+    let name = source.and_then(|s| s.host.clone()).unwrap_or_default();
+    let moref = source
+        .and_then(|s| s.host_moref.clone())
+        .unwrap_or_default();
+    (name, moref)
+}
+
+fn key(vmm: &Vmm) -> String {
+    format!("{}/{}", vmm.namespace().unwrap_or_default(), vmm.name_any())
+}
+
+fn order(vmm: &Vmm) -> (i64, String) {
+    let created = vmm.metadata.creation_timestamp.as_ref();
+    (created.map_or(0, |t| t.0.as_second()), vmm.name_any())
+}
+
+/// `vmm` as a contender, with `slot` as its grant; none when it neither holds nor waits.
+fn contender(vmm: &Vmm, slot: Option<&HostSlot>, limit: u32) -> Option<Contender> {
+    let status = vmm.status.as_ref()?;
+    if let Some(slot) = slot {
+        return Some(Contender {
+            order: order(vmm),
+            host: host_key(&slot.host_moref, &slot.host),
+            holds: slot.disks.max(0) as u32,
+            waits: 0,
+        });
+    }
+    let waiting = status.reason.as_deref() == Some(WAITING)
+        && !vmm.spec.cancel
+        && !matches!(status.phase, Some(p) if p.is_terminal() || p == Phase::Cancelling);
+    waiting.then(|| {
+        let (name, moref) = source_host(status);
+        Contender {
+            order: order(vmm),
+            host: host_key(&moref, &name),
+            holds: 0,
+            waits: cost(status, limit),
+        }
+    })
+}
+
+fn same_provider(a: &Vmm, b: &Vmm) -> bool {
+    a.namespace() == b.namespace()
+        && a.spec.source.provider_ref.name == b.spec.source.provider_ref.name
+}
+
+/// Before the source is powered off or read: passes when the migration holds its slot; otherwise grants it (to
+/// be written before anything acts on it) or says why the migration waits.
+pub async fn acquire(step: &mut Step<'_>, provider: &Provider) -> Result<Option<Next>> {
+    if step.status.host_slot.is_some() {
+        return Ok(None);
+    }
+    let slots = &step.ctx.slots;
+    let limit = provider.spec.limits.max_concurrent_disks_per_host.max(1) as u32;
+    let (name, moref) = source_host(step.status);
+    let host = host_key(&moref, &name);
+    let cost = cost(step.status, limit);
+    let me = key(step.vmm);
+    let migrations = slots.migrations().await;
+    let granted = {
+        let mut ours = slots.ours();
+        if let Some(migrations) = &migrations {
+            forget_gone(&mut ours, migrations);
+        }
+        match ours.get(&me) {
+            // Granted before, but that write was lost: record it again.
+            Some(Some(slot)) => Some(slot.clone()),
+            _ => {
+                let others: Vec<Contender> = migrations
+                    .iter()
+                    .flatten()
+                    .filter(|m| same_provider(m, step.vmm) && key(m) != me)
+                    .filter_map(|m| {
+                        let slot = match ours.get(&key(m)) {
+                            Some(written) => written.as_ref(),
+                            None => m.status.as_ref().and_then(|s| s.host_slot.as_ref()),
+                        };
+                        contender(m, slot, limit)
+                    })
+                    .collect();
+                admit(&order(step.vmm), &host, cost, &others, limit).then(|| {
+                    let slot = HostSlot {
+                        host: name.clone(),
+                        host_moref: moref.clone(),
+                        disks: cost as i32,
+                        // Now, not the reconcile's start: a release this grant follows was written before it.
+                        granted: MicroTime(k8s_openapi::jiff::Timestamp::now()),
+                    };
+                    ours.insert(me.clone(), Some(slot.clone()));
+                    slot
+                })
+            }
+        }
+    };
+    let shown = if name.is_empty() { "unknown" } else { &name };
+    Ok(Some(match granted {
+        Some(slot) => {
+            let message = format!("{} disk read(s) granted on host {shown}", slot.disks);
+            step.status.host_slot = Some(slot);
+            Next::persist("HostSlotGranted", message)
+        }
+        None => Next::wait(
+            WAITING,
+            format!(
+                "waiting for a disk slot on host {shown}: its {limit} are in use or promised to migrations \
+                 created earlier (Provider {} limits.maxConcurrentDisksPerHost)",
+                provider.name_any()
+            ),
+            RECHECK,
+        ),
+    }))
+}
+
+/// Drops what this process remembers of migrations the cache no longer has: they are gone.
+fn forget_gone(ours: &mut HashMap<String, Option<HostSlot>>, migrations: &[std::sync::Arc<Vmm>]) {
+    if ours.len() < 64 {
+        return;
+    }
+    let present: std::collections::HashSet<String> = migrations.iter().map(|m| key(m)).collect();
+    ours.retain(|k, _| present.contains(k));
+}
+
+/// After a status write of `vmm` that stored `written`: remembers it, and when it freed a slot, wakes the
+/// migrations first in line on that host.
+pub fn wrote(slots: &Slots, vmm: &Vmm, before: Option<&HostSlot>, written: Option<&HostSlot>) {
+    let was = slots.ours().insert(key(vmm), written.cloned());
+    let freed = match (was.flatten().as_ref().or(before), written) {
+        (Some(freed), None) => freed.clone(),
+        _ => return,
+    };
+    let (Some(store), Some(wake)) = (slots.store.get(), slots.wake.get()) else {
+        return;
+    };
+    let host = host_key(&freed.host_moref, &freed.host);
+    let mut waiting: Vec<(Contender, ObjectRef<Vmm>)> = store
+        .state()
+        .iter()
+        .filter(|m| same_provider(m, vmm))
+        .filter_map(|m| {
+            let c = contender(m, None, u32::MAX)?;
+            (c.host == host && c.waits > 0).then(|| (c, ObjectRef::from_obj(&**m)))
+        })
+        .collect();
+    waiting.sort_by(|a, b| a.0.order.cmp(&b.0.order));
+    // Those that can fit in what was freed, and one more: a head of the line that waits for more than that
+    // still needs to look.
+    let mut room = freed.disks.max(1) as u32;
+    for (c, object) in waiting {
+        let _ = wake.unbounded_send(object);
+        if c.waits >= room {
+            break;
+        }
+        room -= c.waits;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn c(created: i64, name: &str, host: &str, holds: u32, waits: u32) -> Contender {
+        Contender {
+            order: (created, name.into()),
+            host: host.into(),
+            holds,
+            waits,
+        }
+    }
+
+    #[test]
+    fn a_host_grants_up_to_its_limit_and_other_hosts_do_not_count() {
+        let others = [c(1, "a", "h1", 1, 0), c(2, "b", "h2", 2, 0)];
+        let me = (5, "me".to_string());
+        assert!(admit(&me, "h1", 1, &others, 2));
+        assert!(!admit(&me, "h1", 2, &others, 2));
+        assert!(!admit(&me, "h2", 1, &others, 2));
+        assert!(admit(&me, "h3", 2, &others, 2));
+    }
+
+    #[test]
+    fn waiters_created_earlier_go_first_and_the_name_breaks_ties() {
+        let others = [c(1, "a", "h", 1, 0), c(3, "early", "h", 0, 1)];
+        assert!(!admit(&(4, "late".into()), "h", 1, &others, 2));
+        assert!(admit(&(2, "earlier".into()), "h", 1, &others, 2));
+        assert!(admit(&(3, "eager".into()), "h", 1, &others, 2));
+        assert!(!admit(&(3, "fair".into()), "h", 1, &others, 2));
+    }
+
+    #[test]
+    fn a_vm_with_more_disks_than_the_limit_costs_the_limit_and_copied_disks_cost_nothing() {
+        let disk = |sha: Option<&str>| ferry_api::DiskStatus {
+            sha256: sha.map(String::from),
+            ..Default::default()
+        };
+        let mut status = ferry_api::VirtualMachineMigrationStatus {
+            disks: vec![disk(None), disk(None), disk(None), disk(Some("x"))],
+            ..Default::default()
+        };
+        assert_eq!(cost(&status, 10), 3);
+        assert_eq!(cost(&status, 2), 2);
+        status.rewrite_volumes = true;
+        assert_eq!(cost(&status, 10), 4);
+        status.disks.clear();
+        assert_eq!(cost(&status, 10), 1);
+        assert!(admit(&(1, "big".into()), "h", cost(&status, 2), &[], 2));
+    }
+}
