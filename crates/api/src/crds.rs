@@ -3,10 +3,15 @@
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::CustomResourceExt;
 
-use crate::{Provider, VirtualMachineMigration};
+use crate::{NetworkMap, Provider, StorageMap, VirtualMachineMigration};
 
 pub fn all() -> Vec<CustomResourceDefinition> {
-    vec![Provider::crd(), VirtualMachineMigration::crd()]
+    vec![
+        Provider::crd(),
+        VirtualMachineMigration::crd(),
+        NetworkMap::crd(),
+        StorageMap::crd(),
+    ]
 }
 
 /// Every CRD as one multi-document YAML stream.

@@ -13,6 +13,7 @@
 pub mod crds;
 pub mod foreign;
 pub mod keys;
+pub mod maps;
 pub mod migration;
 pub mod names;
 pub mod provider;
@@ -20,6 +21,7 @@ mod refs;
 
 /// Plain domain types shared with the vSphere client and the data path, which do not depend on this crate.
 pub use ferry_types::{DiskFormat, ErrorClass, Firmware, PowerState, Reason};
+pub use maps::*;
 pub use migration::*;
 pub use provider::*;
 pub use refs::{LocalObjectReference, SecretReference};

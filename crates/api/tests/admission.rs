@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use ferry_api::{Provider, VirtualMachineMigration};
+use ferry_api::{NetworkMap, Provider, StorageMap, VirtualMachineMigration};
 use ferry_testkit::{TestLab, TestNamespace};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{DynamicObject, Patch, PatchParams};
@@ -68,6 +68,26 @@ fn migration() -> Value {
 }
 
 /// Sets (or, with `Value::Null`, removes) the field at a JSON pointer.
+fn network_map() -> Value {
+    json!({
+        "apiVersion": "migration.platform.example/v1alpha1", "kind": "NetworkMap",
+        "metadata": {"name": "datacenter-networks"},
+        "spec": {"networks": [{"source": "VM Network", "pod": {}},
+                              {"source": "backup", "multus": {"networkName": "default/backup"}},
+                              {"source": "dmz", "ignored": {}}]},
+    })
+}
+
+fn storage_map() -> Value {
+    json!({
+        "apiVersion": "migration.platform.example/v1alpha1", "kind": "StorageMap",
+        "metadata": {"name": "datastores"},
+        "spec": {"datastores": [{"source": "datastore1", "storageClassName": "standard"},
+                                {"source": "vsan-fast", "storageClassName": "ssd", "volumeMode": "Block",
+                                 "accessMode": "ReadWriteMany"}]},
+    })
+}
+
 fn with(mut doc: Value, pointer: &str, value: Value) -> Value {
     let (parent, key) = pointer.rsplit_once('/').unwrap();
     let target = doc
@@ -89,6 +109,8 @@ fn with(mut doc: Value, pointer: &str, value: Value) -> Value {
 fn api_for(client: &Client, ns: &str, doc: &Value) -> Api<DynamicObject> {
     let (kind, plural) = match doc["kind"].as_str().unwrap() {
         "Provider" => ("Provider", Provider::plural(&())),
+        "NetworkMap" => ("NetworkMap", NetworkMap::plural(&())),
+        "StorageMap" => ("StorageMap", StorageMap::plural(&())),
         _ => (
             "VirtualMachineMigration",
             VirtualMachineMigration::plural(&()),
@@ -585,6 +607,90 @@ fn invalid_cases() -> Vec<Invalid> {
             with(m(), "/spec/target/networks/0/pod", Value::Null),
             "spec.target is immutable",
         ),
+        // Maps
+        create(
+            "an empty network map",
+            with(network_map(), "/spec/networks", json!([])),
+            "spec.networks: Invalid value",
+        ),
+        create(
+            "a source network mapped twice",
+            with(
+                network_map(),
+                "/spec/networks/1/source",
+                json!("VM Network"),
+            ),
+            "duplicate entries for key [source=",
+        ),
+        create(
+            "a network mapped to two destinations",
+            with(network_map(), "/spec/networks/0/ignored", json!({})),
+            "exactly one of pod, multus or ignored",
+        ),
+        create(
+            "a multus network name that is no name",
+            with(
+                network_map(),
+                "/spec/networks/1/multus/networkName",
+                json!("Backup_Net"),
+            ),
+            "spec.networks[1].multus.networkName",
+        ),
+        create(
+            "an empty storage map",
+            with(storage_map(), "/spec/datastores", json!([])),
+            "spec.datastores: Invalid value",
+        ),
+        create(
+            "a datastore mapped twice",
+            with(
+                storage_map(),
+                "/spec/datastores/1/source",
+                json!("datastore1"),
+            ),
+            "duplicate entries for key [source=",
+        ),
+        create(
+            "a storage class that is no name",
+            with(
+                storage_map(),
+                "/spec/datastores/0/storageClassName",
+                json!("Fast SSD"),
+            ),
+            "spec.datastores[0].storageClassName",
+        ),
+        create(
+            "an unknown access mode",
+            with(
+                storage_map(),
+                "/spec/datastores/0/accessMode",
+                json!("ReadOnlyMany"),
+            ),
+            r#"Unsupported value: "ReadOnlyMany""#,
+        ),
+        create(
+            "a storage map entry without a class",
+            with(
+                storage_map(),
+                "/spec/datastores/0/storageClassName",
+                Value::Null,
+            ),
+            "spec.datastores[0].storageClassName: Required value",
+        ),
+        update(
+            "the maps a migration names are part of its target",
+            with(
+                m(),
+                "/spec/target/networkMapRef",
+                json!({"name": "datacenter-networks"}),
+            ),
+            with(
+                m(),
+                "/spec/target/networkMapRef",
+                json!({"name": "other-networks"}),
+            ),
+            "spec.target is immutable",
+        ),
         update(
             "cancel cannot go back",
             with(m(), "/spec/cancel", json!(true)),
@@ -695,6 +801,17 @@ async fn valid_manifests_are_accepted_with_their_defaults() {
             with(migration(), "/metadata/name", json!("windows-claim")),
             "/spec/conversion",
             json!({"guestAdaptation": "VirtV2v", "virtioWin": {"persistentVolumeClaim": "virtio-win"}}),
+        ),
+        network_map(),
+        storage_map(),
+        with(
+            with(
+                with(migration(), "/metadata/name", json!("mapped")),
+                "/spec/target",
+                json!({"networkMapRef": {"name": "datacenter-networks"}, "storageMapRef": {"name": "datastores"}}),
+            ),
+            "/spec/staging",
+            Value::Null,
         ),
         with(
             with(migration(), "/metadata/name", json!("by-path")),

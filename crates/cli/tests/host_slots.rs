@@ -7,7 +7,8 @@ mod support;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
-use ferry_api::{Phase, VirtualMachineMigration};
+use ferry_api::Phase;
+use ferry_controller::surface::{most_at_once, source_reads};
 use kube::api::{ListParams, Patch, PatchParams};
 use kube::{Api, ResourceExt};
 use serde_json::json;
@@ -16,50 +17,6 @@ use support::*;
 const HOSTS: [&str; 2] = ["DC0_H0", "DC0_C0_H0"];
 const PER_HOST: usize = 6;
 const LIMIT: usize = 2;
-
-/// Microseconds since the epoch of a recorded time.
-fn micros(t: &k8s_openapi::jiff::Timestamp) -> i128 {
-    t.as_microsecond() as i128
-}
-
-/// When a migration read its source: from entering Converting to entering what came next (or its end).
-fn converting(vmm: &VirtualMachineMigration) -> Vec<(i128, i128)> {
-    let status = vmm.status.as_ref().unwrap();
-    let marks = &status.checkpoints;
-    let end = status.completion_time.as_ref().map(|t| micros(&t.0));
-    marks
-        .iter()
-        .enumerate()
-        .filter(|(_, c)| c.phase == Phase::Converting)
-        .map(|(i, c)| {
-            let left = marks.get(i + 1).map(|n| micros(&n.entered.0)).or(end);
-            (micros(&c.entered.0), left.expect("Converting was left"))
-        })
-        .collect()
-}
-
-/// The most intervals open at one moment; one that ends where another starts does not overlap it. Pure.
-fn most_at_once(intervals: &[(i128, i128)]) -> usize {
-    let mut edges: Vec<(i128, i32)> = intervals
-        .iter()
-        .flat_map(|&(start, end)| [(start, 1), (end, -1)])
-        .collect();
-    // At one instant, ends before starts.
-    edges.sort();
-    let (mut open, mut most) = (0i32, 0i32);
-    for (_, delta) in edges {
-        open += delta;
-        most = most.max(open);
-    }
-    most as usize
-}
-
-#[test]
-fn touching_intervals_do_not_overlap() {
-    assert_eq!(most_at_once(&[(0, 10), (10, 20), (20, 30)]), 1);
-    assert_eq!(most_at_once(&[(0, 10), (5, 20), (9, 30)]), 3);
-    assert_eq!(most_at_once(&[]), 0);
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn twelve_vms_on_two_hosts_never_read_more_disks_per_host_than_the_limit_through_controller_kills()
@@ -133,7 +90,7 @@ async fn twelve_vms_on_two_hosts_never_read_more_disks_per_host_than_the_limit_t
         started.elapsed()
     );
 
-    let mut per_host: BTreeMap<String, Vec<(i128, i128)>> = BTreeMap::new();
+    let mut per_host: BTreeMap<String, Vec<(i64, i64)>> = BTreeMap::new();
     for m in &all {
         let status = m.status.as_ref().unwrap();
         assert_eq!(
@@ -159,7 +116,7 @@ async fn twelve_vms_on_two_hosts_never_read_more_disks_per_host_than_the_limit_t
         per_host
             .entry(host.clone())
             .or_default()
-            .extend(converting(m));
+            .extend(source_reads(status, i64::MAX));
     }
     for (host, intervals) in &per_host {
         let most = most_at_once(intervals);

@@ -593,3 +593,186 @@ fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
     }
     out
 }
+
+/// Applies a NetworkMap or StorageMap in `ns`.
+async fn apply_map(
+    client: &kube::Client,
+    ns: &str,
+    kind: &str,
+    name: &str,
+    spec: serde_json::Value,
+) {
+    ferry_lab::demo::apply(
+        client,
+        ns,
+        serde_json::json!({"apiVersion": ferry_api::API_VERSION, "kind": kind,
+            "metadata": {"name": name, "namespace": ns}, "spec": spec}),
+    )
+    .await
+    .unwrap();
+}
+
+#[tokio::test]
+async fn shared_maps_place_a_vm_and_a_network_or_datastore_they_miss_waits_before_the_source_is_touched()
+ {
+    let vm = "DC0_C0_RP0_VM1";
+    let _source = source_lock(vm).await;
+    set_source_power(vm, true).await;
+    let (client, ns) = setup("maps").await;
+    let ns = ns.name();
+    let lab = lab().await;
+    let class = format!("mapped-{ns}");
+    let classes = Api::<k8s_openapi::api::storage::v1::StorageClass>::all(client.clone());
+    classes
+        .create(
+            &Default::default(),
+            &serde_json::from_value(serde_json::json!({
+                "metadata": {"name": class}, "provisioner": "lab.ferry.dev/hostpath"}))
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    // The lab's migration maps every vcsim network inline; here the maps do, and the migration names them.
+    let inline = migration::migration(lab, ns, "probe", vm)["spec"]["target"]["networks"].clone();
+    let networks = inline.as_array().unwrap().clone();
+    let by_maps = |m: &mut serde_json::Value| {
+        m["spec"]["target"]["networks"] = serde_json::json!([]);
+        m["spec"]["target"]["networkMapRef"] = serde_json::json!({"name": "site-networks"});
+        m["spec"]["target"]["storageMapRef"] = serde_json::json!({"name": "site-datastores"});
+    };
+
+    // A datastore the StorageMap lacks.
+    apply_map(
+        &client,
+        ns,
+        "NetworkMap",
+        "site-networks",
+        serde_json::json!({"networks": networks}),
+    )
+    .await;
+    apply_map(
+        &client,
+        ns,
+        "StorageMap",
+        "site-datastores",
+        serde_json::json!({"datastores": [{"source": "elsewhere", "storageClassName": class}]}),
+    )
+    .await;
+    let stopped = stops_before_side_effects(
+        &client,
+        ns,
+        "no-datastore",
+        vm,
+        by_maps,
+        Phase::ManualInterventionRequired,
+        "DatastoreNotMapped",
+    )
+    .await;
+    let message = stopped.status.unwrap().message.unwrap_or_default();
+    assert!(
+        message.contains("LocalDS_0") && message.contains("site-datastores"),
+        "{message}"
+    );
+    migrations(&client, ns)
+        .delete("no-datastore", &DeleteParams::default())
+        .await
+        .unwrap();
+    ferry_testkit::eventually(
+        "the stopped migration to go",
+        Duration::from_secs(60),
+        || async {
+            migrations(&client, ns)
+                .get_opt("no-datastore")
+                .await
+                .unwrap()
+                .is_none()
+                .then_some(())
+        },
+    )
+    .await;
+
+    // A network the NetworkMap lacks: it waits, and resumes once the map has it.
+    apply_map(
+        &client,
+        ns,
+        "StorageMap",
+        "site-datastores",
+        serde_json::json!({"datastores": [
+        {"source": "LocalDS_0", "storageClassName": class, "accessMode": "ReadWriteMany"}]}),
+    )
+    .await;
+    let (first, rest) = networks.split_first().unwrap();
+    let partial = if rest.is_empty() {
+        vec![serde_json::json!({"source": "not-this-vm", "pod": {}})]
+    } else {
+        rest.to_vec()
+    };
+    apply_map(
+        &client,
+        ns,
+        "NetworkMap",
+        "site-networks",
+        serde_json::json!({"networks": partial}),
+    )
+    .await;
+    stops_before_side_effects(
+        &client,
+        ns,
+        "mapped",
+        vm,
+        by_maps,
+        Phase::ManualInterventionRequired,
+        "NetworkNotMapped",
+    )
+    .await;
+    apply_map(
+        &client,
+        ns,
+        "NetworkMap",
+        "site-networks",
+        serde_json::json!({"networks": networks}),
+    )
+    .await;
+    let done = wait_for_phase(
+        &client,
+        ns,
+        "mapped",
+        Phase::Succeeded,
+        Duration::from_secs(300),
+    )
+    .await;
+    let status = done.status.unwrap();
+    assert!(
+        status.networks.iter().any(|n| n.source == first["source"]),
+        "{:?}",
+        status.networks
+    );
+    for disk in &status.disks {
+        let placed = disk
+            .storage
+            .as_ref()
+            .expect("Validating records where each disk goes");
+        assert_eq!(placed.storage_class_name.as_deref(), Some(class.as_str()));
+        assert_eq!(placed.access_mode, ferry_api::AccessMode::ReadWriteMany);
+        let dv = Api::<DynamicObject>::namespaced_with(
+            client.clone(),
+            ns,
+            &resource("cdi.kubevirt.io", "v1beta1", "DataVolume"),
+        )
+        .get(disk.data_volume.as_deref().unwrap())
+        .await
+        .unwrap();
+        assert_eq!(
+            dv.data["spec"]["storage"]["storageClassName"],
+            class.as_str()
+        );
+        assert_eq!(
+            dv.data["spec"]["storage"]["accessModes"],
+            serde_json::json!(["ReadWriteMany"])
+        );
+    }
+    classes
+        .delete(&class, &DeleteParams::default())
+        .await
+        .unwrap();
+}

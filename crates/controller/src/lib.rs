@@ -21,6 +21,7 @@ pub(crate) mod context;
 pub(crate) mod error;
 #[cfg(test)]
 mod fixtures;
+pub(crate) mod maps;
 pub(crate) mod metrics;
 mod owned;
 pub(crate) mod provider;

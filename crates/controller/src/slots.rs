@@ -263,6 +263,44 @@ pub fn wrote(slots: &Slots, vmm: &Vmm, before: Option<&HostSlot>, written: Optio
     }
 }
 
+/// When a migration read its source, as recorded: from entering Converting to entering what came next (or its
+/// end), in microseconds since the epoch; an interval still open runs to `now`. Pure.
+pub fn source_reads(
+    status: &ferry_api::VirtualMachineMigrationStatus,
+    now: i64,
+) -> Vec<(i64, i64)> {
+    let marks = &status.checkpoints;
+    let end = status
+        .completion_time
+        .as_ref()
+        .map(|t| t.0.as_microsecond());
+    marks
+        .iter()
+        .enumerate()
+        .filter(|(_, c)| c.phase == Phase::Converting)
+        .map(|(i, c)| {
+            let left = marks.get(i + 1).map(|n| n.entered.0.as_microsecond());
+            (c.entered.0.as_microsecond(), left.or(end).unwrap_or(now))
+        })
+        .collect()
+}
+
+/// The most intervals open at one moment; one that ends where another starts does not overlap it. Pure.
+pub fn most_at_once(intervals: &[(i64, i64)]) -> usize {
+    let mut edges: Vec<(i64, i32)> = intervals
+        .iter()
+        .flat_map(|&(start, end)| [(start, 1), (end, -1)])
+        .collect();
+    // At one instant, ends sort before starts.
+    edges.sort();
+    let (mut open, mut most) = (0i32, 0i32);
+    for (_, delta) in edges {
+        open += delta;
+        most = most.max(open);
+    }
+    most as usize
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -274,6 +312,13 @@ mod tests {
             holds,
             waits,
         }
+    }
+
+    #[test]
+    fn touching_intervals_do_not_overlap() {
+        assert_eq!(most_at_once(&[(0, 10), (10, 20), (20, 30)]), 1);
+        assert_eq!(most_at_once(&[(0, 10), (5, 20), (9, 30)]), 3);
+        assert_eq!(most_at_once(&[]), 0);
     }
 
     #[test]

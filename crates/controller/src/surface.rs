@@ -22,6 +22,7 @@ pub use crate::checkpoint::jobs::JobState;
 /// The itinerary: the checkpoints in order, and the phases a migration moves forward through.
 pub use crate::checkpoint::{CHECKPOINTS, Checkpoint, Route, itinerary, phases};
 pub use crate::error::Failure;
+pub use crate::slots::{most_at_once, source_reads};
 pub use crate::status::{disk_fraction, progress_bytes};
 
 /// The pure builders of what a migration creates, as the checkpoints build them.

@@ -132,7 +132,10 @@ reasons! {
         ImportFailed,
         JobFailed,
         JobResultUnreadable,
+        DatastoreNotMapped,
         MultiplePodNetworkNICs,
+        NetworkMapNotFound,
+        NetworkNamespaceNotAllowed,
         NetworkNotMapped,
         NoDefaultStorageClass,
         NoDisks,
@@ -148,12 +151,14 @@ reasons! {
         StagingSecretMissing,
         StagingUnsupported,
         StorageClassNotFound,
+        StorageMapNotFound,
         TargetVMExists,
         TooManyDisksForDirect,
         VolumeAllocationFailed,
         VolumeReplaced,
         VMIFailed,
         VMMissing,
+        VolumeModesDiffer,
     }
 }
 

@@ -138,15 +138,25 @@ pub struct TargetSpec {
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 63), pattern(crate::DNS_LABEL))]
     pub name: Option<String>,
-    /// Defaults to the cluster's default StorageClass.
+    /// Every disk's StorageClass. Unset: the class `storageMapRef` gives the disk's datastore, else the
+    /// cluster's default StorageClass.
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 253), pattern(crate::DNS_SUBDOMAIN))]
     pub storage_class_name: Option<String>,
-    #[serde(default)]
-    pub volume_mode: VolumeMode,
+    /// Every disk's volume mode. Unset: the mode `storageMapRef` gives the disk's datastore, else `Filesystem`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub volume_mode: Option<VolumeMode>,
+    /// A `NetworkMap` in this namespace for the source networks `networks` does not list.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network_map_ref: Option<LocalObjectReference>,
+    /// A `StorageMap` in this namespace: the StorageClass, volume mode and access mode of each disk by its
+    /// datastore, where `storageClassName` and `volumeMode` are unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub storage_map_ref: Option<LocalObjectReference>,
     #[serde(default)]
     pub run_strategy: RunStrategy,
-    /// Where each source network goes. Every NIC's network must be mapped.
+    /// Where each source network goes. Every NIC's network must be mapped, here or in `networkMapRef`; an entry
+    /// here wins over the map's for the same source.
     #[serde(default)]
     #[schemars(length(max = 64))]
     #[x_kube(merge_strategy = ListMerge::Map(vec!["source".into()]))]

@@ -111,6 +111,10 @@ pub struct VirtualMachineMigrationStatus {
     pub power: Option<PowerStatus>,
     #[serde(default)]
     pub disks: Vec<DiskStatus>,
+    /// Where each source network the NICs use goes, as Validating resolved it from the target and the
+    /// NetworkMap.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub networks: Vec<crate::NetworkMapping>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retry: Option<RetryStatus>,
     /// When each checkpoint was entered.
@@ -323,6 +327,9 @@ pub struct DiskStatus {
     /// Import progress as CDI reports it, for example `45.23%`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub progress: Option<String>,
+    /// Where its volume goes, as Validating resolved it from the target and the StorageMap.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub storage: Option<DiskStorage>,
     /// The imported content was read back and matched `sha256`.
     #[serde(default)]
     pub verified: bool,
@@ -333,6 +340,16 @@ pub struct DiskStatus {
     /// `<name>-verify-<index>-<verifyFailures + 1>`.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub verify_failures: i32,
+}
+
+/// A disk's volume: its StorageClass (none: the cluster's default), volume mode and access mode.
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DiskStorage {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub storage_class_name: Option<String>,
+    pub volume_mode: crate::VolumeMode,
+    pub access_mode: crate::AccessMode,
 }
 
 fn is_zero(n: &i32) -> bool {

@@ -94,7 +94,8 @@ impl Floor {
         let dvs =
             Api::<DynamicObject>::namespaced_with(self.client.clone(), &self.ns, &dv_resource());
         for disk in &mut status.disks {
-            let dv = build::data_volume(&vmm, disk, None).context("a staged disk")?;
+            let dv =
+                build::data_volume(&vmm, disk, &Default::default()).context("a staged disk")?;
             dvs.create(&PostParams::default(), &dv).await?;
             self.dvs
                 .until(

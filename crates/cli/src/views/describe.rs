@@ -84,9 +84,13 @@ pub fn render(vmm: &VirtualMachineMigration, events: &[Event], now: Timestamp) -
                 .unwrap_or_default()
         ),
     );
-    let networks: Vec<String> = spec
-        .target
-        .networks
+    // What Validating resolved from the target and the maps, else what the target says.
+    let mapped = if status.networks.is_empty() {
+        &spec.target.networks
+    } else {
+        &status.networks
+    };
+    let networks: Vec<String> = mapped
         .iter()
         .map(|n| {
             let to = match (&n.pod, &n.multus) {
@@ -97,22 +101,56 @@ pub fn render(vmm: &VirtualMachineMigration, events: &[Event], now: Timestamp) -
             format!("{} -> {to}", n.source)
         })
         .collect();
+    let placed = status.disks.first().and_then(|d| d.storage.as_ref());
+    let classes: std::collections::BTreeSet<String> = status
+        .disks
+        .iter()
+        .filter_map(|d| d.storage.as_ref())
+        .map(|s| {
+            s.storage_class_name
+                .clone()
+                .unwrap_or_else(|| "default".into())
+        })
+        .collect();
+    let classes = if classes.is_empty() {
+        spec.target
+            .storage_class_name
+            .clone()
+            .unwrap_or_else(|| "default".into())
+    } else {
+        classes.into_iter().collect::<Vec<_>>().join(", ")
+    };
+    let maps: Vec<String> = [
+        spec.target
+            .network_map_ref
+            .as_ref()
+            .map(|r| format!("NetworkMap {}", r.name)),
+        spec.target
+            .storage_map_ref
+            .as_ref()
+            .map(|r| format!("StorageMap {}", r.name)),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
     line(
         &mut out,
         "Target:",
         format!(
-            "VM {} ({:?}, {:?} volumes, StorageClass {}), networks: {}",
+            "VM {} ({:?}, {:?} volumes, StorageClass {classes}), networks: {}{}",
             spec.target.name.clone().unwrap_or_else(|| vmm.name_any()),
             spec.target.run_strategy,
-            spec.target.volume_mode,
-            spec.target
-                .storage_class_name
-                .clone()
-                .unwrap_or_else(|| "default".into()),
+            placed.map_or(spec.target.volume_mode.unwrap_or_default(), |p| p
+                .volume_mode),
             if networks.is_empty() {
                 "none".into()
             } else {
                 networks.join(", ")
+            },
+            if maps.is_empty() {
+                String::new()
+            } else {
+                format!(" (from {})", maps.join(" and "))
             }
         ),
     );
@@ -361,7 +399,9 @@ pub fn next_step(reason: &str, class: ErrorClass, phase: Option<Phase>, name: &s
         Some(Reason::ThumbprintMismatch) => "check the endpoint's certificate; if it was replaced on purpose, update the Provider's spec.tls.thumbprint".into(),
         Some(Reason::TLSVerificationFailed) => "set the Provider's spec.tls.caBundle to the CA that signs the endpoint, or pin its thumbprint".into(),
         Some(Reason::SourceVMNotFound | Reason::SourceVMNameAmbiguous) => "run `ferry inventory` to find the VM, and select it by uuid or moref".into(),
-        Some(Reason::NetworkNotMapped | Reason::MultiplePodNetworkNICs) => "map every source network in spec.target.networks (pod, multus or ignored)".into(),
+        Some(Reason::NetworkNotMapped | Reason::MultiplePodNetworkNICs) => "map every source network in spec.target.networks or the NetworkMap it names (pod, multus or ignored)".into(),
+        Some(Reason::DatastoreNotMapped | Reason::VolumeModesDiffer) => "give every datastore of the VM one entry in the StorageMap".into(),
+        Some(Reason::NetworkMapNotFound | Reason::StorageMapNotFound) => "create the map spec.target names".into(),
         Some(Reason::StorageClassNotFound | Reason::NoDefaultStorageClass) => "create the StorageClass (or mark one as default)".into(),
         Some(Reason::SecretNotFound | Reason::ProviderSecretNotFound | Reason::SecretKeyMissing) => "create the Secret with the keys the message names".into(),
         Some(Reason::ProviderNotFound) => "create the Provider the migration names".into(),

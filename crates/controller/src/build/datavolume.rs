@@ -2,7 +2,7 @@
 //! image through CDI's s3 source.
 
 use ferry_api::foreign::DataVolumeStatus;
-use ferry_api::{DiskStatus, VirtualMachineMigration, VolumeMode};
+use ferry_api::{DiskStatus, DiskStorage, VirtualMachineMigration, VolumeMode};
 use kube::ResourceExt;
 use kube::api::DynamicObject;
 use serde_json::json;
@@ -19,7 +19,7 @@ pub fn s3_http_url(staged: &str, endpoint: Option<&str>) -> Option<String> {
 pub fn data_volume(
     vmm: &VirtualMachineMigration,
     disk: &DiskStatus,
-    storage_class: Option<&str>,
+    placement: &DiskStorage,
 ) -> Option<DynamicObject> {
     let staging = vmm.spec.staging.as_ref()?;
     let url = s3_http_url(disk.staged_url.as_deref()?, staging.endpoint.as_deref())?;
@@ -27,7 +27,7 @@ pub fn data_volume(
     if let Some(secret) = &staging.secret_ref {
         source["secretRef"] = json!(secret.name);
     }
-    let storage = storage(vmm, disk.capacity_bytes, storage_class);
+    let storage = storage(disk.capacity_bytes, placement);
     let object = json!({
         "apiVersion": "cdi.kubevirt.io/v1beta1",
         "kind": "DataVolume",
@@ -52,7 +52,7 @@ pub fn blank_data_volume(
     vmm: &VirtualMachineMigration,
     disk: i32,
     capacity: i64,
-    storage_class: Option<&str>,
+    placement: &DiskStorage,
 ) -> Option<DynamicObject> {
     let object = json!({
         "apiVersion": "cdi.kubevirt.io/v1beta1",
@@ -63,7 +63,7 @@ pub fn blank_data_volume(
             "labels": children::labels(vmm, "import"),
             "ownerReferences": [children::owner(vmm)],
         },
-        "spec": {"source": {"blank": {}}, "storage": storage(vmm, whole_mebibytes(capacity), storage_class)},
+        "spec": {"source": {"blank": {}}, "storage": storage(whole_mebibytes(capacity), placement)},
     });
     serde_json::from_value(object).ok()
 }
@@ -73,17 +73,13 @@ fn whole_mebibytes(bytes: i64) -> i64 {
     (bytes.max(1) as u64).next_multiple_of(1 << 20) as i64
 }
 
-fn storage(
-    vmm: &VirtualMachineMigration,
-    bytes: i64,
-    storage_class: Option<&str>,
-) -> serde_json::Value {
+fn storage(bytes: i64, placement: &DiskStorage) -> serde_json::Value {
     let mut storage = json!({
-        "accessModes": ["ReadWriteOnce"],
-        "volumeMode": match vmm.spec.target.volume_mode { VolumeMode::Block => "Block", VolumeMode::Filesystem => "Filesystem" },
+        "accessModes": [placement.access_mode.as_str()],
+        "volumeMode": match placement.volume_mode { VolumeMode::Block => "Block", VolumeMode::Filesystem => "Filesystem" },
         "resources": {"requests": {"storage": bytes.to_string()}},
     });
-    if let Some(class) = storage_class {
+    if let Some(class) = &placement.storage_class_name {
         storage["storageClassName"] = json!(class);
     }
     storage
@@ -152,7 +148,12 @@ mod tests {
         let mut vmm = VirtualMachineMigration::new("m", serde_json::from_value(spec).unwrap());
         vmm.metadata.uid = Some("u".into());
         vmm.metadata.namespace = Some("ns".into());
-        let dv = blank_data_volume(&vmm, 1, (1 << 30) + 1, Some("fast")).unwrap();
+        let placement = DiskStorage {
+            storage_class_name: Some("fast".into()),
+            volume_mode: VolumeMode::Block,
+            access_mode: ferry_api::AccessMode::ReadWriteMany,
+        };
+        let dv = blank_data_volume(&vmm, 1, (1 << 30) + 1, &placement).unwrap();
         assert_eq!(dv.metadata.name.as_deref(), Some("m-disk-1"));
         assert_eq!(dv.data["spec"]["source"], json!({"blank": {}}));
         let storage = &dv.data["spec"]["storage"];
@@ -162,6 +163,7 @@ mod tests {
         );
         assert_eq!(storage["volumeMode"], "Block");
         assert_eq!(storage["storageClassName"], "fast");
+        assert_eq!(storage["accessModes"], json!(["ReadWriteMany"]));
         assert!(dv.data["spec"].get("pvc").is_none());
         assert!(
             dv.metadata.annotations.is_none(),

@@ -201,7 +201,7 @@ pub(super) fn mount_disks(
 }
 
 pub(super) fn block(vmm: &VirtualMachineMigration) -> bool {
-    vmm.spec.target.volume_mode == VolumeMode::Block
+    crate::maps::volume_mode(vmm) == VolumeMode::Block
 }
 
 /// Where the direct path's conversion Job finds disk `index`'s volume.

@@ -163,10 +163,7 @@ pub fn virtual_machine(vmm: &VirtualMachineMigration, source: &SourceVmStatus) -
     }
     let (mut interfaces, mut networks) = (vec![], vec![]);
     for (i, nic) in source.nics.iter().enumerate() {
-        let Some(mapping) = vmm
-            .spec
-            .target
-            .networks
+        let Some(mapping) = crate::maps::networks(vmm)
             .iter()
             .find(|m| m.source == nic.network)
         else {

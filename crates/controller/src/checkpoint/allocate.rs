@@ -97,15 +97,14 @@ pub async fn ensure(step: &mut Step<'_>) -> Result<Ensured> {
                     waiting.push(format!("the previous claim {name} is being removed"));
                     continue;
                 }
-                let storage_class = step.vmm.spec.target.storage_class_name.as_deref();
-                let dv =
-                    blank_data_volume(step.vmm, disk.index, disk.capacity_bytes, storage_class)
-                        .ok_or_else(|| {
-                            Failure::permanent(
-                                Reason::APIRejected,
-                                format!("DataVolume {name} does not build"),
-                            )
-                        })?;
+                let placement = crate::maps::disk_storage(step.vmm, &disk);
+                let dv = blank_data_volume(step.vmm, disk.index, disk.capacity_bytes, &placement)
+                    .ok_or_else(|| {
+                    Failure::permanent(
+                        Reason::APIRejected,
+                        format!("DataVolume {name} does not build"),
+                    )
+                })?;
                 ferry_kube::create::create_if_absent(&dvs, &dv).await?;
                 step.status.disks[i].data_volume = Some(name.clone());
                 waiting.push(format!("{name} created"));

@@ -60,7 +60,7 @@ pub async fn run(step: &mut Step<'_>) -> Result<Next> {
                 let dv = build::datavolume::data_volume(
                     step.vmm,
                     &disk,
-                    step.vmm.spec.target.storage_class_name.as_deref(),
+                    &crate::maps::disk_storage(step.vmm, &disk),
                 )
                 .ok_or_else(|| {
                     Failure::transient(

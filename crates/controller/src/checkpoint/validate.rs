@@ -4,7 +4,10 @@
 
 use std::collections::BTreeSet;
 
-use ferry_api::{GuestAdaptation, Reason, SourceVmStatus, VirtualMachineMigration};
+use ferry_api::{
+    DiskStorage, GuestAdaptation, NetworkMap, NetworkMapSpec, NetworkMapping, Reason,
+    SourceVmStatus, StorageMap, StorageMapSpec, VirtualMachineMigration,
+};
 use ferry_datapath::staging::{PartPlan, too_large_message};
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use k8s_openapi::api::storage::v1::StorageClass;
@@ -15,6 +18,7 @@ use super::{Next, Step};
 use crate::build::{dv_resource, vm_resource};
 use crate::children;
 use crate::error::{Failure, Result};
+use crate::maps;
 
 const FLAT_BACKINGS: [&str; 3] = [
     "VirtualDiskFlatVer2BackingInfo",
@@ -26,7 +30,10 @@ pub async fn run(step: &mut Step<'_>) -> Result<Next> {
     let source = super::source::recorded(step.status)?;
     check_source(step.vmm, &source)?;
     super::disk_files::check(step, &source).await?;
-    let storage_class = check_storage_class(step).await?;
+    let (network_map, storage_map) = read_maps(step).await?;
+    let networks = check_networks(step.vmm, network_map.as_ref(), &source)?;
+    let storage = check_storage(step.vmm, storage_map.as_ref(), &source)?;
+    let storage_class = check_storage_classes(step, &storage).await?;
     check_virtio_win_claim(step).await?;
     check_collisions(step).await?;
     let route = if crate::staging::staged(step.vmm) {
@@ -36,6 +43,10 @@ pub async fn run(step: &mut Step<'_>) -> Result<Next> {
     } else {
         "each disk goes straight into its volume"
     };
+    step.status.networks = networks;
+    for (disk, placement) in step.status.disks.iter_mut().zip(storage) {
+        disk.storage = Some(placement);
+    }
     Ok(Next::advance(
         "PreflightPassed",
         format!(
@@ -177,56 +188,170 @@ pub fn check_source(vmm: &VirtualMachineMigration, source: &SourceVmStatus) -> R
             ));
         }
     }
-    let mapped: BTreeSet<&str> = vmm
+    Ok(())
+}
+
+/// Where each NIC's network goes: the migration's entries, then the NetworkMap's. A gap is fixable when a map is
+/// named (edit it, and the migration resumes), else permanent (the target is immutable).
+pub fn check_networks(
+    vmm: &VirtualMachineMigration,
+    map: Option<&NetworkMapSpec>,
+    source: &SourceVmStatus,
+) -> Result<Vec<NetworkMapping>> {
+    let map_name = vmm
         .spec
         .target
-        .networks
-        .iter()
-        .map(|m| m.source.as_str())
-        .collect();
-    let unmapped: BTreeSet<&str> = source
-        .nics
-        .iter()
-        .map(|n| n.network.as_str())
-        .filter(|n| !mapped.contains(n))
-        .collect();
-    if !unmapped.is_empty() {
-        return Err(Failure::permanent(
-            Reason::NetworkNotMapped,
-            format!(
-                "no spec.target.networks entry for source network(s) {}; map each to pod, multus or ignored \
-                 (in a new migration: the target is immutable)",
-                unmapped.into_iter().collect::<Vec<_>>().join(", ")
-            ),
-        ));
-    }
+        .network_map_ref
+        .as_ref()
+        .map(|r| r.name.as_str());
+    let refuse = |reason, message: String| match map_name {
+        Some(_) => Failure::fixable(reason, message),
+        None => Failure::permanent(reason, message),
+    };
+    let fix = match map_name {
+        Some(name) => format!("add them to NetworkMap {name}, and the migration resumes"),
+        None => {
+            "map each in spec.target.networks or a NetworkMap (in a new migration: the target is \
+                 immutable)"
+                .into()
+        }
+    };
+    let resolved =
+        maps::resolve_networks(&vmm.spec.target, map, &source.nics).map_err(|uncovered| {
+            refuse(
+                Reason::NetworkNotMapped,
+                format!(
+                    "no mapping for source network(s) {} of {} (to pod, multus or ignored); {fix}",
+                    uncovered.join(", "),
+                    source.name
+                ),
+            )
+        })?;
     let on_pod = source
         .nics
         .iter()
         .filter(|n| {
-            vmm.spec
-                .target
-                .networks
+            resolved
                 .iter()
                 .any(|m| m.source == n.network && m.pod.is_some())
         })
         .count();
     if on_pod > 1 {
-        return Err(Failure::permanent(
+        return Err(refuse(
             Reason::MultiplePodNetworkNICs,
             format!(
                 "{on_pod} NICs map to the pod network, which takes one; map the others to multus or ignored"
             ),
         ));
     }
-    Ok(())
+    let ns = vmm.namespace().unwrap_or_default();
+    let foreign = maps::foreign_networks(&resolved, &ns);
+    if !foreign.is_empty() {
+        return Err(refuse(
+            Reason::NetworkNamespaceNotAllowed,
+            format!(
+                "Multus network(s) {} are in another namespace: a migration in {ns} may use its own \
+                 namespace's networks and default's",
+                foreign.join(", ")
+            ),
+        ));
+    }
+    Ok(resolved)
 }
 
-async fn check_storage_class(step: &Step<'_>) -> Result<String> {
+/// Each disk's StorageClass, volume mode and access mode: the migration's own, then its datastore's in the
+/// StorageMap. A datastore the map does not cover waits for the map to be edited.
+pub fn check_storage(
+    vmm: &VirtualMachineMigration,
+    map: Option<&StorageMapSpec>,
+    source: &SourceVmStatus,
+) -> Result<Vec<DiskStorage>> {
+    let map_name = vmm
+        .spec
+        .target
+        .storage_map_ref
+        .as_ref()
+        .map(|r| r.name.clone());
+    let resolved =
+        maps::resolve_storage(&vmm.spec.target, map, &source.disks).map_err(|uncovered| {
+            Failure::fixable(
+                Reason::DatastoreNotMapped,
+                format!(
+                    "StorageMap {} has no entry for datastore(s) {} of {}; add them (or set \
+                 spec.target.storageClassName in a new migration), and the migration resumes",
+                    map_name.unwrap_or_default(),
+                    uncovered.join(", "),
+                    source.name
+                ),
+            )
+        })?;
+    if maps::one_volume_mode(&resolved).is_none() {
+        return Err(Failure::fixable(
+            Reason::VolumeModesDiffer,
+            format!(
+                "the datastores of {} map to both Block and Filesystem volumes; one migration's disks take \
+                 one volume mode: give them one in the StorageMap, and the migration resumes",
+                source.name
+            ),
+        ));
+    }
+    Ok(resolved)
+}
+
+/// The maps the migration names, read now; a missing one waits for a person.
+async fn read_maps(step: &Step<'_>) -> Result<(Option<NetworkMapSpec>, Option<StorageMapSpec>)> {
+    let ns = step.vmm.namespace().unwrap_or_default();
+    let target = &step.vmm.spec.target;
+    let network = match &target.network_map_ref {
+        Some(r) => Some(
+            Api::<NetworkMap>::namespaced(step.ctx.client.clone(), &ns)
+                .get_opt(&r.name)
+                .await?
+                .ok_or_else(|| missing_map(Reason::NetworkMapNotFound, "NetworkMap", &ns, &r.name))?
+                .spec,
+        ),
+        None => None,
+    };
+    let storage = match &target.storage_map_ref {
+        Some(r) => Some(
+            Api::<StorageMap>::namespaced(step.ctx.client.clone(), &ns)
+                .get_opt(&r.name)
+                .await?
+                .ok_or_else(|| missing_map(Reason::StorageMapNotFound, "StorageMap", &ns, &r.name))?
+                .spec,
+        ),
+        None => None,
+    };
+    Ok((network, storage))
+}
+
+fn missing_map(reason: Reason, kind: &str, ns: &str, name: &str) -> Failure {
+    Failure::fixable(
+        reason,
+        format!(
+            "{kind} {ns}/{name}, named by spec.target, does not exist; create it, and the migration resumes"
+        ),
+    )
+}
+
+/// Every StorageClass the disks name must exist, and a default one when a disk names none.
+async fn check_storage_classes(step: &Step<'_>, disks: &[DiskStorage]) -> Result<String> {
+    let named: BTreeSet<Option<&str>> = disks
+        .iter()
+        .map(|d| d.storage_class_name.as_deref())
+        .collect();
+    let mut found = Vec::new();
+    for class in named {
+        found.push(check_storage_class(step, class).await?);
+    }
+    Ok(found.join(", "))
+}
+
+async fn check_storage_class(step: &Step<'_>, class: Option<&str>) -> Result<String> {
     let classes: Api<StorageClass> = Api::all(step.ctx.client.clone());
-    match &step.vmm.spec.target.storage_class_name {
+    match class {
         Some(name) => match classes.get_opt(name).await? {
-            Some(_) => Ok(name.clone()),
+            Some(_) => Ok(name.to_string()),
             None => Err(Failure::fixable(
                 Reason::StorageClassNotFound,
                 format!("StorageClass {name} does not exist; create it, and the migration resumes"),
@@ -324,34 +449,134 @@ mod tests {
         r.err().map(|f| f.reason.to_string()).unwrap_or_default()
     }
 
+    fn networks(
+        vmm: &VirtualMachineMigration,
+        map: Option<&NetworkMapSpec>,
+        source: &SourceVmStatus,
+    ) -> String {
+        reason(check_networks(vmm, map, source).map(|_| ()))
+    }
+
     #[test]
     fn every_nic_must_be_mapped_and_only_one_on_the_pod_network() {
         assert_eq!(
-            reason(check_source(&vmm(json!([])), &source())),
+            networks(&vmm(json!([])), None, &source()),
             "NetworkNotMapped"
         );
-        assert!(
-            check_source(
+        let permanent = check_networks(&vmm(json!([])), None, &source()).unwrap_err();
+        assert!(!permanent.fixable, "the target is immutable");
+        assert_eq!(
+            networks(
                 &vmm(json!([{"source": "VM Network", "pod": {}}])),
+                None,
                 &source()
-            )
-            .is_ok()
+            ),
+            ""
         );
-        assert!(
-            check_source(
+        assert_eq!(
+            networks(
                 &vmm(json!([{"source": "VM Network", "ignored": {}}])),
+                None,
                 &source()
-            )
-            .is_ok()
+            ),
+            ""
         );
         let mut two = source();
         two.nics.push(two.nics[0].clone());
         assert_eq!(
-            reason(check_source(
+            networks(
                 &vmm(json!([{"source": "VM Network", "pod": {}}])),
+                None,
                 &two
-            )),
+            ),
             "MultiplePodNetworkNICs"
+        );
+    }
+
+    #[test]
+    fn a_network_map_covers_what_the_migration_does_not_and_its_gaps_wait_for_an_edit() {
+        let mut named = vmm(json!([]));
+        named.metadata.namespace = Some("team-a".into());
+        named.spec.target.network_map_ref = Some(ferry_api::LocalObjectReference {
+            name: "nets".into(),
+        });
+        let map = |entries| {
+            serde_json::from_value::<NetworkMapSpec>(json!({"networks": entries})).unwrap()
+        };
+        let covering =
+            map(json!([{"source": "VM Network", "multus": {"networkName": "team-a/vlan10"}}]));
+        let resolved = check_networks(&named, Some(&covering), &source()).unwrap();
+        assert_eq!(resolved, covering.networks);
+        let gap = check_networks(
+            &named,
+            Some(&map(json!([{"source": "other", "pod": {}}]))),
+            &source(),
+        )
+        .unwrap_err();
+        assert_eq!(
+            (gap.reason.as_str(), gap.fixable),
+            ("NetworkNotMapped", true)
+        );
+        assert!(
+            gap.message.contains("VM Network") && gap.message.contains("NetworkMap nets"),
+            "{}",
+            gap.message
+        );
+        for (network, allowed) in [
+            ("default/shared", true),
+            ("team-b/vlan10", false),
+            ("vlan10", true),
+        ] {
+            let map = map(json!([{"source": "VM Network", "multus": {"networkName": network}}]));
+            let checked = check_networks(&named, Some(&map), &source());
+            assert_eq!(checked.is_ok(), allowed, "{network}");
+            if !allowed {
+                assert_eq!(checked.unwrap_err().reason, "NetworkNamespaceNotAllowed");
+            }
+        }
+    }
+
+    #[test]
+    fn a_datastore_no_storage_map_entry_covers_waits_for_an_edit() {
+        let mut named = vmm(json!([]));
+        named.spec.target.storage_map_ref = Some(ferry_api::LocalObjectReference {
+            name: "disks".into(),
+        });
+        let map = |entries| {
+            serde_json::from_value::<StorageMapSpec>(json!({"datastores": entries})).unwrap()
+        };
+        let covering = map(
+            json!([{"source": "ds", "storageClassName": "ssd", "accessMode": "ReadWriteMany"}]),
+        );
+        let resolved = check_storage(&named, Some(&covering), &source()).unwrap();
+        assert_eq!(resolved[0].storage_class_name.as_deref(), Some("ssd"));
+        let gap = check_storage(
+            &named,
+            Some(&map(
+                json!([{"source": "other", "storageClassName": "ssd"}]),
+            )),
+            &source(),
+        )
+        .unwrap_err();
+        assert_eq!(
+            (gap.reason.as_str(), gap.fixable),
+            ("DatastoreNotMapped", true)
+        );
+        assert!(
+            gap.message.contains("datastore(s) ds") && gap.message.contains("StorageMap disks"),
+            "{}",
+            gap.message
+        );
+        let mut two = source();
+        two.disks.push(SourceDisk {
+            file: "[fast] x/x_1.vmdk".into(),
+            ..two.disks[0].clone()
+        });
+        let mixed = map(json!([{"source": "ds", "storageClassName": "ssd"},
+            {"source": "fast", "storageClassName": "nvme", "volumeMode": "Block"}]));
+        assert_eq!(
+            reason(check_storage(&named, Some(&mixed), &two).map(|_| ())),
+            "VolumeModesDiffer"
         );
     }
 
