@@ -834,7 +834,7 @@ async fn valid_manifests_are_accepted_with_their_defaults() {
             .unwrap_or_else(|e| panic!("{} rejected: {e}", doc["metadata"]["name"]));
     }
     // The examples a user copies are valid too.
-    for file in ["provider.yaml", "migration.yaml", "minimal.yaml"] {
+    for file in ["provider.yaml", "migration.yaml", "minimal.yaml", "maps.yaml"] {
         let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("../../examples/migrations")
             .join(file);
