@@ -3,7 +3,7 @@
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::CustomResourceExt;
 
-use crate::{NetworkMap, Provider, StorageMap, VirtualMachineMigration};
+use crate::{MigrationPlan, NetworkMap, Provider, StorageMap, VirtualMachineMigration};
 
 pub fn all() -> Vec<CustomResourceDefinition> {
     vec![
@@ -11,6 +11,7 @@ pub fn all() -> Vec<CustomResourceDefinition> {
         VirtualMachineMigration::crd(),
         NetworkMap::crd(),
         StorageMap::crd(),
+        MigrationPlan::crd(),
     ]
 }
 

@@ -24,6 +24,9 @@ pub const UID_LABEL: &str = concat!(group!(), "/uid");
 pub const NAME_LABEL: &str = concat!(group!(), "/migration");
 /// On every child: which step made it (`convert`, `verify`, `import`, `vm`).
 pub const STEP_LABEL: &str = concat!(group!(), "/step");
+/// On a plan's migrations: the plan's name, and its UID (the plan selects its migrations by it).
+pub const PLAN_LABEL: &str = concat!(group!(), "/plan");
+pub const PLAN_UID_LABEL: &str = concat!(group!(), "/plan-uid");
 /// Left on a handed-over VM and its disks: where they came from.
 pub const MIGRATED_BY_ANNOTATION: &str = concat!(group!(), "/migrated-by");
 

@@ -16,6 +16,7 @@ pub mod keys;
 pub mod maps;
 pub mod migration;
 pub mod names;
+pub mod plan;
 pub mod provider;
 mod refs;
 
@@ -23,6 +24,7 @@ mod refs;
 pub use ferry_types::{DiskFormat, ErrorClass, Firmware, PowerState, Reason};
 pub use maps::*;
 pub use migration::*;
+pub use plan::*;
 pub use provider::*;
 pub use refs::{LocalObjectReference, SecretReference};
 

@@ -29,6 +29,30 @@ pub fn child_name(base: &str, suffix: &str) -> String {
     format!("{cut}-{}{tail}", &hash[..HASH_LEN])
 }
 
+/// `key` (a VM's name, path, uuid or moref) as a DNS label: lower case, every other character a dash, and, when
+/// that changed it, a short hash of the original so that `a_b` and `a-b` stay apart.
+pub fn dns_label(key: &str) -> String {
+    let mapped: String = key
+        .chars()
+        .map(|c| match c.to_ascii_lowercase() {
+            c @ ('a'..='z' | '0'..='9') => c,
+            _ => '-',
+        })
+        .collect();
+    let trimmed = mapped.trim_matches('-');
+    let label = if trimmed.is_empty() { "vm" } else { trimmed };
+    if label == key {
+        return child_name(label, "");
+    }
+    let hash = format!("{:016x}", fnv1a(key.as_bytes()));
+    child_name(label, &hash[..6])
+}
+
+/// A plan's migration of the VM `key`: `<plan>-<key as a DNS label>`, at most 63 characters.
+pub fn plan_child(plan: &str, key: &str) -> String {
+    child_name(&format!("{plan}-{}", dns_label(key)), "")
+}
+
 /// FNV-1a, 64 bits: stable across Rust versions and platforms, unlike the standard hasher.
 pub fn fnv1a(bytes: &[u8]) -> u64 {
     bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| {
@@ -60,6 +84,28 @@ mod tests {
         assert!(is_dns_label(&dotted), "{dotted}");
         assert_eq!(dashed, "web-prod-disk-0");
         assert_ne!(dotted, dashed);
+    }
+
+    #[test]
+    fn a_plans_migrations_are_named_after_their_vms_as_dns_labels() {
+        assert_eq!(plan_child("wave-1", "web-01"), "wave-1-web-01");
+        let (under, dash) = (
+            plan_child("wave-1", "DC0_H0_VM0"),
+            plan_child("wave-1", "dc0-h0-vm0"),
+        );
+        assert!(under.starts_with("wave-1-dc0-h0-vm0-"), "{under}");
+        assert_ne!(under, dash);
+        for key in [
+            "/DC0/vm/folder/app 1",
+            "4206b4a2-1c39-5b7c-4a36-2f0d9b6e1a11",
+            "vm-42",
+            "__",
+            &"X".repeat(80),
+        ] {
+            let name = plan_child(&"p".repeat(60), key);
+            assert!(is_dns_label(&name), "{key}: {name}");
+            assert!(is_dns_label(&dns_label(key)), "{key}");
+        }
     }
 
     #[test]

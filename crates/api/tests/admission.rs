@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use ferry_api::{NetworkMap, Provider, StorageMap, VirtualMachineMigration};
+use ferry_api::{MigrationPlan, NetworkMap, Provider, StorageMap, VirtualMachineMigration};
 use ferry_testkit::{TestLab, TestNamespace};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{DynamicObject, Patch, PatchParams};
@@ -88,6 +88,16 @@ fn storage_map() -> Value {
     })
 }
 
+fn plan() -> Value {
+    json!({
+        "apiVersion": "migration.platform.example/v1alpha1", "kind": "MigrationPlan",
+        "metadata": {"name": "wave-1"},
+        "spec": {"providerRef": {"name": "vcenter"}, "maxInFlight": 5,
+                 "vms": [{"name": "web-01"}, {"moref": "vm-42", "targetName": "db"}],
+                 "target": {"networkMapRef": {"name": "datacenter-networks"}, "storageMapRef": {"name": "datastores"}}},
+    })
+}
+
 fn with(mut doc: Value, pointer: &str, value: Value) -> Value {
     let (parent, key) = pointer.rsplit_once('/').unwrap();
     let target = doc
@@ -111,6 +121,7 @@ fn api_for(client: &Client, ns: &str, doc: &Value) -> Api<DynamicObject> {
         "Provider" => ("Provider", Provider::plural(&())),
         "NetworkMap" => ("NetworkMap", NetworkMap::plural(&())),
         "StorageMap" => ("StorageMap", StorageMap::plural(&())),
+        "MigrationPlan" => ("MigrationPlan", MigrationPlan::plural(&())),
         _ => (
             "VirtualMachineMigration",
             VirtualMachineMigration::plural(&()),
@@ -691,6 +702,44 @@ fn invalid_cases() -> Vec<Invalid> {
             ),
             "spec.target is immutable",
         ),
+        // Plans
+        create(
+            "a plan without VMs",
+            with(plan(), "/spec/vms", json!([])),
+            "spec.vms: Invalid value",
+        ),
+        create(
+            "a plan VM found two ways",
+            with(plan(), "/spec/vms/0/moref", json!("vm-7")),
+            "each of spec.vms needs exactly one of name, inventoryPath, uuid or moref",
+        ),
+        create(
+            "one target name for every VM",
+            with(plan(), "/spec/target/name", json!("all-the-same")),
+            "set spec.vms[].targetName instead",
+        ),
+        create(
+            "a plan that runs nothing",
+            with(plan(), "/spec/maxInFlight", json!(0)),
+            "spec.maxInFlight: Invalid value",
+        ),
+        create(
+            "a plan target name that is no DNS label",
+            with(plan(), "/spec/vms/1/targetName", json!("DB_01")),
+            "spec.vms[1].targetName",
+        ),
+        update(
+            "a plan's provider is immutable",
+            plan(),
+            with(plan(), "/spec/providerRef/name", json!("other")),
+            "spec.providerRef is immutable",
+        ),
+        update(
+            "a plan's cancel cannot go back",
+            with(plan(), "/spec/cancel", json!(true)),
+            plan(),
+            "spec.cancel cannot go back to false once a plan was cancelled",
+        ),
         update(
             "cancel cannot go back",
             with(m(), "/spec/cancel", json!(true)),
@@ -804,6 +853,7 @@ async fn valid_manifests_are_accepted_with_their_defaults() {
         ),
         network_map(),
         storage_map(),
+        plan(),
         with(
             with(
                 with(migration(), "/metadata/name", json!("mapped")),
@@ -834,7 +884,12 @@ async fn valid_manifests_are_accepted_with_their_defaults() {
             .unwrap_or_else(|e| panic!("{} rejected: {e}", doc["metadata"]["name"]));
     }
     // The examples a user copies are valid too.
-    for file in ["provider.yaml", "migration.yaml", "minimal.yaml", "maps.yaml"] {
+    for file in [
+        "provider.yaml",
+        "migration.yaml",
+        "minimal.yaml",
+        "maps.yaml",
+    ] {
         let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("../../examples/migrations")
             .join(file);

@@ -24,6 +24,7 @@ mod fixtures;
 pub(crate) mod maps;
 pub(crate) mod metrics;
 mod owned;
+pub(crate) mod plan;
 pub(crate) mod provider;
 pub(crate) mod reconcile;
 #[cfg(test)]

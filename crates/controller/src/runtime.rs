@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use anyhow::{Context as _, Result};
-use ferry_api::{Provider, VirtualMachineMigration};
+use ferry_api::{MigrationPlan, Provider, VirtualMachineMigration};
 use futures::StreamExt;
 use k8s_openapi::api::batch::v1::Job;
 use kube::api::DynamicObject;
@@ -114,6 +114,9 @@ fn dynamic(
     }
 }
 
+/// Changes to a plan's migrations within this make one reconcile of the plan.
+const PLAN_DEBOUNCE: Duration = Duration::from_millis(500);
+
 async fn run_controllers(client: Client, ctx: Arc<Context>, namespace: Option<&str>) {
     let config = watcher::Config::default().any_semantic();
     let migrations = Controller::new(
@@ -185,15 +188,22 @@ async fn run_controllers(client: Client, ctx: Arc<Context>, namespace: Option<&s
             ctx.clone(),
         )
         .for_each(|_| async {});
-    let providers = Controller::new(api::<Provider>(&client, namespace), config)
+    let providers = Controller::new(api::<Provider>(&client, namespace), config.clone())
         .shutdown_on_signal()
         .run(
             crate::provider::reconcile,
             crate::provider::error_policy,
-            ctx,
+            ctx.clone(),
         )
         .for_each(|_| async {});
-    futures::future::join(migrations, providers).await;
+    let plans = Controller::new(api::<MigrationPlan>(&client, namespace), config.clone())
+        .owns(api::<VirtualMachineMigration>(&client, namespace), config)
+        // A plan sums up its migrations: many changes of theirs make one reconcile.
+        .with_config(controller::Config::default().debounce(PLAN_DEBOUNCE))
+        .shutdown_on_signal()
+        .run(crate::plan::reconcile, crate::plan::error_policy, ctx)
+        .for_each(|_| async {});
+    futures::future::join3(migrations, providers, plans).await;
 }
 
 /// A minimal HTTP/1.1 responder: three read-only paths need no framework.

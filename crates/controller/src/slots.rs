@@ -43,6 +43,11 @@ impl Slots {
         let _ = self.wake.set(wake);
     }
 
+    /// The controller's cache of migrations; none before the controller runs (unit tests).
+    pub fn store(&self) -> Option<&Store<Vmm>> {
+        self.store.get()
+    }
+
     fn ours(&self) -> std::sync::MutexGuard<'_, HashMap<String, Option<HostSlot>>> {
         self.ours.lock().unwrap_or_else(|p| p.into_inner())
     }

@@ -1,0 +1,136 @@
+//! The plan controller: one reconcile reads the plan's migrations (from the migrations' cache, with a read of its
+//! own for one the cache lacks), lets [`decide`] conclude, creates and cancels migrations, then writes the plan's
+//! status. Deleting a plan deletes its migrations (they are owned by it), and each cleans up as a migration
+//! deleted by hand does.
+
+mod decide;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ferry_api::keys::{MANAGER, PLAN_UID_LABEL};
+use ferry_api::{MigrationPlan, PlanPhase, VirtualMachineMigration};
+use kube::api::{ListParams, Patch, PatchParams};
+use kube::runtime::controller::Action;
+use kube::{Api, ResourceExt};
+use serde_json::json;
+
+pub use decide::{Decision, decide};
+
+use crate::context::Context;
+use crate::error::{Failure, Result};
+
+/// A running plan looks again this often even when none of its migrations changed.
+const RECHECK: Duration = Duration::from_secs(30);
+
+pub async fn reconcile(plan: Arc<MigrationPlan>, ctx: Arc<Context>) -> Result<Action> {
+    // Its migrations are owned by it: the garbage collector deletes them, and each cleans up.
+    if plan.metadata.deletion_timestamp.is_some() {
+        return Ok(Action::await_change());
+    }
+    let key = key(&plan);
+    if ctx.is_stale(&key, plan.resource_version().as_deref()) {
+        return Ok(Action::requeue(Duration::from_secs(2)));
+    }
+    let ns = plan.namespace().unwrap_or_default();
+    let api: Api<VirtualMachineMigration> = Api::namespaced(ctx.client.clone(), &ns);
+    let mut plan = (*plan).clone();
+    let observed = observe(&ctx, &api, &mut plan).await?;
+    let refs: BTreeMap<String, &VirtualMachineMigration> =
+        observed.iter().map(|(k, v)| (k.clone(), v)).collect();
+    let decision = decide(&plan, &refs);
+    for migration in &decision.create {
+        ferry_kube::create::create_if_absent(&api, migration).await?;
+        tracing::info!(plan = %key, migration = %migration.name_any(), "created");
+    }
+    for name in &decision.cancel {
+        let cancel = json!({"spec": {"cancel": true}});
+        api.patch(name, &PatchParams::default(), &Patch::Merge(&cancel))
+            .await?;
+        tracing::info!(plan = %key, migration = %name, "cancelled");
+    }
+    write_status(&ctx, &plan, &decision).await?;
+    ctx.succeeded(&key);
+    Ok(match decision.status.phase {
+        Some(PlanPhase::Running | PlanPhase::Cancelling) => Action::requeue(RECHECK),
+        _ => Action::await_change(),
+    })
+}
+
+/// The plan's migrations by name: the cache's, and any the plan created that the cache lacks, read directly. One
+/// that is gone (deleted by hand) is no longer counted as created, so it is created again.
+async fn observe(
+    ctx: &Context,
+    api: &Api<VirtualMachineMigration>,
+    plan: &mut MigrationPlan,
+) -> Result<BTreeMap<String, VirtualMachineMigration>> {
+    let uid = plan.uid().unwrap_or_default();
+    let ns = plan.namespace();
+    let mut observed: BTreeMap<String, VirtualMachineMigration> = match ctx.slots.store() {
+        Some(store) => store
+            .state()
+            .iter()
+            .filter(|m| m.namespace() == ns && m.labels().get(PLAN_UID_LABEL) == Some(&uid))
+            .map(|m| (m.name_any(), (**m).clone()))
+            .collect(),
+        None => api
+            .list(&ListParams::default().labels(&format!("{PLAN_UID_LABEL}={uid}")))
+            .await?
+            .items
+            .into_iter()
+            .map(|m| (m.name_any(), m))
+            .collect(),
+    };
+    if let Some(status) = plan.status.as_mut() {
+        for vm in status.vms.iter_mut().filter(|v| v.created) {
+            if observed.contains_key(&vm.migration) {
+                continue;
+            }
+            match api.get_opt(&vm.migration).await? {
+                Some(found) => {
+                    observed.insert(vm.migration.clone(), found);
+                }
+                None => vm.created = false,
+            }
+        }
+    }
+    Ok(observed)
+}
+
+async fn write_status(ctx: &Context, plan: &MigrationPlan, decision: &Decision) -> Result<()> {
+    if plan.status.as_ref() == Some(&decision.status) {
+        return Ok(());
+    }
+    let api: Api<MigrationPlan> =
+        Api::namespaced(ctx.client.clone(), &plan.namespace().unwrap_or_default());
+    let patch = json!({
+        "apiVersion": ferry_api::API_VERSION,
+        "kind": "MigrationPlan",
+        "metadata": {"name": plan.name_any(), "resourceVersion": plan.resource_version()},
+        "status": decision.status,
+    });
+    let written = api
+        .patch_status(
+            &plan.name_any(),
+            &PatchParams::apply(MANAGER).force(),
+            &Patch::Apply(&patch),
+        )
+        .await?;
+    ctx.wrote(&key(plan), written.resource_version());
+    Ok(())
+}
+
+pub fn error_policy(plan: Arc<MigrationPlan>, error: &Failure, ctx: Arc<Context>) -> Action {
+    tracing::warn!(plan = %key(&plan), class = ?error.class, reason = %error.reason, "{error}");
+    Action::requeue(ctx.failed(&key(&plan)))
+}
+
+/// Its own key in the backoff and the own-write record, apart from any migration's.
+fn key(plan: &MigrationPlan) -> String {
+    format!(
+        "plan:{}/{}",
+        plan.namespace().unwrap_or_default(),
+        plan.name_any()
+    )
+}
