@@ -62,8 +62,12 @@ pub async fn run(dir: PathBuf, vms: Vec<String>) -> Result<()> {
         state.dir.display()
     );
     let api: Api<VirtualMachineMigration> = Api::namespaced(client.clone(), NAMESPACE);
-    let watch =
-        crate::views::watch::follow(api.clone(), None, true, std::io::stdout().is_terminal());
+    let watch = crate::views::watch::follow(
+        api.clone(),
+        crate::views::watch::Watched::All,
+        true,
+        std::io::stdout().is_terminal(),
+    );
     tokio::time::timeout(Duration::from_secs(1800), watch)
         .await
         .context("the demo migrations did not end within 30 minutes")??;

@@ -2,7 +2,7 @@
 
 use anyhow::{Context, Result};
 use clap::Args;
-use ferry_api::{ErrorClass, Phase, Reason, VirtualMachineMigration};
+use ferry_api::{ErrorClass, MigrationPlan, Phase, Reason, VirtualMachineMigration};
 use k8s_openapi::api::core::v1::Event;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
@@ -12,14 +12,31 @@ use super::{Scope, age, bytes, phase_name, table};
 
 #[derive(Args)]
 pub struct DescribeArgs {
-    /// The migration.
+    /// The migration; or `plan`, then the plan's name.
     name: String,
+    /// With `plan`: the plan.
+    plan: Option<String>,
     #[command(flatten)]
     scope: Scope,
 }
 
 pub async fn run(args: DescribeArgs) -> Result<()> {
     let (client, namespace) = args.scope.client().await?;
+    if let Some(plan) = &args.plan {
+        if !super::plan::names_plans(Some(&args.name)) {
+            anyhow::bail!(
+                "ferry describe takes NAME, or plan NAME; not {:?}",
+                args.name
+            );
+        }
+        let api: kube::Api<MigrationPlan> = kube::Api::namespaced(client, &namespace);
+        let found = api
+            .get_opt(plan)
+            .await?
+            .with_context(|| format!("no plan {plan} in namespace {namespace}"))?;
+        print!("{}", super::plan::render(&found, Timestamp::now()));
+        return Ok(());
+    }
     let api: kube::Api<VirtualMachineMigration> = kube::Api::namespaced(client.clone(), &namespace);
     let vmm = api
         .get_opt(&args.name)

@@ -1,8 +1,8 @@
-//! `ferry get`: one line per migration.
+//! `ferry get [plans]`: one line per migration, or per plan.
 
 use anyhow::Result;
 use clap::Args;
-use ferry_api::VirtualMachineMigration;
+use ferry_api::{MigrationPlan, VirtualMachineMigration};
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use kube::api::ListParams;
@@ -11,12 +11,32 @@ use super::{Scope, age, phase_name, table};
 
 #[derive(Args)]
 pub struct GetArgs {
+    /// `plans` lists MigrationPlans; without it, migrations.
+    kind: Option<String>,
     #[command(flatten)]
     scope: Scope,
 }
 
 pub async fn run(args: GetArgs) -> Result<()> {
     let (client, namespace) = args.scope.client().await?;
+    if super::plan::names_plans(args.kind.as_deref()) {
+        let api = args.scope.api::<MigrationPlan>(&client, &namespace);
+        let mut plans = api.list(&ListParams::default()).await?.items;
+        plans.sort_by_key(|p| (p.namespace(), p.name_any()));
+        if plans.is_empty() {
+            println!("No plans.");
+        } else {
+            let all = args.scope.all_namespaces;
+            print!(
+                "{}",
+                super::plan::render_list(&plans, all, Timestamp::now())
+            );
+        }
+        return Ok(());
+    }
+    if let Some(kind) = args.kind.as_deref().filter(|k| !is_migrations(k)) {
+        anyhow::bail!("ferry get lists migrations or plans, not {kind:?}");
+    }
     let api = args
         .scope
         .api::<VirtualMachineMigration>(&client, &namespace);
@@ -36,6 +56,13 @@ pub async fn run(args: GetArgs) -> Result<()> {
         render(&items, args.scope.all_namespaces, Timestamp::now())
     );
     Ok(())
+}
+
+fn is_migrations(kind: &str) -> bool {
+    matches!(
+        kind,
+        "migrations" | "migration" | "vmm" | "virtualmachinemigrations"
+    )
 }
 
 pub fn render(items: &[VirtualMachineMigration], with_namespace: bool, now: Timestamp) -> String {

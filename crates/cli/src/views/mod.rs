@@ -1,8 +1,9 @@
-//! Human views of migrations: `ferry get`, `ferry describe`, `ferry watch`. Rendering is pure (objects and a
+//! Human views of migrations and plans: `ferry get`, `ferry describe`, `ferry watch`. Rendering is pure (objects and a
 //! time in, text out); the commands around it only read the API.
 
 pub mod describe;
 pub mod get;
+pub mod plan;
 pub mod watch;
 
 use std::path::PathBuf;

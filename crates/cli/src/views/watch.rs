@@ -17,8 +17,11 @@ use super::{Scope, bytes, phase_name};
 
 #[derive(Args)]
 pub struct WatchArgs {
-    /// One migration; without it, every migration in the namespace (or all, with -A).
+    /// One migration, or `plan` and then a plan's name (its migrations); without it, every migration in the
+    /// namespace (or all, with -A).
     name: Option<String>,
+    /// With `plan`: the plan.
+    plan: Option<String>,
     #[command(flatten)]
     scope: Scope,
     /// Keep watching after every migration ended.
@@ -31,31 +34,55 @@ pub async fn run(args: WatchArgs) -> Result<()> {
     let api = args
         .scope
         .api::<VirtualMachineMigration>(&client, &namespace);
-    let ended = follow(
-        api,
-        args.name.as_deref(),
-        !args.follow,
-        std::io::stdout().is_terminal(),
-    )
-    .await?;
+    let tty = std::io::stdout().is_terminal();
+    let ended = match &args.plan {
+        Some(plan) => {
+            if !super::plan::names_plans(args.name.as_deref()) {
+                anyhow::bail!("ferry watch takes [NAME], or plan NAME");
+            }
+            let plans: kube::Api<ferry_api::MigrationPlan> =
+                kube::Api::namespaced(client.clone(), &namespace);
+            let found = plans
+                .get_opt(plan)
+                .await?
+                .ok_or_else(|| anyhow::anyhow!("no plan {plan} in namespace {namespace}"))?;
+            let uid = found.metadata.uid.unwrap_or_default();
+            let selector = format!("{}={uid}", ferry_api::keys::PLAN_UID_LABEL);
+            follow(api, Watched::Labelled(&selector), !args.follow, tty).await?
+        }
+        None => {
+            let watched = args.name.as_deref().map_or(Watched::All, Watched::Named);
+            follow(api, watched, !args.follow, tty).await?
+        }
+    };
     if ended.is_empty() && !args.follow {
         println!("No migrations to watch.");
     }
     Ok(())
 }
 
+/// Which migrations a watch follows.
+#[derive(Clone, Copy)]
+pub enum Watched<'a> {
+    All,
+    Named(&'a str),
+    /// Those matching a label selector (a plan's).
+    Labelled(&'a str),
+}
+
 /// Watches until every migration seen has ended (when `until_done`), drawing bars on a terminal or plain lines
 /// otherwise. Returns the migrations as last seen.
 pub async fn follow(
     api: kube::Api<VirtualMachineMigration>,
-    name: Option<&str>,
+    watched: Watched<'_>,
     until_done: bool,
     tty: bool,
 ) -> Result<Vec<VirtualMachineMigration>> {
-    let mut config = watcher::Config::default();
-    if let Some(name) = name {
-        config = config.fields(&format!("metadata.name={name}"));
-    }
+    let config = match watched {
+        Watched::All => watcher::Config::default(),
+        Watched::Named(name) => watcher::Config::default().fields(&format!("metadata.name={name}")),
+        Watched::Labelled(selector) => watcher::Config::default().labels(selector),
+    };
     let mut events = watcher(api, config).default_backoff().boxed();
     let mut view = View::new(tty);
     let mut seen: BTreeMap<String, VirtualMachineMigration> = BTreeMap::new();
@@ -77,7 +104,7 @@ pub async fn follow(
         let all: Vec<&VirtualMachineMigration> = seen.values().collect();
         view.show(&all);
         let done = all.iter().all(|m| ended(m));
-        if synced && until_done && (done && !all.is_empty() || all.is_empty() && name.is_none()) {
+        if synced && until_done && (done && !all.is_empty() || all.is_empty() && matches!(watched, Watched::All)) {
             break;
         }
     }

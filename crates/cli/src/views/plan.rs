@@ -1,0 +1,201 @@
+//! Plans in the views: `ferry get plans` (one line per plan) and `ferry describe plan NAME` (the plan's totals,
+//! then one line per VM). Pure rendering.
+
+use ferry_api::{MigrationPlan, PlanPhase};
+use k8s_openapi::jiff::Timestamp;
+use kube::ResourceExt;
+
+use super::{age, bytes, phase_name, table};
+
+/// `plans`, `plan` and `mplan` name plans; anything else (or nothing) names migrations.
+pub fn names_plans(kind: Option<&str>) -> bool {
+    matches!(
+        kind,
+        Some("plans" | "plan" | "mplan" | "migrationplan" | "migrationplans")
+    )
+}
+
+fn plan_phase(phase: Option<PlanPhase>) -> String {
+    phase.map_or_else(|| "-".into(), |p| format!("{p:?}"))
+}
+
+pub fn render_list(plans: &[MigrationPlan], with_namespace: bool, now: Timestamp) -> String {
+    let mut header = vec![
+        "NAME",
+        "PHASE",
+        "VMS",
+        "RUNNING",
+        "WAITING",
+        "SUCCEEDED",
+        "FAILED",
+        "PROGRESS",
+        "AGE",
+    ];
+    if with_namespace {
+        header.insert(0, "NAMESPACE");
+    }
+    let mut rows = vec![header.into_iter().map(String::from).collect::<Vec<_>>()];
+    for plan in plans {
+        let s = plan.status.clone().unwrap_or_default();
+        let created = plan
+            .metadata
+            .creation_timestamp
+            .as_ref()
+            .map_or(now, |t| t.0);
+        let mut row = vec![
+            plan.name_any(),
+            plan_phase(s.phase),
+            s.total.to_string(),
+            s.running.to_string(),
+            s.pending.to_string(),
+            s.succeeded.to_string(),
+            (s.failed + s.cancelled).to_string(),
+            s.progress.unwrap_or_else(|| "-".into()),
+            age(created, now),
+        ];
+        if with_namespace {
+            row.insert(0, plan.namespace().unwrap_or_default());
+        }
+        rows.push(row);
+    }
+    table(&rows)
+}
+
+pub fn render(plan: &MigrationPlan, now: Timestamp) -> String {
+    let s = plan.status.clone().unwrap_or_default();
+    let created = plan
+        .metadata
+        .creation_timestamp
+        .as_ref()
+        .map_or(now, |t| t.0);
+    let target = &plan.spec.target;
+    let maps: Vec<String> = [
+        target
+            .network_map_ref
+            .as_ref()
+            .map(|r| format!("NetworkMap {}", r.name)),
+        target
+            .storage_map_ref
+            .as_ref()
+            .map(|r| format!("StorageMap {}", r.name)),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    let mut out = String::new();
+    let mut line = |key: &str, value: String| out.push_str(&format!("{key:<12}{value}\n"));
+    line(
+        "Plan:",
+        format!(
+            "{}/{}",
+            plan.namespace().unwrap_or_default(),
+            plan.name_any()
+        ),
+    );
+    line(
+        "Source:",
+        format!(
+            "Provider {}, {} VM(s), at most {} at once{}",
+            plan.spec.provider_ref.name,
+            plan.spec.vms.len(),
+            plan.spec.max_in_flight,
+            if plan.spec.cancel { ", cancelled" } else { "" }
+        ),
+    );
+    line(
+        "Maps:",
+        if maps.is_empty() {
+            "none (each migration's own target)".into()
+        } else {
+            maps.join(", ")
+        },
+    );
+    line("Phase:", plan_phase(s.phase));
+    line("Summary:", s.message.clone().unwrap_or_default());
+    line(
+        "Progress:",
+        format!(
+            "{} ({} of {})",
+            s.progress.clone().unwrap_or_else(|| "-".into()),
+            bytes(s.bytes_moved as f64),
+            bytes(s.bytes_total as f64)
+        ),
+    );
+    line("Age:", age(created, now));
+    let mut rows = vec![
+        ["VM", "MIGRATION", "PHASE", "REASON"]
+            .map(String::from)
+            .to_vec(),
+    ];
+    for vm in &s.vms {
+        rows.push(vec![
+            vm.vm.clone(),
+            if vm.created {
+                vm.migration.clone()
+            } else {
+                "-".into()
+            },
+            if vm.created {
+                phase_name(vm.phase)
+            } else {
+                "Waiting".into()
+            },
+            vm.reason.clone().unwrap_or_default(),
+        ]);
+    }
+    out.push('\n');
+    out.push_str(&table(&rows));
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn plan() -> MigrationPlan {
+        let mut plan: MigrationPlan = serde_json::from_value(json!({
+            "apiVersion": "migration.platform.example/v1alpha1", "kind": "MigrationPlan",
+            "metadata": {"name": "wave-1", "namespace": "apps", "creationTimestamp": "2026-12-01T10:00:00Z"},
+            "spec": {"providerRef": {"name": "vc"}, "maxInFlight": 2, "vms": [{"name": "web"}, {"name": "db"}],
+                     "target": {"networkMapRef": {"name": "site"}}},
+            "status": {"phase": "Running", "total": 2, "running": 1, "pending": 1, "progress": "40%",
+                       "bytesMoved": 4294967296i64, "bytesTotal": 10737418240i64,
+                       "message": "0 of 2 VMs succeeded, 1 running, 1 waiting, 0 failed, 0 cancelled",
+                       "vms": [{"vm": "web", "migration": "wave-1-web", "created": true, "phase": "Converting",
+                                "reason": "Converting"},
+                               {"vm": "db", "migration": "wave-1-db"}]}}))
+        .unwrap();
+        plan.metadata.uid = Some("u".into());
+        plan
+    }
+
+    #[test]
+    fn a_plan_reads_as_its_totals_then_one_line_per_vm() {
+        let now: Timestamp = "2026-12-01T10:05:00Z".parse().unwrap();
+        let out = render(&plan(), now);
+        assert!(
+            out.contains("Provider vc, 2 VM(s), at most 2 at once"),
+            "{out}"
+        );
+        assert!(out.contains("NetworkMap site"), "{out}");
+        assert!(out.contains("40% (4.0 GiB of 10.0 GiB)"), "{out}");
+        let web = out.lines().find(|l| l.starts_with("web")).unwrap();
+        assert!(
+            web.contains("wave-1-web") && web.contains("Converting"),
+            "{web}"
+        );
+        let db = out.lines().find(|l| l.starts_with("db")).unwrap();
+        assert!(db.contains("Waiting"), "{db}");
+        let list = render_list(&[plan()], false, now);
+        let row = list.lines().nth(1).unwrap();
+        assert!(
+            row.starts_with("wave-1")
+                && row.contains("Running")
+                && row.contains("40%")
+                && row.contains("5m"),
+            "{list}"
+        );
+        assert!(names_plans(Some("plans")) && !names_plans(Some("vmm")) && !names_plans(None));
+    }
+}
