@@ -30,6 +30,7 @@ type options struct {
 	password  string
 	useTLS    bool
 	vms       int
+	hosts     int
 	certFile  string
 	keyFile   string
 	callsFile io.Writer
@@ -69,6 +70,7 @@ func main() {
 	flag.StringVar(&passFile, "password-file", "", "file holding the required password (kept out of argv)")
 	flag.BoolVar(&o.useTLS, "tls", true, "serve HTTPS with a generated self-signed certificate")
 	flag.IntVar(&o.vms, "vm", 2, "VMs per resource pool or host")
+	flag.IntVar(&o.hosts, "hosts", 0, "ESXi hosts, each with -vm VMs: N-1 standalone and a cluster of one (0: the model's 1 standalone and a cluster of 3)")
 	flag.StringVar(&o.certFile, "tlscert", "", "PEM certificate to serve (default: a generated self-signed one)")
 	flag.StringVar(&o.keyFile, "tlskey", "", "PEM private key of -tlscert")
 	flag.StringVar(&callsFile, "calls-file", "", "append each SOAP method name called, one per line (no arguments, so no credentials)")
@@ -142,6 +144,13 @@ func start(o options) (*sim, error) {
 		m = simulator.ESX()
 	}
 	m.Machine = o.vms
+	if o.hosts > 0 {
+		if o.esx {
+			return nil, fmt.Errorf("-hosts needs the vCenter model (no -esx)")
+		}
+		m.Host = o.hosts - 1
+		m.ClusterHost = 1
+	}
 	if err := m.Create(); err != nil {
 		return nil, err
 	}

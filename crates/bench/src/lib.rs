@@ -48,6 +48,16 @@ enum BenchCommand {
         /// Each of the two runs must finish within this many seconds.
         #[arg(long, default_value_t = 3600)]
         timeout: u64,
+        /// Ferry's run is one MigrationPlan of every VM.
+        #[arg(long)]
+        plan: bool,
+        /// ESXi hosts in vcsim, the VMs spread evenly over them (default: vcsim's 4, half the VMs on one).
+        #[arg(long)]
+        hosts: Option<usize>,
+        /// The Provider's maxConcurrentDisksPerHost in Ferry's run (default: 10 with --plan, as a Provider
+        /// has by default; 100 without, which the floor's unlimited script is compared with).
+        #[arg(long)]
+        disks_per_host: Option<i32>,
     },
 }
 
@@ -99,14 +109,30 @@ pub async fn run(args: BenchArgs) -> Result<()> {
         BenchCommand::Controlplane {
             migrations,
             timeout,
+            plan,
+            hosts,
+            disks_per_host,
         } => {
             if migrations == 0 {
                 bail!("--migrations must be at least 1");
+            }
+            if plan && migrations > 2000 {
+                bail!("--plan takes at most 2000 migrations (a plan's spec.vms)");
+            }
+            if hosts.is_some_and(|h| h == 0) {
+                bail!("--hosts must be at least 1");
+            }
+            let disks_per_host = disks_per_host.unwrap_or(if plan { 10 } else { 100 });
+            if !(1..=100).contains(&disks_per_host) {
+                bail!("--disks-per-host must be 1 to 100, as the Provider takes it");
             }
             warn_if_debug_build();
             let options = controlplane::Options {
                 migrations,
                 timeout: std::time::Duration::from_secs(timeout),
+                plan,
+                hosts,
+                disks_per_host,
             };
             let report = controlplane::run(&options).await?;
             print!("{}", report.render());

@@ -191,7 +191,7 @@ pub async fn run(options: &Options) -> Result<Report> {
             vm.0,
             before.as_secs_f64()
         );
-        let ns = namespace(&client, &state, &format!("bench-{}", path.slug())).await?;
+        let ns = namespace(&client, &state, &format!("bench-{}", path.slug()), 100).await?;
         let mut run = migrate_one(&client, &state, &ns, path, &vm.0, &disk, options.timeout)
             .await
             .with_context(|| format!("the {} migration", path.name()))?;

@@ -70,3 +70,47 @@ fn out_pid(stderr: &str) -> String {
         .unwrap_or("none")
         .to_string()
 }
+
+/// 24 (three per host) as one `MigrationPlan` over eight ESXi hosts under a limit of two disks per host: the benchmark
+/// checks from the migrations' recorded Converting intervals that no host ever had more.
+#[test]
+fn a_plan_of_twenty_four_on_eight_hosts_keeps_the_per_host_limit() {
+    let out = Command::new(env!("CARGO_BIN_EXE_ferry"))
+        .args([
+            "bench",
+            "controlplane",
+            "--plan",
+            "--hosts",
+            "8",
+            "--disks-per-host",
+            "2",
+            "--migrations",
+            "24",
+            "--timeout",
+            "1200",
+        ])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    println!("{stdout}");
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(stdout.contains("as one MigrationPlan"), "{stdout}");
+    let peaks = stdout
+        .lines()
+        .find(|l| l.starts_with("disks read at once, most per ESXi host (limit 2):"))
+        .unwrap_or_else(|| panic!("no per-host line: {stdout}"));
+    let hosts: Vec<&str> = peaks.split(": ").nth(1).unwrap().split(", ").collect();
+    assert_eq!(hosts.len(), 8, "the VMs spread over 8 hosts: {peaks}");
+    for host in hosts {
+        let peak: usize = host.rsplit(' ').next().unwrap().parse().unwrap();
+        assert!((1..=2).contains(&peak), "{host}: {peaks}");
+    }
+    assert!(
+        stdout.contains("disks read at once per host <= the Provider's limit")
+            && stdout
+                .lines()
+                .any(|l| l.contains("the Provider's limit") && l.trim_end().ends_with("met")),
+        "{stdout}"
+    );
+}

@@ -52,14 +52,14 @@ impl Slots {
         self.ours.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Everything in the cache, once it holds a full listing; nothing without a cache (unit tests).
-    async fn migrations(&self) -> Option<Vec<std::sync::Arc<Vmm>>> {
+    /// The cache, once it holds a full listing; none without a cache (unit tests).
+    async fn ready_store(&self) -> Option<&Store<Vmm>> {
         let store = self.store.get()?;
         tokio::time::timeout(RECHECK, store.wait_until_ready())
             .await
             .ok()?
             .ok()?;
-        Some(store.state())
+        Some(store)
     }
 }
 
@@ -130,7 +130,7 @@ fn order(vmm: &Vmm) -> (i64, String) {
 
 /// `vmm` as a contender, with `slot` as its grant; none when it neither holds nor waits.
 fn contender(vmm: &Vmm, slot: Option<&HostSlot>, limit: u32) -> Option<Contender> {
-    let status = vmm.status.as_ref()?;
+    // A grant first: the cache may not show the status it came with yet.
     if let Some(slot) = slot {
         return Some(Contender {
             order: order(vmm),
@@ -139,6 +139,7 @@ fn contender(vmm: &Vmm, slot: Option<&HostSlot>, limit: u32) -> Option<Contender
             waits: 0,
         });
     }
+    let status = vmm.status.as_ref()?;
     let waiting = status.reason.as_deref() == Some(WAITING)
         && !vmm.spec.cancel
         && !matches!(status.phase, Some(p) if p.is_terminal() || p == Phase::Cancelling);
@@ -170,9 +171,11 @@ pub async fn acquire(step: &mut Step<'_>, provider: &Provider) -> Result<Option<
     let host = host_key(&moref, &name);
     let cost = cost(step.status, limit);
     let me = key(step.vmm);
-    let migrations = slots.migrations().await;
+    let store = slots.ready_store().await;
     let granted = {
         let mut ours = slots.ours();
+        // Read under the lock: every migration granted before holds the lock was in the cache when it was.
+        let migrations = store.map(Store::state);
         if let Some(migrations) = &migrations {
             forget_gone(&mut ours, migrations);
         }
@@ -317,6 +320,24 @@ mod tests {
             holds,
             waits,
         }
+    }
+
+    #[test]
+    fn a_grant_counts_before_the_cache_shows_any_status_of_its_migration() {
+        let fresh: Vmm = serde_json::from_value(serde_json::json!({
+            "apiVersion": "migration.platform.example/v1alpha1", "kind": "VirtualMachineMigration",
+            "metadata": {"name": "new", "namespace": "ns"},
+            "spec": {"source": {"providerRef": {"name": "p"}, "vm": {"name": "x"}}}}))
+        .unwrap();
+        let slot = HostSlot {
+            host: "esx-1".into(),
+            host_moref: "host-1".into(),
+            disks: 2,
+            granted: MicroTime(k8s_openapi::jiff::Timestamp::UNIX_EPOCH),
+        };
+        let counted = contender(&fresh, Some(&slot), 10).expect("a holder");
+        assert_eq!((counted.host.as_str(), counted.holds), ("host-1", 2));
+        assert_eq!(contender(&fresh, None, 10), None);
     }
 
     #[test]

@@ -90,6 +90,9 @@ pub struct VcsimRealism {
     /// Hosts' `summary.config.sslThumbprint` is the served certificate's SHA-1, `AB:CD:...` as vCenter shows
     /// it (`-host-thumbprint`).
     pub host_thumbprint: bool,
+    /// ESXi hosts in the datacenter, each with the lab's VMs per host: N-1 standalone and a cluster of one
+    /// (`-hosts`). None: vcsim's model, one standalone host and a cluster of three.
+    pub hosts: Option<usize>,
 }
 
 impl VcsimRealism {
@@ -136,6 +139,9 @@ impl VcsimRealism {
         }
         if let Some(d) = self.soap_delay {
             args.push(format!("-soap-delay={}", go_duration(d)));
+        }
+        if let Some(n) = self.hosts {
+            args.push(format!("-hosts={n}"));
         }
         args
     }
@@ -280,6 +286,7 @@ mod tests {
             soap_delay: Some(Duration::from_micros(2500)),
             fixtures: true,
             host_thumbprint: true,
+            hosts: Some(8),
         };
         assert_eq!(
             realism.args(),
@@ -294,6 +301,7 @@ mod tests {
                 "-folder-cut-at=300000",
                 "-folder-503=2",
                 "-soap-delay=2500us",
+                "-hosts=8",
             ]
         );
     }

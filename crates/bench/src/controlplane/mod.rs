@@ -35,6 +35,12 @@ pub struct Options {
     pub migrations: usize,
     /// Every migration must succeed within this, in each of the two runs.
     pub timeout: Duration,
+    /// Ferry's run is one `MigrationPlan` of every VM, not one migration each.
+    pub plan: bool,
+    /// ESXi hosts in vcsim, the VMs spread evenly over them; none: vcsim's four, half the VMs on one.
+    pub hosts: Option<usize>,
+    /// The Provider's `maxConcurrentDisksPerHost` in Ferry's run.
+    pub disks_per_host: i32,
 }
 
 /// Stops the lab and removes its directory however the benchmark ends.
@@ -54,11 +60,12 @@ pub async fn run(options: &Options) -> Result<Report> {
     let _guard = LabGuard(dir.clone());
     eprintln!("lab: {}", dir.display());
     let started = Instant::now();
-    // vcsim puts this many on its standalone host and as many in its cluster.
-    let vcsim_vms = n.div_ceil(2).max(ferry_lab::lab::DEFAULT_VCSIM_VMS);
-    let state = ferry_lab::up(&bench_lab(&dir, vcsim_vms)?)
-        .await?
-        .into_state();
+    // vcsim puts this many on each standalone host and in its cluster: two places, or one per host.
+    let places = options.hosts.unwrap_or(2);
+    let vcsim_vms = n.div_ceil(places).max(ferry_lab::lab::DEFAULT_VCSIM_VMS);
+    let mut lab = bench_lab(&dir, vcsim_vms)?;
+    lab.vcsim_realism.hosts = options.hosts;
+    let state = ferry_lab::up(&lab).await?.into_state();
     ferry_lab::controller_process::apply_rbac(&state.tools, &state.kubeconfig)?;
     let endpoint = state.vcsim.clone().context("no vcsim")?;
     let vms = sources::source_vms(&endpoint, &state.dir, n).await?;
@@ -68,7 +75,7 @@ pub async fn run(options: &Options) -> Result<Report> {
     );
     let client = state.client().await?;
 
-    let floor_ns = namespace(&client, &state, "bench-floor").await?;
+    let floor_ns = namespace(&client, &state, "bench-floor", 100).await?;
     let session =
         ferry_vsphere::Session::connect(endpoint.connect_config(Duration::from_secs(120))?).await?;
     // An identity of its own, so the audit log tells the floor's requests from the stand-ins' (admin).
@@ -104,12 +111,14 @@ pub async fn run(options: &Options) -> Result<Report> {
         ferry_vsphere::Session::connect(endpoint.connect_config(Duration::from_secs(120))?).await?;
     sources::power_on(&session, &vms).await?;
     session.logout().await;
-    let ferry_ns = namespace(&client, &state, "bench-ferry").await?;
-    let ferry = ferry_run(&client, &state, &ferry_ns, &vms, options.timeout).await?;
+    let ferry_ns = namespace(&client, &state, "bench-ferry", options.disks_per_host).await?;
+    let ferry = ferry_run(&client, &state, &ferry_ns, &vms, options).await?;
 
     let audit = |user: &str, ns: &str| measure::requests_by_verb(&state.dir, user, ns);
     Ok(Report {
         migrations: n,
+        disks_per_host: options.disks_per_host,
+        plan: options.plan,
         floor_wall,
         floor_requests: audit(FLOOR_USER, &floor_ns)?,
         ferry_requests: audit(ferry_lab::controller_process::SERVICE_ACCOUNT, &ferry_ns)?,
@@ -139,11 +148,12 @@ pub(crate) fn bench_lab(dir: &std::path::Path, vcsim_vms: usize) -> Result<LabOp
     })
 }
 
-/// A namespace with the lab's Provider (its limits at their highest) and Secrets.
+/// A namespace with the lab's Provider (at most `disks_per_host` disks read at once per host) and Secrets.
 pub(crate) async fn namespace(
     client: &kube::Client,
     state: &LabState,
     name: &str,
+    disks_per_host: i32,
 ) -> Result<String> {
     Api::<Namespace>::all(client.clone())
         .create(
@@ -156,10 +166,29 @@ pub(crate) async fn namespace(
         .patch(
             ferry_lab::demo::PROVIDER,
             &PatchParams::default(),
-            &Patch::Merge(&json!({"spec": {"limits": {"maxConcurrentDisksPerHost": 100}}})),
+            &Patch::Merge(
+                &json!({"spec": {"limits": {"maxConcurrentDisksPerHost": disks_per_host}}}),
+            ),
         )
         .await?;
     Ok(name.to_string())
+}
+
+/// One plan of every VM, with the settings of [`manifest`], all of them allowed in flight at once (the
+/// per-host limit still holds).
+fn plan(state: &LabState, ns: &str, vms: &[(String, MoRef)]) -> serde_json::Value {
+    let template = manifest(state, ns, 0, "template")["spec"].clone();
+    let names: Vec<_> = vms.iter().map(|(name, _)| json!({"name": name})).collect();
+    json!({
+        "apiVersion": ferry_api::API_VERSION, "kind": "MigrationPlan",
+        "metadata": {"name": "bench", "namespace": ns},
+        "spec": {
+            "providerRef": template["source"]["providerRef"], "vms": names,
+            "maxInFlight": vms.len().clamp(1, 500),
+            "restorePowerState": template["source"]["restorePowerState"],
+            "target": template["target"], "staging": template["staging"], "guestCheck": template["guestCheck"],
+        },
+    })
 }
 
 /// Staged, as the floor's straight-line script migrates (its steps are the staged path's), so the two compare.
@@ -176,6 +205,9 @@ pub struct FerryRun {
     pub cpu_seconds: f64,
     pub peak_rss_mib: f64,
     pub reconciles: measure::Reconciles,
+    /// Per ESXi host, the most migrations that were reading their source at once (from their recorded
+    /// Converting intervals; each has one disk).
+    pub host_peaks: BTreeMap<String, usize>,
 }
 
 async fn ferry_run(
@@ -183,21 +215,24 @@ async fn ferry_run(
     state: &LabState,
     ns: &str,
     vms: &[(String, MoRef)],
-    timeout: Duration,
+    options: &Options,
 ) -> Result<FerryRun> {
+    let timeout = options.timeout;
     let (controller, port) = start_controller(state).await?;
     let pid = controller.pid;
     let stop = scopeguard(controller);
     let cpu_before = measure::cpu_seconds(pid)?;
     let begun = Instant::now();
-    futures::stream::iter(
-        vms.iter()
-            .enumerate()
-            .map(|(i, (name, _))| ferry_lab::demo::apply(client, ns, manifest(state, ns, i, name))),
-    )
-    .buffer_unordered(APPLY_PARALLEL)
-    .try_collect::<Vec<()>>()
-    .await?;
+    if options.plan {
+        ferry_lab::demo::apply(client, ns, plan(state, ns, vms)).await?;
+    } else {
+        futures::stream::iter(vms.iter().enumerate().map(|(i, (name, _))| {
+            ferry_lab::demo::apply(client, ns, manifest(state, ns, i, name))
+        }))
+        .buffer_unordered(APPLY_PARALLEL)
+        .try_collect::<Vec<()>>()
+        .await?;
+    }
     let migrations =
         watch::Watched::<VirtualMachineMigration>::new(Api::namespaced(client.clone(), ns));
     let mut last_print = Instant::now();
@@ -225,6 +260,7 @@ async fn ferry_run(
     };
     let wall = begun.elapsed();
     let cpu_seconds = measure::cpu_seconds(pid)? - cpu_before;
+    let host_peaks = host_peaks(&migrations.objects());
     let peak_rss_mib = measure::peak_rss_mib(pid)?;
     let metrics = tokio::task::spawn_blocking(move || {
         std::process::Command::new("curl")
@@ -241,7 +277,32 @@ async fn ferry_run(
         cpu_seconds,
         peak_rss_mib,
         reconciles: measure::Reconciles::parse(&String::from_utf8_lossy(&metrics.stdout)),
+        host_peaks,
     })
+}
+
+/// Per source host, the most migrations recorded reading it at once.
+fn host_peaks(migrations: &[std::sync::Arc<VirtualMachineMigration>]) -> BTreeMap<String, usize> {
+    let mut reads: BTreeMap<String, Vec<(i64, i64)>> = BTreeMap::new();
+    for m in migrations {
+        let Some(status) = m.status.as_ref() else {
+            continue;
+        };
+        let host = status
+            .source
+            .as_ref()
+            .and_then(|s| s.host.clone())
+            .unwrap_or_default();
+        let now = k8s_openapi::jiff::Timestamp::now().as_microsecond();
+        reads
+            .entry(host)
+            .or_default()
+            .extend(ferry_controller::surface::source_reads(status, now));
+    }
+    reads
+        .into_iter()
+        .map(|(host, spans)| (host, ferry_controller::surface::most_at_once(&spans)))
+        .collect()
 }
 
 /// The controller as the deploy/ ServiceAccount, leading.

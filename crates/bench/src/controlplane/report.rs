@@ -10,6 +10,10 @@ use super::measure::writes;
 
 pub struct Report {
     pub migrations: usize,
+    /// The Provider's `maxConcurrentDisksPerHost` in Ferry's run.
+    pub disks_per_host: i32,
+    /// Ferry's run was one plan.
+    pub plan: bool,
     pub floor_wall: Duration,
     pub floor_requests: BTreeMap<String, u64>,
     pub ferry_requests: BTreeMap<String, u64>,
@@ -37,7 +41,14 @@ impl Report {
     pub fn targets(&self) -> Vec<Target> {
         let writes = self.per_migration(writes(&self.ferry_requests));
         let cpu_ms = 1000.0 * self.ferry.cpu_seconds / self.migrations.max(1) as f64;
+        let limit = self.disks_per_host.max(0) as usize;
+        let busiest = self.ferry.host_peaks.values().copied().max().unwrap_or(0);
         vec![
+            (
+                "disks read at once per host <= the Provider's limit",
+                format!("{busiest} (limit {limit})"),
+                busiest <= limit,
+            ),
             (
                 "API writes per migration <= 30",
                 format!("{writes:.1}"),
@@ -65,9 +76,14 @@ impl Report {
         let n = self.migrations;
         let f = &self.ferry;
         let mut out = String::new();
+        let how = if self.plan {
+            ", as one MigrationPlan"
+        } else {
+            ""
+        };
         let _ = writeln!(
             out,
-            "ferry bench controlplane: {n} single-disk migrations of 1 MiB VMs\n\
+            "ferry bench controlplane: {n} single-disk migrations of 1 MiB VMs{how}\n\
              (real kube-apiserver, etcd, kube-controller-manager and vcsim; Jobs run by the node agent, imports \
              by the CDI stand-in; KubeVirt stand-in --no-boot)\n"
         );
@@ -90,6 +106,16 @@ impl Report {
         if !f.unfinished.is_empty() {
             let _ = writeln!(out, "  not succeeded, by phase: {:?}", f.unfinished);
         }
+        let _ = writeln!(
+            out,
+            "disks read at once, most per ESXi host (limit {}): {}",
+            self.disks_per_host,
+            f.host_peaks
+                .iter()
+                .map(|(host, peak)| format!("{host} {peak}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
         let _ = writeln!(
             out,
             "API requests per migration, by verb and resource (audit log):"

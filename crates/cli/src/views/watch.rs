@@ -104,7 +104,10 @@ pub async fn follow(
         let all: Vec<&VirtualMachineMigration> = seen.values().collect();
         view.show(&all);
         let done = all.iter().all(|m| ended(m));
-        if synced && until_done && (done && !all.is_empty() || all.is_empty() && matches!(watched, Watched::All)) {
+        if synced
+            && until_done
+            && (done && !all.is_empty() || all.is_empty() && matches!(watched, Watched::All))
+        {
             break;
         }
     }
