@@ -1,5 +1,5 @@
-//! `ferry lab demo`: the lab up, the controller running as in a cluster, one migration per demo VM followed
-//! live, and a summary of what happened to each.
+//! `ferry lab demo [--plan]`: the lab up, the controller running as in a cluster, one migration per demo VM (or
+//! one plan of them all, through shared maps) followed live, and a summary of what happened to each.
 
 use std::io::IsTerminal;
 use std::path::PathBuf;
@@ -20,7 +20,7 @@ const DEFAULT_VMS: [&str; 3] = [
     ferry_lab::linux_vms::LINUX_BIOS_VM,
 ];
 
-pub async fn run(dir: PathBuf, vms: Vec<String>) -> Result<()> {
+pub async fn run(dir: PathBuf, vms: Vec<String>, as_plan: bool) -> Result<()> {
     let started = Instant::now();
     let vms = if vms.is_empty() {
         DEFAULT_VMS.map(String::from).to_vec()
@@ -45,15 +45,30 @@ pub async fn run(dir: PathBuf, vms: Vec<String>) -> Result<()> {
     fresh_namespace(&client).await?;
     power_on_sources(&state, &vms).await?;
     ferry_lab::demo::create_provider(&client, &state, NAMESPACE).await?;
-    for vm in &vms {
-        let name = migration_name(vm);
-        ferry_lab::demo::apply(
-            &client,
-            NAMESPACE,
-            ferry_lab::demo::migration(&state, NAMESPACE, &name, vm),
-        )
-        .await?;
-        println!("created migration {NAMESPACE}/{name} for {vm}");
+    let name_of = |vm: &str| {
+        if as_plan {
+            ferry_api::names::plan_child(PLAN, vm)
+        } else {
+            migration_name(vm)
+        }
+    };
+    let mut watched = crate::views::watch::Watched::All;
+    let selector;
+    if as_plan {
+        let uid = create_plan(&client, &vms).await?;
+        selector = format!("{}={uid}", ferry_api::keys::PLAN_UID_LABEL);
+        watched = crate::views::watch::Watched::Labelled(&selector);
+    } else {
+        for vm in &vms {
+            let name = migration_name(vm);
+            ferry_lab::demo::apply(
+                &client,
+                NAMESPACE,
+                ferry_lab::demo::migration(&state, NAMESPACE, &name, vm),
+            )
+            .await?;
+            println!("created migration {NAMESPACE}/{name} for {vm}");
+        }
     }
     // Hints name this binary as it was invoked (`./target/debug/ferry`, say), so they can be pasted.
     let ferry = std::env::args().next().unwrap_or_else(|| "ferry".into());
@@ -62,12 +77,8 @@ pub async fn run(dir: PathBuf, vms: Vec<String>) -> Result<()> {
         state.dir.display()
     );
     let api: Api<VirtualMachineMigration> = Api::namespaced(client.clone(), NAMESPACE);
-    let watch = crate::views::watch::follow(
-        api.clone(),
-        crate::views::watch::Watched::All,
-        true,
-        std::io::stdout().is_terminal(),
-    );
+    let watch =
+        crate::views::watch::follow(api.clone(), watched, true, std::io::stdout().is_terminal());
     tokio::time::timeout(Duration::from_secs(1800), watch)
         .await
         .context("the demo migrations did not end within 30 minutes")??;
@@ -75,7 +86,7 @@ pub async fn run(dir: PathBuf, vms: Vec<String>) -> Result<()> {
     println!("\nSummary (total {:.1}s):", started.elapsed().as_secs_f64());
     let mut failed = vec![];
     for vm in &vms {
-        let name = migration_name(vm);
+        let name = name_of(vm);
         let m = api.get(&name).await?;
         print!("{}", summary(&client, vm, &m).await);
         if m.status.as_ref().and_then(|s| s.phase) != Some(Phase::Succeeded) {
@@ -85,8 +96,11 @@ pub async fn run(dir: PathBuf, vms: Vec<String>) -> Result<()> {
     println!(
         "\nlook closer:  . {}/env && {ferry} get -n {NAMESPACE} && {ferry} describe -n {NAMESPACE} {}",
         state.dir.display(),
-        migration_name(&vms[0])
+        name_of(&vms[0])
     );
+    if as_plan {
+        println!("the plan:     {ferry} describe -n {NAMESPACE} plan {PLAN}");
+    }
     println!(
         "stop the lab: {ferry} lab down --dir {}",
         state.dir.display()
@@ -97,6 +111,55 @@ pub async fn run(dir: PathBuf, vms: Vec<String>) -> Result<()> {
         failed.join(", ")
     );
     Ok(())
+}
+
+/// The demo's plan, with every demo VM in flight at once.
+const PLAN: &str = "demo";
+
+/// The site's NetworkMap and StorageMap, and plan [`PLAN`] of `vms` through them; returns the plan's UID.
+async fn create_plan(client: &kube::Client, vms: &[String]) -> Result<String> {
+    use ferry_lab::demo::{LAB_SETTLE_SECONDS, PROVIDER, SOURCE_NETWORKS, apply};
+    use serde_json::json;
+    let doc = |kind: &str, name: &str, spec: serde_json::Value| {
+        json!({"apiVersion": ferry_api::API_VERSION, "kind": kind,
+            "metadata": {"name": name, "namespace": NAMESPACE}, "spec": spec})
+    };
+    let networks: Vec<_> = SOURCE_NETWORKS
+        .iter()
+        .map(|n| json!({"source": n, "pod": {}}))
+        .collect();
+    apply(
+        client,
+        NAMESPACE,
+        doc("NetworkMap", "lab-networks", json!({"networks": networks})),
+    )
+    .await?;
+    let datastores = json!({"datastores": [{"source": ferry_lab::linux_vms::DATASTORE,
+        "storageClassName": ferry_lab::standins::cdi::STORAGE_CLASS}]});
+    apply(
+        client,
+        NAMESPACE,
+        doc("StorageMap", "lab-datastores", datastores),
+    )
+    .await?;
+    let listed: Vec<_> = vms.iter().map(|vm| json!({"name": vm})).collect();
+    let plan = doc(
+        "MigrationPlan",
+        PLAN,
+        json!({
+        "providerRef": {"name": PROVIDER}, "vms": listed, "maxInFlight": vms.len().clamp(1, 500),
+        "restorePowerState": true, "guestCheck": {"settleSeconds": LAB_SETTLE_SECONDS},
+        "target": {"networkMapRef": {"name": "lab-networks"}, "storageMapRef": {"name": "lab-datastores"}}}),
+    );
+    apply(client, NAMESPACE, plan).await?;
+    let created = Api::<ferry_api::MigrationPlan>::namespaced(client.clone(), NAMESPACE)
+        .get(PLAN)
+        .await?;
+    println!(
+        "created plan {NAMESPACE}/{PLAN} of {} VM(s), through NetworkMap lab-networks and StorageMap lab-datastores",
+        vms.len()
+    );
+    Ok(created.metadata.uid.unwrap_or_default())
 }
 
 pub fn migration_name(vm: &str) -> String {

@@ -26,6 +26,9 @@ enum LabCommand {
         /// Source VMs to migrate (repeat the flag); default: the single-disk and the three-disk demo VM.
         #[arg(long = "vm")]
         vms: Vec<String>,
+        /// Migrate them as one MigrationPlan, through a NetworkMap and a StorageMap.
+        #[arg(long)]
+        plan: bool,
     },
     /// Say whether the lab runs, and where.
     Status(DirArg),
@@ -63,7 +66,7 @@ pub struct DirArg {
 
 pub async fn run(args: LabArgs) -> Result<()> {
     match args.command {
-        LabCommand::Demo { dir, vms } => crate::demo::run(dir.dir, vms).await,
+        LabCommand::Demo { dir, vms, plan } => crate::demo::run(dir.dir, vms, plan).await,
         #[cfg(feature = "chaos")]
         LabCommand::Chaos(args) => ferry_chaos::run(args).await,
         LabCommand::Up(DirArg { dir }) => {

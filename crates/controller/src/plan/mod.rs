@@ -38,7 +38,7 @@ pub async fn reconcile(plan: Arc<MigrationPlan>, ctx: Arc<Context>) -> Result<Ac
     let mut plan = (*plan).clone();
     let observed = observe(&ctx, &api, &mut plan).await?;
     let refs: BTreeMap<String, &VirtualMachineMigration> =
-        observed.iter().map(|(k, v)| (k.clone(), v)).collect();
+        observed.iter().map(|(k, v)| (k.clone(), &**v)).collect();
     let decision = decide(&plan, &refs);
     for migration in &decision.create {
         ferry_kube::create::create_if_absent(&api, migration).await?;
@@ -64,22 +64,22 @@ async fn observe(
     ctx: &Context,
     api: &Api<VirtualMachineMigration>,
     plan: &mut MigrationPlan,
-) -> Result<BTreeMap<String, VirtualMachineMigration>> {
+) -> Result<BTreeMap<String, Arc<VirtualMachineMigration>>> {
     let uid = plan.uid().unwrap_or_default();
     let ns = plan.namespace();
-    let mut observed: BTreeMap<String, VirtualMachineMigration> = match ctx.slots.store() {
+    let mut observed: BTreeMap<String, Arc<VirtualMachineMigration>> = match ctx.slots.store() {
         Some(store) => store
             .state()
-            .iter()
+            .into_iter()
             .filter(|m| m.namespace() == ns && m.labels().get(PLAN_UID_LABEL) == Some(&uid))
-            .map(|m| (m.name_any(), (**m).clone()))
+            .map(|m| (m.name_any(), m))
             .collect(),
         None => api
             .list(&ListParams::default().labels(&format!("{PLAN_UID_LABEL}={uid}")))
             .await?
             .items
             .into_iter()
-            .map(|m| (m.name_any(), m))
+            .map(|m| (m.name_any(), Arc::new(m)))
             .collect(),
     };
     if let Some(status) = plan.status.as_mut() {
@@ -89,7 +89,7 @@ async fn observe(
             }
             match api.get_opt(&vm.migration).await? {
                 Some(found) => {
-                    observed.insert(vm.migration.clone(), found);
+                    observed.insert(vm.migration.clone(), Arc::new(found));
                 }
                 None => vm.created = false,
             }
