@@ -150,7 +150,7 @@ async fn run(
     eprintln!("making a {} MiB source disk...", size >> 20);
     let disk = ferry_lab::disks::make_flat_vmdk(work, "bench", size, 42)?;
     let attached =
-        ferry_vsphere::provision::attach_flat_vmdk(&session, &vm, &disk.descriptor, &disk.extent)
+        ferry_vsphere::provision::link_flat_vmdk(&session, &vm, &disk.descriptor, &disk.extent)
             .await?;
     let info = inventory::describe_vm(&session, &vm).await?;
     let staging_spec = StagingSpec {

@@ -38,7 +38,7 @@ async fn a_real_flat_vmdk_downloads_byte_exact_even_when_the_connection_is_cut()
 
     let work = tempfile::tempdir().unwrap();
     let disk = make_flat_vmdk(work.path(), "migrate-me", DISK_BYTES, 1);
-    let attached = provision::attach_flat_vmdk(&session, &vm, &disk.descriptor, &disk.extent)
+    let attached = provision::link_flat_vmdk(&session, &vm, &disk.descriptor, &disk.extent)
         .await
         .unwrap();
 
