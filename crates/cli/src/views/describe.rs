@@ -137,19 +137,7 @@ pub fn render(vmm: &VirtualMachineMigration, events: &[Event], now: Timestamp) -
     } else {
         classes.into_iter().collect::<Vec<_>>().join(", ")
     };
-    let maps: Vec<String> = [
-        spec.target
-            .network_map_ref
-            .as_ref()
-            .map(|r| format!("NetworkMap {}", r.name)),
-        spec.target
-            .storage_map_ref
-            .as_ref()
-            .map(|r| format!("StorageMap {}", r.name)),
-    ]
-    .into_iter()
-    .flatten()
-    .collect();
+    let maps = super::map_names(&spec.target);
     line(
         &mut out,
         "Target:",

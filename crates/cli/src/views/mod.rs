@@ -114,6 +114,19 @@ pub fn table(rows: &[Vec<String>]) -> String {
     out
 }
 
+/// The maps a target names, as `NetworkMap NAME` and `StorageMap NAME`.
+pub fn map_names(target: &ferry_api::TargetSpec) -> Vec<String> {
+    let network = target.network_map_ref.as_ref();
+    let storage = target.storage_map_ref.as_ref();
+    [
+        network.map(|r| format!("NetworkMap {}", r.name)),
+        storage.map(|r| format!("StorageMap {}", r.name)),
+    ]
+    .into_iter()
+    .flatten()
+    .collect()
+}
+
 pub fn phase_name(phase: Option<ferry_api::Phase>) -> String {
     phase
         .and_then(|p| serde_json::to_value(p).ok())

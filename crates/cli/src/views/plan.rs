@@ -69,19 +69,7 @@ pub fn render(plan: &MigrationPlan, now: Timestamp) -> String {
         .as_ref()
         .map_or(now, |t| t.0);
     let target = &plan.spec.target;
-    let maps: Vec<String> = [
-        target
-            .network_map_ref
-            .as_ref()
-            .map(|r| format!("NetworkMap {}", r.name)),
-        target
-            .storage_map_ref
-            .as_ref()
-            .map(|r| format!("StorageMap {}", r.name)),
-    ]
-    .into_iter()
-    .flatten()
-    .collect();
+    let maps = super::map_names(target);
     let mut out = String::new();
     let mut line = |key: &str, value: String| out.push_str(&format!("{key:<12}{value}\n"));
     line(
