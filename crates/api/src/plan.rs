@@ -7,6 +7,7 @@ use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+use crate::migration::spec::{AGENT_NEEDS_A_START, QCOW2_NEEDS_STAGING};
 use crate::{
     ConversionSpec, GuestCheckSpec, LocalObjectReference, Phase, PowerOffSpec, RetrySpec,
     StagingSpec, TargetSpec, VmSelector,
@@ -32,10 +33,8 @@ use crate::{
     printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp"),
     validation = Rule::new("!has(self.spec.target.name)")
         .message("spec.target.name would give every VM one name: set spec.vms[].targetName instead"),
-    validation = Rule::new("has(self.spec.staging) || !has(self.spec.conversion) || !has(self.spec.conversion.format) || self.spec.conversion.format != 'qcow2'")
-        .message("spec.conversion.format qcow2 is a staging format: set spec.staging, or leave the format raw to write the volumes directly"),
-    validation = Rule::new("!has(self.spec.guestCheck) || !has(self.spec.guestCheck.agent) || self.spec.guestCheck.agent != 'Required' || !has(self.spec.target.runStrategy) || self.spec.target.runStrategy != 'Halted'")
-        .message("spec.guestCheck.agent Required needs the VM started: with spec.target.runStrategy Halted the guest is never checked")
+    validation = Rule::new(QCOW2_NEEDS_STAGING.0).message(QCOW2_NEEDS_STAGING.1),
+    validation = Rule::new(AGENT_NEEDS_A_START.0).message(AGENT_NEEDS_A_START.1)
 )]
 #[serde(rename_all = "camelCase")]
 pub struct MigrationPlanSpec {

@@ -1,6 +1,6 @@
 //! `VirtualMachineMigration`: one VM, from vSphere to KubeVirt.
 
-mod spec;
+pub(crate) mod spec;
 mod status;
 
 pub use spec::*;

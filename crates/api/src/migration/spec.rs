@@ -6,6 +6,18 @@ use serde::{Deserialize, Serialize};
 
 use crate::{DiskFormat, LocalObjectReference, SecretReference, VirtualMachineMigrationStatus};
 
+/// A rule shared by the migration and the plan (whose spec carries the same fields): (CEL, message).
+pub(crate) const AGENT_NEEDS_A_START: (&str, &str) = (
+    "!has(self.spec.guestCheck) || !has(self.spec.guestCheck.agent) || self.spec.guestCheck.agent != 'Required' || !has(self.spec.target.runStrategy) || self.spec.target.runStrategy != 'Halted'",
+    "spec.guestCheck.agent Required needs the VM started: with spec.target.runStrategy Halted the guest is never checked",
+);
+
+/// See [`AGENT_NEEDS_A_START`].
+pub(crate) const QCOW2_NEEDS_STAGING: (&str, &str) = (
+    "has(self.spec.staging) || !has(self.spec.conversion) || !has(self.spec.conversion.format) || self.spec.conversion.format != 'qcow2'",
+    "spec.conversion.format qcow2 is a staging format: set spec.staging, or leave the format raw to write the volumes directly",
+);
+
 /// Migrates one VM. `source` and `target` cannot change once set; `cancel` can only go from false to true.
 #[derive(CustomResource, KubeSchema, Deserialize, Serialize, Clone, Debug, PartialEq)]
 #[kube(
@@ -24,10 +36,8 @@ use crate::{DiskFormat, LocalObjectReference, SecretReference, VirtualMachineMig
     printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp"),
     validation = Rule::new("has(self.spec.target.name) || self.metadata.name.size() <= 63")
         .message("metadata.name is longer than 63 characters, so spec.target.name must name the VM (a DNS-1123 label)"),
-    validation = Rule::new("!has(self.spec.guestCheck) || !has(self.spec.guestCheck.agent) || self.spec.guestCheck.agent != 'Required' || !has(self.spec.target.runStrategy) || self.spec.target.runStrategy != 'Halted'")
-        .message("spec.guestCheck.agent Required needs the VM started: with spec.target.runStrategy Halted the guest is never checked"),
-    validation = Rule::new("has(self.spec.staging) || !has(self.spec.conversion) || !has(self.spec.conversion.format) || self.spec.conversion.format != 'qcow2'")
-        .message("spec.conversion.format qcow2 is a staging format: set spec.staging, or leave the format raw to write the volumes directly"),
+    validation = Rule::new(AGENT_NEEDS_A_START.0).message(AGENT_NEEDS_A_START.1),
+    validation = Rule::new(QCOW2_NEEDS_STAGING.0).message(QCOW2_NEEDS_STAGING.1),
     validation = Rule::new("has(self.spec.staging) == has(oldSelf.spec.staging)")
         .message("spec.staging cannot be added or removed once a migration exists: create a new migration instead")
 )]
