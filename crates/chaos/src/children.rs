@@ -5,7 +5,7 @@ use std::fmt::Debug;
 
 use anyhow::Result;
 use ferry_api::VirtualMachineMigration;
-use ferry_api::keys::uid_selector;
+use ferry_api::keys::{MIGRATED_BY_ANNOTATION, UID_LABEL, uid_selector};
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Event, PersistentVolumeClaim, Pod};
 use kube::api::{DynamicObject, ListParams};
@@ -68,27 +68,32 @@ impl Children {
         Ok(())
     }
 
-    /// Whether a VMI of the migration (its VM's instance, named as the VM) is Running.
-    pub async fn target_running(&self, uid: &str) -> Result<bool> {
-        let vms = self
+    /// Whether a VMI of the migration (its VM's instance, named as the VM) is Running. Its VM carries its UID, or
+    /// once handed over, `migrated-by` naming it; its name is recorded in `status.targetVM`.
+    pub async fn target_running(&self, m: &VirtualMachineMigration) -> Result<bool> {
+        let from = format!("{}/{}", m.namespace().unwrap_or_default(), m.name_any());
+        let uid = m.uid().unwrap_or_default();
+        // Its recorded target name too: a VM deleted first leaves its VMI running a while.
+        let mut names: Vec<String> = self
             .vms
-            .list(&ListParams::default().labels(&uid_selector(uid)))
-            .await?;
-        let names: Vec<String> = vms.items.iter().map(|v| v.name_any()).collect();
+            .list(&ListParams::default())
+            .await?
+            .items
+            .iter()
+            .filter(|vm| {
+                vm.labels().get(UID_LABEL) == Some(&uid)
+                    || vm.annotations().get(MIGRATED_BY_ANNOTATION) == Some(&from)
+            })
+            .map(|vm| vm.name_any())
+            .collect();
+        names.extend(m.status.as_ref().and_then(|s| s.target_vm.clone()));
         Ok(self
             .vmis
             .list(&ListParams::default())
             .await?
             .items
             .iter()
-            .any(|vmi| {
-                vmi.data["status"]["phase"] == "Running"
-                    && (names.contains(&vmi.name_any())
-                        || vmi
-                            .owner_references()
-                            .iter()
-                            .any(|o| o.kind == "VirtualMachine"))
-            }))
+            .any(|vmi| vmi.data["status"]["phase"] == "Running" && names.contains(&vmi.name_any())))
     }
 
     pub async fn count(&self) -> Result<BTreeMap<String, usize>> {
@@ -115,6 +120,22 @@ impl Children {
             + len(&self.data_volumes, &lp).await?
             + len(&self.vms, &lp).await?
             + len(&self.vmis, &lp).await?)
+    }
+
+    /// VMs and DataVolumes a succeeded migration handed over to its user (they carry `migrated-by`).
+    pub async fn released(&self) -> Result<usize> {
+        let lp = ListParams::default();
+        let mut n = 0;
+        for api in [&self.vms, &self.data_volumes] {
+            n += api
+                .list(&lp)
+                .await?
+                .items
+                .iter()
+                .filter(|o| o.annotations().contains_key(MIGRATED_BY_ANNOTATION))
+                .count();
+        }
+        Ok(n)
     }
 
     /// Every Event in the namespace, oldest first, one line each.

@@ -1,17 +1,19 @@
 //! One chaos lab and one run of a workload in it: a fresh namespace, a controller under the trial's plan
 //! (restarted once, without it, if the plan crashed it), the person's actions, and what the run left behind.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
+use ferry_api::Provider;
 use ferry_api::keys::HOLD_ANNOTATION;
 use ferry_controller::chaos::{Fault, PLAN_ENV, Plan};
 use ferry_lab::process::{self, Lifetime, ProcessRecord};
 use ferry_lab::{LabOptions, LabState};
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
 use kube::Api;
-use kube::api::{DeleteParams, PostParams};
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 
 use super::children::Children;
@@ -19,7 +21,10 @@ use super::oracles::Record;
 use super::plans::Trial;
 use super::run::Run;
 use super::under_test::{ControllerUnderTest, Pause, wait_ready};
-use super::workload::{MISSPELLED_SECRET, Workload};
+use super::workload::{MISSPELLED_SECRET, PLAN_HOST_LIMIT, Workload};
+
+/// The plan workload's MigrationPlan.
+pub const PLAN: &str = "p";
 
 /// A run must end within this.
 pub const BOUND: Duration = Duration::from_secs(180);
@@ -143,12 +148,16 @@ impl ChaosLab {
         let vcsim = self.state.vcsim.as_ref().context("no vcsim")?;
         let session =
             ferry_vsphere::Session::connect(vcsim.connect_config(Duration::from_secs(30))?).await?;
-        let source = ferry_vsphere::inventory::find_vm(
-            &session,
-            &ferry_vsphere::VmSelector::Name(workload.vm.into()),
-        )
-        .await?;
-        ferry_vsphere::power::power_on(&session, &source, Duration::from_secs(30)).await?;
+        let mut sources = BTreeMap::new();
+        for vm in workload.vms() {
+            let source = ferry_vsphere::inventory::find_vm(
+                &session,
+                &ferry_vsphere::VmSelector::Name(vm.into()),
+            )
+            .await?;
+            ferry_vsphere::power::power_on(&session, &source, Duration::from_secs(30)).await?;
+            sources.insert(vm.to_string(), source);
+        }
         let calls_file = self.state.dir.join(ferry_lab::vcsim::CALLS_FILE);
         let calls_before = std::fs::read_to_string(&calls_file)
             .unwrap_or_default()
@@ -163,17 +172,21 @@ impl ChaosLab {
         let (started_controller, port) = self.controller(Some(plan), &log)?;
         let controller = ControllerUnderTest(Some(started_controller));
         wait_ready(port, &log, &controller, &self.state.dir).await?;
-        let mut manifest = if workload.staged {
-            ferry_lab::demo::staged_migration(&self.state, &ns, "m", workload.vm)
-        } else {
-            ferry_lab::demo::migration(&self.state, &ns, "m", workload.vm)
+        let manifest = match workload.plan {
+            Some(vms) => {
+                let limits =
+                    json!({"spec": {"limits": {"maxConcurrentDisksPerHost": PLAN_HOST_LIMIT}}});
+                Api::<Provider>::namespaced(client.clone(), &ns)
+                    .patch(
+                        ferry_lab::demo::PROVIDER,
+                        &PatchParams::default(),
+                        &Patch::Merge(&limits),
+                    )
+                    .await?;
+                plan_manifest(&self.state, &ns, vms)
+            }
+            None => migration_manifest(&self.state, workload, &ns),
         };
-        if let Some((_, hold)) = &workload.act {
-            manifest["metadata"]["annotations"] = json!({HOLD_ANNOTATION: hold});
-        }
-        if workload.bad_spec {
-            manifest["spec"]["staging"]["secretRef"]["name"] = json!(MISSPELLED_SECRET);
-        }
         ferry_lab::demo::apply(&client, &ns, manifest).await?;
         Ok(Run {
             workload: workload.clone(),
@@ -184,21 +197,27 @@ impl ChaosLab {
             client,
             ns,
             session,
-            source,
+            sources,
             log,
             controller,
             pause: Pause::default(),
             record: Record::default(),
-            phases: vec![],
+            phases: BTreeMap::new(),
             restarted: false,
-            uid: String::new(),
+            uids: BTreeMap::new(),
+            vm_of: BTreeMap::new(),
             corrected: false,
             started,
-            deadline: Instant::now() + BOUND,
+            deadline: Instant::now() + Self::bound(workload),
             audit_from,
             calls_file,
             calls_before,
         })
+    }
+
+    /// The deadline: a plan's VMs take their turns on their host.
+    fn bound(workload: &Workload) -> Duration {
+        BOUND * workload.vms().len() as u32
     }
 
     /// The controller's writes in `ns`: (verb, resource, HTTP code), from the API server's audit log from byte
@@ -233,4 +252,34 @@ impl ChaosLab {
             })
             .collect()
     }
+}
+
+/// The migration `m` of the workload's VM, as the person in it first writes it.
+fn migration_manifest(state: &LabState, workload: &Workload, ns: &str) -> serde_json::Value {
+    let mut manifest = if workload.staged {
+        ferry_lab::demo::staged_migration(state, ns, "m", workload.vm)
+    } else {
+        ferry_lab::demo::migration(state, ns, "m", workload.vm)
+    };
+    if let Some((_, hold)) = &workload.act {
+        manifest["metadata"]["annotations"] = json!({HOLD_ANNOTATION: hold});
+    }
+    if workload.bad_spec {
+        manifest["spec"]["staging"]["secretRef"]["name"] = json!(MISSPELLED_SECRET);
+    }
+    manifest
+}
+
+/// The plan `p` of `vms`, with the lab migration's networks and guest check, all in flight at once.
+fn plan_manifest(state: &LabState, ns: &str, vms: &[&str]) -> serde_json::Value {
+    let single = &ferry_lab::demo::migration(state, ns, PLAN, vms[0])["spec"];
+    let listed: Vec<_> = vms.iter().map(|vm| json!({"name": vm})).collect();
+    json!({
+        "apiVersion": ferry_api::API_VERSION, "kind": "MigrationPlan",
+        "metadata": {"name": PLAN, "namespace": ns},
+        "spec": {
+            "providerRef": {"name": ferry_lab::demo::PROVIDER}, "vms": listed, "maxInFlight": vms.len(),
+            "restorePowerState": true, "target": single["target"], "guestCheck": single["guestCheck"],
+        },
+    })
 }

@@ -10,6 +10,7 @@
 mod children;
 mod lab;
 mod oracles;
+mod plan_run;
 mod plans;
 mod run;
 mod under_test;

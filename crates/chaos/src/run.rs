@@ -1,18 +1,19 @@
 //! One run of a workload in a chaos lab: driven to its end as the person in the workload would, then judged.
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::Result;
-use ferry_api::{Phase, PowerState, VirtualMachineMigration};
+use ferry_api::{MigrationPlan, Phase, PowerState, VirtualMachineMigration};
 use ferry_controller::chaos::{Fault, Plan, VSPHERE_CALL_LOG};
 use k8s_openapi::api::core::v1::ConfigMap;
-use kube::api::{DeleteParams, Patch, PatchParams};
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
 use kube::{Api, ResourceExt};
 use serde_json::json;
 
 use super::children::Children;
-use super::lab::{BOUND, ChaosLab};
+use super::lab::{ChaosLab, PLAN};
 use super::oracles::{self, Record};
 use super::plans::Trial;
 use super::under_test::{ControllerUnderTest, Pause, stopped, wait_ready};
@@ -28,14 +29,19 @@ pub struct Run {
     pub api: Api<VirtualMachineMigration>,
     pub children: Children,
     pub session: ferry_vsphere::Session,
-    pub source: ferry_vsphere::MoRef,
+    /// The source VMs by name.
+    pub sources: BTreeMap<String, ferry_vsphere::MoRef>,
     pub log: PathBuf,
     pub controller: ControllerUnderTest,
     pub pause: Pause,
     pub record: Record,
-    pub phases: Vec<Phase>,
+    /// Each migration's phases as seen, by migration.
+    pub phases: BTreeMap<String, Vec<Phase>>,
     pub restarted: bool,
-    pub uid: String,
+    /// Each migration's UID, by migration.
+    pub uids: BTreeMap<String, String>,
+    /// The source VM each migration names, by migration.
+    pub vm_of: BTreeMap<String, String>,
     pub corrected: bool,
     pub started: Instant,
     pub deadline: Instant,
@@ -45,8 +51,8 @@ pub struct Run {
 }
 
 impl Run {
-    /// Polls until the migration is terminal or gone, acting as the person in the workload does, and restarting
-    /// a controller the plan crashed (once). Returns how it ended.
+    /// Polls until the migration (or the plan) is terminal or gone, acting as the person in the workload does,
+    /// and restarting a controller the plan crashed (once). Returns how it ended.
     pub async fn drive(&mut self, lab: &ChaosLab) -> Result<String> {
         let mut acted = false;
         loop {
@@ -54,7 +60,7 @@ impl Run {
                 let phases = &self.phases;
                 self.record.violations.push(format!(
                     "not terminal within {}s (phases {phases:?})",
-                    BOUND.as_secs()
+                    (self.deadline - self.started).as_secs()
                 ));
                 return Ok("Timeout".to_string());
             }
@@ -66,76 +72,96 @@ impl Run {
             if !self.keep_controller(lab).await? {
                 return Ok("ControllerDied".to_string());
             }
-            let Some(m) = self.api.get_opt("m").await? else {
-                return Ok("Deleted".to_string());
+            let end = if self.workload.plan.is_some() {
+                self.look_at_plan().await?
+            } else {
+                self.look_at_migration(&mut acted).await?
             };
-            self.uid = m.uid().unwrap_or_default();
-            let status = m.status.clone().unwrap_or_default();
-            if let Some(p) = status.phase
-                && self.phases.last() != Some(&p)
-            {
-                self.phases.push(p);
-            }
-            self.children
-                .observe(&mut self.record, &self.uid, status.disks.len())
-                .await?;
-            let reason = status.reason.clone().unwrap_or_default();
-            if let Some((act, _)) = self
-                .workload
-                .act
-                .as_ref()
-                .filter(|_| !acted && reason == "Held")
-            {
-                acted = true;
-                match act {
-                    Act::Cancel => {
-                        let cancel = json!({"spec": {"cancel": true}});
-                        self.api
-                            .patch("m", &PatchParams::default(), &Patch::Merge(&cancel))
-                            .await?;
-                    }
-                    Act::Delete => {
-                        self.api.delete("m", &DeleteParams::default()).await?;
-                    }
-                }
-            }
-            if self.workload.bad_spec
-                && !self.corrected
-                && status.phase == Some(Phase::ManualInterventionRequired)
-            {
-                self.correct_spec(&reason).await?;
-            }
-            // Never both running: while a VMI of the migration runs, the source is off.
-            if self.children.target_running(&self.uid).await?
-                && self.source_power().await? == PowerState::PoweredOn
-            {
-                self.record
-                    .violations
-                    .push("the source and the target ran at the same time".into());
-            }
-            self.record.why = format!("{reason}: {}", status.message.clone().unwrap_or_default());
-            self.record.reason = reason;
-            self.record.budget_used = status
-                .retry
-                .as_ref()
-                .map_or(0, |r| r.budget_used.iter().map(|b| b.used).sum());
-            if let Some(p) = status.phase.filter(|p| p.is_terminal()) {
-                if p == Phase::Succeeded
-                    && status.power.as_ref().and_then(|p| p.original) != Some(PowerState::PoweredOn)
-                {
-                    self.record
-                        .violations
-                        .push("the original power state was not recorded".into());
-                }
-                self.record.conditions = status
-                    .conditions
-                    .iter()
-                    .map(|c| (c.type_.clone(), c.status.clone()))
-                    .collect();
-                return Ok(format!("{p:?}"));
+            if let Some(end) = end {
+                return Ok(end);
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
+    }
+
+    /// One look at the migration `m`; its end once it has one.
+    async fn look_at_migration(&mut self, acted: &mut bool) -> Result<Option<String>> {
+        let Some(m) = self.api.get_opt("m").await? else {
+            return Ok(Some("Deleted".to_string()));
+        };
+        self.observe(&m).await?;
+        let status = m.status.clone().unwrap_or_default();
+        let reason = status.reason.clone().unwrap_or_default();
+        if let Some((act, _)) = self
+            .workload
+            .act
+            .as_ref()
+            .filter(|_| !*acted && reason == "Held")
+        {
+            *acted = true;
+            match act {
+                Act::Cancel => {
+                    let cancel = json!({"spec": {"cancel": true}});
+                    self.api
+                        .patch("m", &PatchParams::default(), &Patch::Merge(&cancel))
+                        .await?;
+                }
+                Act::Delete => {
+                    self.api.delete("m", &DeleteParams::default()).await?;
+                }
+            }
+        }
+        if self.workload.bad_spec
+            && !self.corrected
+            && status.phase == Some(Phase::ManualInterventionRequired)
+        {
+            self.correct_spec(&reason).await?;
+        }
+        self.record.why = format!("{reason}: {}", status.message.clone().unwrap_or_default());
+        self.record.reason = reason;
+        self.record.budget_used = budget_used(&m);
+        let Some(p) = status.phase.filter(|p| p.is_terminal()) else {
+            return Ok(None);
+        };
+        self.record.conditions = status
+            .conditions
+            .iter()
+            .map(|c| (c.type_.clone(), c.status.clone()))
+            .collect();
+        Ok(Some(format!("{p:?}")))
+    }
+
+    /// What every look checks of one migration: its phases, its children, that its source and its target never
+    /// run together, and that a success recorded the source's original power state.
+    pub(crate) async fn observe(&mut self, m: &VirtualMachineMigration) -> Result<()> {
+        let (name, uid) = (m.name_any(), m.uid().unwrap_or_default());
+        self.uids.insert(name.clone(), uid.clone());
+        let status = m.status.clone().unwrap_or_default();
+        let phases = self.phases.entry(name).or_default();
+        if let Some(p) = status.phase
+            && phases.last() != Some(&p)
+        {
+            phases.push(p);
+        }
+        self.children
+            .observe(&mut self.record, &uid, status.disks.len())
+            .await?;
+        if self.children.target_running(m).await?
+            && self.source_power(m).await? == Some(PowerState::PoweredOn)
+        {
+            self.record
+                .violations
+                .push("the source and the target ran at the same time".into());
+        }
+        if status.phase == Some(Phase::Succeeded)
+            && status.power.as_ref().and_then(|p| p.original) != Some(PowerState::PoweredOn)
+        {
+            let note = "the original power state was not recorded".to_string();
+            if !self.record.violations.contains(&note) {
+                self.record.violations.push(note);
+            }
+        }
+        Ok(())
     }
 
     /// Restarts a controller the plan crashed, once, without the plan; false when it died again.
@@ -165,7 +191,8 @@ impl Run {
                 .violations
                 .push(format!("the bad spec was reported as {reason}"));
         }
-        if self.source_power().await? != PowerState::PoweredOn || !self.record.jobs_seen.is_empty()
+        if self.power_of(self.workload.vm).await? != Some(PowerState::PoweredOn)
+            || !self.record.jobs_seen.is_empty()
         {
             self.record
                 .violations
@@ -186,11 +213,7 @@ impl Run {
         // A plan may crash it at one of its last writes (the finalizer's release): it is restarted here too.
         while Instant::now() < self.deadline
             && self.keep_controller(lab).await?
-            && self
-                .api
-                .get_opt("m")
-                .await?
-                .is_some_and(|m| !m.finalizers().is_empty())
+            && self.finalizers_left().await?
         {
             if pausing && self.pause.continued.is_none() {
                 self.pause
@@ -214,10 +237,12 @@ impl Run {
     /// changes, the controller's logs and the namespace's Events.
     pub async fn judge(&mut self, lab: &ChaosLab) -> Result<()> {
         let record = &mut self.record;
-        if !oracles::phases_move_forward(&self.phases) {
-            record
-                .violations
-                .push(format!("the phase went back: {:?}", self.phases));
+        for (name, phases) in &self.phases {
+            if !oracles::phases_move_forward(phases) {
+                record
+                    .violations
+                    .push(format!("the phase of {name} went back: {phases:?}"));
+            }
         }
         if self.workload.bad_spec && !self.corrected && record.end == "Succeeded" {
             record
@@ -258,16 +283,32 @@ impl Run {
             }
         }
         record.objects = self.children.count().await?;
-        record.labelled_left = self.children.labelled(&self.uid).await?;
-        let restored_expected = record.end != "Succeeded" && record.end != "Timeout";
-        if restored_expected
-            && ferry_vsphere::power::current_power_state(&self.session, &self.source).await?
-                != PowerState::PoweredOn
-        {
-            record.violations.push(format!(
-                "ended {} with the source not powered on again",
-                record.end
-            ));
+        record.released = self.children.released().await?;
+        record.labelled_left = 0;
+        // A succeeded migration's volumes and VMI keep its label (CDI and KubeVirt copied it): they are the user's.
+        for (name, uid) in &self.uids {
+            if self.phases.get(name).and_then(|p| p.last()) != Some(&Phase::Succeeded) {
+                record.labelled_left += self.children.labelled(uid).await?;
+            }
+        }
+        // A migration that did not succeed powers its source on again (restorePowerState).
+        if record.end != "Timeout" {
+            for (name, phases) in &self.phases {
+                if phases.last() == Some(&Phase::Succeeded) {
+                    continue;
+                }
+                let Some(source) = self.vm_of.get(name).and_then(|vm| self.sources.get(vm)) else {
+                    continue;
+                };
+                if ferry_vsphere::power::current_power_state(&self.session, source).await?
+                    != PowerState::PoweredOn
+                {
+                    record.violations.push(format!(
+                        "ended {} with the source of {name} not powered on again",
+                        record.end
+                    ));
+                }
+            }
         }
         if matches!(record.end.as_str(), "Deleted" | "Cancelled") && record.labelled_left > 0 {
             record.violations.push(format!(
@@ -275,12 +316,16 @@ impl Run {
                 record.labelled_left, record.end
             ));
         }
-        if let Some(m) = self.api.get_opt("m").await?
-            && !m.finalizers().is_empty()
-        {
+        let migrations = self.api.list(&ListParams::default()).await?.items;
+        if migrations.iter().any(|m| !m.finalizers().is_empty()) {
             record
                 .violations
                 .push("the finalizer stayed after the end".into());
+        }
+        if self.workload.plan.is_some() {
+            record
+                .violations
+                .extend(super::plan_run::host_limit_violations(&migrations));
         }
         let calls = std::fs::read_to_string(&self.calls_file).unwrap_or_default();
         for method in calls.get(self.calls_before..).unwrap_or_default().lines() {
@@ -325,23 +370,58 @@ impl Run {
         if logs.contains("panicked") {
             record.violations.push("the controller panicked".into());
         }
-        let last_status = self
-            .api
-            .get_opt("m")
+        let plan = Api::<MigrationPlan>::namespaced(self.client.clone(), &self.ns)
+            .get_opt(PLAN)
             .await?
-            .map(|m| serde_json::to_string_pretty(&m.status).unwrap_or_default());
+            .map(|p| serde_json::to_string_pretty(&p.status).unwrap_or_default());
+        let last_status = migrations
+            .iter()
+            .map(|m| {
+                let status = serde_json::to_string_pretty(&m.status).unwrap_or_default();
+                format!("{}: {status}", m.name_any())
+            })
+            .chain(plan)
+            .collect::<Vec<_>>()
+            .join("\n");
         let tail: Vec<&str> = logs.lines().rev().take(60).collect();
         record.detail = format!(
             "{}{}\n{}\n{}",
             self.pause.note(),
             self.children.story().await?,
-            last_status.unwrap_or_default(),
+            last_status,
             tail.into_iter().rev().collect::<Vec<_>>().join("\n")
         );
         Ok(())
     }
 
-    async fn source_power(&self) -> Result<PowerState> {
-        Ok(ferry_vsphere::power::current_power_state(&self.session, &self.source).await?)
+    /// The power state of the source a migration names; None for a VM the run did not set up.
+    async fn source_power(&mut self, m: &VirtualMachineMigration) -> Result<Option<PowerState>> {
+        let Some(vm) = m.spec.source.vm.name.clone() else {
+            return Ok(None);
+        };
+        self.vm_of.insert(m.name_any(), vm.clone());
+        self.power_of(&vm).await
     }
+
+    async fn power_of(&self, vm: &str) -> Result<Option<PowerState>> {
+        let Some(source) = self.sources.get(vm) else {
+            return Ok(None);
+        };
+        Ok(Some(
+            ferry_vsphere::power::current_power_state(&self.session, source).await?,
+        ))
+    }
+
+    /// Whether any migration of the run still holds its finalizer.
+    async fn finalizers_left(&self) -> Result<bool> {
+        let migrations = self.api.list(&ListParams::default()).await?;
+        Ok(migrations.iter().any(|m| !m.finalizers().is_empty()))
+    }
+}
+
+pub(crate) fn budget_used(m: &VirtualMachineMigration) -> i32 {
+    m.status
+        .as_ref()
+        .and_then(|s| s.retry.as_ref())
+        .map_or(0, |r| r.budget_used.iter().map(|b| b.used).sum())
 }

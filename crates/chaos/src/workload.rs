@@ -5,8 +5,8 @@ use ferry_api::Phase;
 use ferry_controller::surface::CHECKPOINTS;
 
 /// What `all` runs: the workloads on the demo VMs, seconds per trial.
-pub const WORKLOADS: [&str; 6] = [
-    "happy-1", "happy-3", "staged-3", "cancel", "delete", "bad-spec",
+pub const WORKLOADS: [&str; 7] = [
+    "happy-1", "happy-3", "staged-3", "cancel", "delete", "bad-spec", "plan",
 ];
 /// Asked for by name only: minutes per trial.
 pub const REAL_GUEST_WORKLOADS: [&str; 1] = ["linux"];
@@ -28,7 +28,15 @@ pub struct Workload {
     pub bad_spec: bool,
     /// Through the lab's staging store (`spec.staging`) instead of straight into the volumes.
     pub staged: bool,
+    /// A `MigrationPlan` of these VMs instead of one migration, under a per-host limit of [`PLAN_HOST_LIMIT`].
+    pub plan: Option<&'static [&'static str]>,
 }
+
+/// The plan workload's VMs: both on host DC0_H0, so the one that comes second waits for a host slot.
+pub const PLAN_VMS: [&str; 2] = ["DC0_H0_VM0", "DC0_H0_VM1"];
+
+/// The Provider's `maxConcurrentDisksPerHost` in the plan workload.
+pub const PLAN_HOST_LIMIT: i32 = 1;
 
 /// The Secret name a bad spec names first.
 pub const MISSPELLED_SECRET: &str = "staging-credentails";
@@ -36,7 +44,7 @@ pub const MISSPELLED_SECRET: &str = "staging-credentails";
 impl Workload {
     /// `happy-1`, `happy-3`, `staged-3` (happy-3 through staging), `cancel[@Checkpoint]` (default Importing), `delete[@Checkpoint]` (default
     /// CreatingVM), `bad-spec`, or `linux` (the Debian BIOS VM, whose guest agent must answer: a 1 GiB disk and a
-    /// real boot per trial, so minutes each).
+    /// real boot per trial, so minutes each), or `plan` (a MigrationPlan of [`PLAN_VMS`], one disk at a time per host).
     pub fn parse(name: &str) -> Result<Self> {
         let (base, at) = match name.split_once('@') {
             Some((base, at)) => (base, Some(at)),
@@ -58,6 +66,7 @@ impl Workload {
             act,
             bad_spec,
             staged: false,
+            plan: None,
         };
         Ok(match base {
             "happy-1" if at.is_none() => workload("DC0_H0_VM0", None, false),
@@ -65,6 +74,10 @@ impl Workload {
             "staged-3" if at.is_none() => workload("DC0_H0_VM1", None, false).staged(),
             "linux" if at.is_none() => workload(ferry_lab::linux_vms::LINUX_BIOS_VM, None, false),
             "bad-spec" if at.is_none() => workload("DC0_C0_RP0_VM0", None, false).with_bad_spec(),
+            "plan" if at.is_none() => Workload {
+                plan: Some(&PLAN_VMS),
+                ..workload(PLAN_VMS[0], None, false)
+            },
             "cancel" => workload(
                 "DC0_C0_RP0_VM0",
                 Some((Act::Cancel, held("Importing")?)),
@@ -91,6 +104,11 @@ impl Workload {
         self.bad_spec = true;
         self.staged = true;
         self
+    }
+
+    /// The source VMs the run migrates.
+    pub fn vms(&self) -> Vec<&'static str> {
+        self.plan.map_or_else(|| vec![self.vm], <[_]>::to_vec)
     }
 
     /// A namespace-safe form of the name.
@@ -124,5 +142,7 @@ mod tests {
         assert!(Workload::parse("happy-1@Importing").is_err());
         assert!(Workload::parse("happy-2").is_err());
         assert_eq!(Workload::parse("linux").unwrap().vm, "ferry-linux-bios");
+        assert_eq!(Workload::parse("plan").unwrap().plan, Some(&PLAN_VMS[..]));
+        assert!(Workload::parse("plan@Converting").is_err());
     }
 }

@@ -1,7 +1,8 @@
 //! A seeded sample of `ferry lab chaos` trials on every run of the suite (built with `--features ferry/chaos`,
 //! as `make test` does): sampled from every perturbation (crashes, failed and stale writes, pauses, vSphere
 //! faults, killed pods and importers) on a 3-disk migration, a deletion while the guest boots (the source
-//! must stay off until the target's VMI is gone) and a bad spec corrected later, each judged against its
+//! must stay off until the target's VMI is gone), a bad spec corrected later, and a MigrationPlan of two VMs on
+//! one host with a limit of one disk at a time (never two reading from it at once), each judged against its
 //! fault-free run. The full run is
 //! `ferry lab chaos --workload all --perturbation all --workers 6` (see README).
 #![cfg(feature = "chaos")]
@@ -21,6 +22,8 @@ fn a_seeded_sample_of_chaos_plans_violates_no_oracle() {
             "delete@ValidatingGuest",
             "--workload",
             "bad-spec",
+            "--workload",
+            "plan",
             "--perturbation",
             "all",
             "--sample",
@@ -47,13 +50,13 @@ fn a_seeded_sample_of_chaos_plans_violates_no_oracle() {
                 .ok()
         })
         .sum();
-    assert!(plans >= 15, "at least 15 trials ran: {stdout}");
+    assert!(plans >= 20, "at least 20 trials ran: {stdout}");
     // A trial whose fault never struck proves nothing. Its last writes and vSphere calls vary from run to run
     // (a status write more or less, one poll fewer), so a plan aimed at the reference's tail may miss; most
     // must strike.
     let unreached = stdout.matches("(fault not reached)").count();
     assert!(
-        plans - unreached >= 12,
+        plans - unreached >= 16,
         "only {} of {plans} trials struck: {stdout}",
         plans - unreached
     );
