@@ -54,10 +54,15 @@ pub async fn run(dir: PathBuf, vms: Vec<String>, as_plan: bool) -> Result<()> {
     };
     let mut watched = crate::views::watch::Watched::All;
     let selector;
+    let plans: Api<ferry_api::MigrationPlan> = Api::namespaced(client.clone(), NAMESPACE);
     if as_plan {
         let uid = create_plan(&client, &vms).await?;
         selector = format!("{}={uid}", ferry_api::keys::PLAN_UID_LABEL);
-        watched = crate::views::watch::Watched::Labelled(&selector);
+        watched = crate::views::watch::Watched::Plan {
+            selector: &selector,
+            plans: &plans,
+            name: PLAN,
+        };
     } else {
         for vm in &vms {
             let name = migration_name(vm);

@@ -48,7 +48,12 @@ pub async fn run(args: WatchArgs) -> Result<()> {
                 .ok_or_else(|| anyhow::anyhow!("no plan {plan} in namespace {namespace}"))?;
             let uid = found.metadata.uid.unwrap_or_default();
             let selector = format!("{}={uid}", ferry_api::keys::PLAN_UID_LABEL);
-            follow(api, Watched::Labelled(&selector), !args.follow, tty).await?
+            let watched = Watched::Plan {
+                selector: &selector,
+                plans: &plans,
+                name: plan,
+            };
+            follow(api, watched, !args.follow, tty).await?
         }
         None => {
             let watched = args.name.as_deref().map_or(Watched::All, Watched::Named);
@@ -66,8 +71,13 @@ pub async fn run(args: WatchArgs) -> Result<()> {
 pub enum Watched<'a> {
     All,
     Named(&'a str),
-    /// Those matching a label selector (a plan's).
-    Labelled(&'a str),
+    /// A plan's migrations (`selector`), until the plan itself ends: while `maxInFlight` holds VMs back, every
+    /// migration seen may have ended and more are still to come.
+    Plan {
+        selector: &'a str,
+        plans: &'a kube::Api<ferry_api::MigrationPlan>,
+        name: &'a str,
+    },
 }
 
 /// Watches until every migration seen has ended (when `until_done`), drawing bars on a terminal or plain lines
@@ -81,7 +91,7 @@ pub async fn follow(
     let config = match watched {
         Watched::All => watcher::Config::default(),
         Watched::Named(name) => watcher::Config::default().fields(&format!("metadata.name={name}")),
-        Watched::Labelled(selector) => watcher::Config::default().labels(selector),
+        Watched::Plan { selector, .. } => watcher::Config::default().labels(selector),
     };
     let mut events = watcher(api, config).default_backoff().boxed();
     let mut view = View::new(tty);
@@ -104,14 +114,30 @@ pub async fn follow(
         let all: Vec<&VirtualMachineMigration> = seen.values().collect();
         view.show(&all);
         let done = all.iter().all(|m| ended(m));
-        if synced
+        let over = synced
             && until_done
-            && (done && !all.is_empty() || all.is_empty() && matches!(watched, Watched::All))
-        {
+            && (done && !all.is_empty() || all.is_empty() && matches!(watched, Watched::All));
+        if over && plan_ended(watched).await? {
             break;
         }
     }
     Ok(seen.into_values().collect())
+}
+
+/// Whether a watched plan has ended too (anything else watched has nothing more to wait for).
+async fn plan_ended(watched: Watched<'_>) -> Result<bool> {
+    let Watched::Plan { plans, name, .. } = watched else {
+        return Ok(true);
+    };
+    let phase = plans.get_opt(name).await?.and_then(|p| p.status?.phase);
+    Ok(phase.is_none_or(|p| {
+        matches!(
+            p,
+            ferry_api::PlanPhase::Succeeded
+                | ferry_api::PlanPhase::Failed
+                | ferry_api::PlanPhase::Cancelled
+        )
+    }))
 }
 
 fn key(m: &VirtualMachineMigration) -> String {
