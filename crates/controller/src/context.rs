@@ -45,7 +45,7 @@ pub struct Context {
     pub config: Config,
     pub metrics: Metrics,
     pub recorder: Recorder,
-    sessions: Mutex<HashMap<String, (String, Session)>>,
+    sessions: Mutex<HashMap<String, CachedSession>>,
     /// Consecutive failed reconciles per migration, for the error backoff.
     failures: Mutex<HashMap<String, u32>>,
     /// The resourceVersion of this process's last write per migration, until the migration ends.
@@ -56,9 +56,24 @@ pub struct Context {
     stores: Mutex<HashMap<u64, Staging>>,
     /// Disk slots per ESXi host.
     pub slots: crate::slots::Slots,
+    /// The Provider controller's cache, for reads that may lag a moment (a waiter's look at its limits).
+    providers: std::sync::OnceLock<kube::runtime::reflector::Store<ferry_api::Provider>>,
 }
 
 const MAX_STAGING_STORES: usize = 16;
+
+/// A session is reused without reading its Secret again for this long: a changed password is seen this late at
+/// most (and a login that fails with the old one is forgotten at once).
+const SECRET_RECHECK: Duration = Duration::from_secs(10);
+
+/// A logged-in session, with the Provider generation and Secret version it was made from.
+struct CachedSession {
+    generation: i64,
+    secret_version: String,
+    session: Session,
+    /// When the Secret was last read and found unchanged.
+    checked: std::time::Instant,
+}
 
 /// How long one listing of the VMs' names serves discoveries by name.
 pub const VM_INDEX_TTL: Duration = Duration::from_secs(30);
@@ -80,7 +95,23 @@ impl Context {
             vm_names: Default::default(),
             stores: Mutex::default(),
             slots: Default::default(),
+            providers: Default::default(),
         }
+    }
+
+    /// Connects the Provider controller's cache.
+    pub fn attach_providers(&self, store: kube::runtime::reflector::Store<ferry_api::Provider>) {
+        let _ = self.providers.set(store);
+    }
+
+    /// The Provider `namespace/name` as the cache holds it; none without a cache or when it lacks it.
+    pub fn cached_provider(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Option<std::sync::Arc<ferry_api::Provider>> {
+        let key = kube::runtime::reflector::ObjectRef::new(name).within(namespace);
+        self.providers.get()?.get(&key)
     }
 
     /// How long to wait after another failed reconcile of `key`: 1 s, doubling, at most 60 s.
@@ -221,6 +252,13 @@ impl Context {
     pub async fn session(&self, provider: &Provider) -> Result<Session> {
         let ns = provider.namespace().unwrap_or_default();
         let key = format!("{ns}/{}", provider.name_any());
+        let generation = provider.metadata.generation.unwrap_or_default();
+        if let Some(cached) = self.lock_sessions().get(&key)
+            && cached.generation == generation
+            && cached.checked.elapsed() < SECRET_RECHECK
+        {
+            return Ok(cached.session.clone());
+        }
         let secret = Api::<Secret>::namespaced(self.client.clone(), &ns)
             .get_opt(&provider.spec.secret_ref.name)
             .await?
@@ -234,15 +272,13 @@ impl Context {
                     ),
                 )
             })?;
-        let version = format!(
-            "{}/{}",
-            provider.metadata.generation.unwrap_or_default(),
-            secret.resource_version().unwrap_or_default()
-        );
-        if let Some((seen, session)) = self.lock_sessions().get(&key)
-            && *seen == version
+        let secret_version = secret.resource_version().unwrap_or_default();
+        if let Some(cached) = self.lock_sessions().get_mut(&key)
+            && cached.generation == generation
+            && cached.secret_version == secret_version
         {
-            return Ok(session.clone());
+            cached.checked = std::time::Instant::now();
+            return Ok(cached.session.clone());
         }
         let config = ConnectConfig {
             url: provider.spec.url.clone(),
@@ -253,7 +289,13 @@ impl Context {
             timeout: Duration::from_secs(60),
         };
         let session = Session::connect(config).await?;
-        self.lock_sessions().insert(key, (version, session.clone()));
+        let cached = CachedSession {
+            generation,
+            secret_version,
+            session: session.clone(),
+            checked: std::time::Instant::now(),
+        };
+        self.lock_sessions().insert(key, cached);
         Ok(session)
     }
 
@@ -267,7 +309,7 @@ impl Context {
         self.lock_sessions().remove(&key);
     }
 
-    fn lock_sessions(&self) -> std::sync::MutexGuard<'_, HashMap<String, (String, Session)>> {
+    fn lock_sessions(&self) -> std::sync::MutexGuard<'_, HashMap<String, CachedSession>> {
         self.sessions.lock().unwrap_or_else(|p| p.into_inner())
     }
 }

@@ -11,10 +11,10 @@ use anyhow::{Context as _, Result};
 use ferry_api::{MigrationPlan, Provider, VirtualMachineMigration};
 use futures::StreamExt;
 use k8s_openapi::api::batch::v1::Job;
-use kube::api::DynamicObject;
+use kube::api::{DynamicObject, PartialObjectMeta};
 use kube::runtime::controller::{self, Controller};
 use kube::runtime::reflector::ObjectRef;
-use kube::runtime::watcher;
+use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, ResourceExt};
 use kube_lease_manager::LeaseManagerBuilder;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -188,7 +188,9 @@ async fn run_controllers(client: Client, ctx: Arc<Context>, namespace: Option<&s
             ctx.clone(),
         )
         .for_each(|_| async {});
-    let providers = Controller::new(api::<Provider>(&client, namespace), config.clone())
+    let providers = Controller::new(api::<Provider>(&client, namespace), config.clone());
+    ctx.attach_providers(providers.store());
+    let providers = providers
         .shutdown_on_signal()
         .run(
             crate::provider::reconcile,
@@ -196,8 +198,14 @@ async fn run_controllers(client: Client, ctx: Arc<Context>, namespace: Option<&s
             ctx.clone(),
         )
         .for_each(|_| async {});
-    let plans = Controller::new(api::<MigrationPlan>(&client, namespace), config.clone())
-        .owns(api::<VirtualMachineMigration>(&client, namespace), config)
+    // The plan needs to know that a migration changed, not its body: the migrations' cache above holds that.
+    let migration_changes = watcher(
+        api::<PartialObjectMeta<VirtualMachineMigration>>(&client, namespace),
+        config.clone(),
+    )
+    .touched_objects();
+    let plans = Controller::new(api::<MigrationPlan>(&client, namespace), config)
+        .owns_stream(migration_changes)
         // A plan sums up its migrations: many changes of theirs make one reconcile.
         .with_config(controller::Config::default().debounce(PLAN_DEBOUNCE))
         .shutdown_on_signal()

@@ -106,8 +106,8 @@ pub fn cost(status: &ferry_api::VirtualMachineMigrationStatus, limit: u32) -> u3
 }
 
 /// The host a slot or a source is counted on: its moref when known, else its name.
-fn host_key(moref: &str, name: &str) -> String {
-    if moref.is_empty() { name } else { moref }.to_string()
+fn host_key<'a>(moref: &'a str, name: &'a str) -> &'a str {
+    if moref.is_empty() { name } else { moref }
 }
 
 fn source_host(status: &ferry_api::VirtualMachineMigrationStatus) -> (String, String) {
@@ -128,13 +128,21 @@ fn order(vmm: &Vmm) -> (i64, String) {
     (created.map_or(0, |t| t.0.as_second()), vmm.name_any())
 }
 
-/// `vmm` as a contender, with `slot` as its grant; none when it neither holds nor waits.
-fn contender(vmm: &Vmm, slot: Option<&HostSlot>, limit: u32) -> Option<Contender> {
+/// `vmm` as a contender on `host` (any host when none), with `slot` as its grant; none when it neither holds nor
+/// waits there. Cheap for a migration elsewhere: a waiter looks at every migration of its Provider.
+fn contender(
+    vmm: &Vmm,
+    slot: Option<&HostSlot>,
+    limit: u32,
+    host: Option<&str>,
+) -> Option<Contender> {
+    let elsewhere = |h: &str| host.is_some_and(|wanted| wanted != h);
     // A grant first: the cache may not show the status it came with yet.
     if let Some(slot) = slot {
-        return Some(Contender {
+        let on = host_key(&slot.host_moref, &slot.host);
+        return (!elsewhere(on)).then(|| Contender {
             order: order(vmm),
-            host: host_key(&slot.host_moref, &slot.host),
+            host: on.to_string(),
             holds: slot.disks.max(0) as u32,
             waits: 0,
         });
@@ -143,14 +151,19 @@ fn contender(vmm: &Vmm, slot: Option<&HostSlot>, limit: u32) -> Option<Contender
     let waiting = status.reason.as_deref() == Some(WAITING)
         && !vmm.spec.cancel
         && !matches!(status.phase, Some(p) if p.is_terminal() || p == Phase::Cancelling);
-    waiting.then(|| {
-        let (name, moref) = source_host(status);
-        Contender {
-            order: order(vmm),
-            host: host_key(&moref, &name),
-            holds: 0,
-            waits: cost(status, limit),
-        }
+    if !waiting {
+        return None;
+    }
+    let source = status.source.as_ref()?;
+    let on = host_key(
+        source.host_moref.as_deref().unwrap_or_default(),
+        source.host.as_deref().unwrap_or_default(),
+    );
+    (!elsewhere(on)).then(|| Contender {
+        order: order(vmm),
+        host: on.to_string(),
+        holds: 0,
+        waits: cost(status, limit),
     })
 }
 
@@ -168,7 +181,7 @@ pub async fn acquire(step: &mut Step<'_>, provider: &Provider) -> Result<Option<
     let slots = &step.ctx.slots;
     let limit = provider.spec.limits.max_concurrent_disks_per_host.max(1) as u32;
     let (name, moref) = source_host(step.status);
-    let host = host_key(&moref, &name);
+    let host = host_key(&moref, &name).to_string();
     let cost = cost(step.status, limit);
     let me = key(step.vmm);
     let store = slots.ready_store().await;
@@ -186,13 +199,17 @@ pub async fn acquire(step: &mut Step<'_>, provider: &Provider) -> Result<Option<
                 let others: Vec<Contender> = migrations
                     .iter()
                     .flatten()
-                    .filter(|m| same_provider(m, step.vmm) && key(m) != me)
+                    .filter(|m| same_provider(m, step.vmm))
                     .filter_map(|m| {
-                        let slot = match ours.get(&key(m)) {
+                        let other = key(m);
+                        if other == me {
+                            return None;
+                        }
+                        let slot = match ours.get(&other) {
                             Some(written) => written.as_ref(),
                             None => m.status.as_ref().and_then(|s| s.host_slot.as_ref()),
                         };
-                        contender(m, slot, limit)
+                        contender(m, slot, limit, Some(&host))
                     })
                     .collect();
                 admit(&order(step.vmm), &host, cost, &others, limit).then(|| {
@@ -254,8 +271,8 @@ pub fn wrote(slots: &Slots, vmm: &Vmm, before: Option<&HostSlot>, written: Optio
         .iter()
         .filter(|m| same_provider(m, vmm))
         .filter_map(|m| {
-            let c = contender(m, None, u32::MAX)?;
-            (c.host == host && c.waits > 0).then(|| (c, ObjectRef::from_obj(&**m)))
+            let c = contender(m, None, u32::MAX, Some(host))?;
+            (c.waits > 0).then(|| (c, ObjectRef::from_obj(&**m)))
         })
         .collect();
     waiting.sort_by(|a, b| a.0.order.cmp(&b.0.order));
@@ -335,9 +352,11 @@ mod tests {
             disks: 2,
             granted: MicroTime(k8s_openapi::jiff::Timestamp::UNIX_EPOCH),
         };
-        let counted = contender(&fresh, Some(&slot), 10).expect("a holder");
+        let counted = contender(&fresh, Some(&slot), 10, Some("host-1")).expect("a holder");
         assert_eq!((counted.host.as_str(), counted.holds), ("host-1", 2));
-        assert_eq!(contender(&fresh, None, 10), None);
+        assert_eq!(contender(&fresh, Some(&slot), 10, None), Some(counted));
+        assert_eq!(contender(&fresh, Some(&slot), 10, Some("host-2")), None);
+        assert_eq!(contender(&fresh, None, 10, None), None);
     }
 
     #[test]

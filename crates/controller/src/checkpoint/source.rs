@@ -14,9 +14,14 @@ pub fn recorded(status: &VirtualMachineMigrationStatus) -> Result<ferry_api::Sou
     })
 }
 
+/// The migration's Provider: as the Provider controller's cache holds it (its watch lags the migrations' by a
+/// moment at most, and a migration waiting for a fixed Provider looks again), else read.
 pub async fn provider(ctx: &Context, vmm: &VirtualMachineMigration) -> Result<Provider> {
     let ns = vmm.namespace().unwrap_or_default();
     let name = &vmm.spec.source.provider_ref.name;
+    if let Some(cached) = ctx.cached_provider(&ns, name) {
+        return Ok((*cached).clone());
+    }
     Api::<Provider>::namespaced(ctx.client.clone(), &ns)
         .get_opt(name)
         .await?
