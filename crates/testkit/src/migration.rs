@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::Result;
-use ferry_lab::process::{self, Lifetime, ProcessRecord, ProcessSpec};
+use ferry_lab::process::{self, Lifetime, ProcessRecord};
 use kube::Client;
 use serde_json::Value;
 
@@ -18,30 +18,30 @@ pub use ferry_lab::demo::{PROVIDER, STAGING_SECRET, VSPHERE_SECRET};
 /// `ferry controller` as the deploy/ ServiceAccount, stopped on drop (and by the parent-death signal).
 pub struct ControllerProcess {
     record: Option<ProcessRecord>,
-    spec: ProcessSpec,
+    ferry: PathBuf,
+    kubeconfig: PathBuf,
     pub log: PathBuf,
+    /// The port of the current run: every launch takes a fresh one, since a port freed by a killed controller can
+    /// be taken at once as the local port of any outgoing connection on the machine.
     pub metrics_port: u16,
     starts: u32,
 }
+
+/// Launches of one (re)start: a controller that exits before it leads (its port taken between choosing it and
+/// binding it) is started again on another port.
+const LAUNCH_ATTEMPTS: u32 = 3;
 
 impl ControllerProcess {
     pub async fn start(lab: &TestLab, ferry: &Path) -> Result<Self> {
         let state = lab.state();
         ferry_lab::controller_process::apply_rbac(&state.tools, &state.kubeconfig)?;
         let kubeconfig = ferry_lab::controller_process::kubeconfig(lab.dir(), &state.api_url)?;
-        let metrics_port = process::free_port()?;
-        let spec = ferry_lab::controller_process::component(
-            ferry,
-            &kubeconfig,
-            metrics_port,
-            "ferry-test",
-        )
-        .spec;
         let mut controller = Self {
             record: None,
-            spec,
+            ferry: ferry.to_path_buf(),
+            kubeconfig,
             log: lab.dir().join("ferry-controller.log"),
-            metrics_port,
+            metrics_port: 0,
             starts: 0,
         };
         controller.launch().await?;
@@ -49,25 +49,56 @@ impl ControllerProcess {
     }
 
     async fn launch(&mut self) -> Result<()> {
+        for attempt in 1..=LAUNCH_ATTEMPTS {
+            if self.launch_once().await? {
+                return Ok(());
+            }
+            eprintln!(
+                "the controller exited before leading (attempt {attempt}); starting it again"
+            );
+        }
+        anyhow::bail!(
+            "the controller exited before leading {LAUNCH_ATTEMPTS} times; its last log: {}",
+            self.current_log().display()
+        )
+    }
+
+    /// Starts one run and waits until it leads (true) or exits (false).
+    async fn launch_once(&mut self) -> Result<bool> {
         self.starts += 1;
-        let log = self.log.with_extension(format!("{}.log", self.starts));
-        self.record = Some(process::start(
-            &self.spec,
-            &log,
-            Lifetime::TiedToThisProcess,
-        )?);
+        self.metrics_port = process::free_port()?;
+        let spec = ferry_lab::controller_process::component(
+            &self.ferry,
+            &self.kubeconfig,
+            self.metrics_port,
+            "ferry-test",
+        )
+        .spec;
+        let log = self.current_log();
+        let record = process::start(&spec, &log, Lifetime::TiedToThisProcess)?;
         // Ready once it leads: /readyz answers 200.
         let url = format!("http://127.0.0.1:{}/readyz", self.metrics_port);
         let what = format!("the controller to lead (its log: {})", log.display());
-        crate::eventually(&what, Duration::from_secs(60), || async {
+        let ferry = self.ferry.clone();
+        let led = crate::eventually(&what, Duration::from_secs(60), || async {
+            if !record.is_alive(&ferry) {
+                return Some(false);
+            }
             let out = std::process::Command::new("curl")
                 .args(["-fsS", &url])
                 .output()
                 .ok()?;
-            out.status.success().then_some(())
+            out.status.success().then_some(true)
         })
         .await;
-        Ok(())
+        if led {
+            self.record = Some(record);
+        }
+        Ok(led)
+    }
+
+    fn current_log(&self) -> PathBuf {
+        self.log.with_extension(format!("{}.log", self.starts))
     }
 
     /// SIGKILL, as a node failure or an OOM kill would.
