@@ -3,14 +3,15 @@
 //! keeps everything a single migration has (checkpoints, retries, cancel, cleanup), and the plan's status adds
 //! them up.
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::migration::spec::{AGENT_NEEDS_A_START, QCOW2_NEEDS_STAGING};
 use crate::{
-    ConversionSpec, GuestCheckSpec, LocalObjectReference, Phase, PowerOffSpec, RetrySpec,
-    StagingSpec, TargetSpec, VmSelector,
+    ConversionSpec, GuestCheckSpec, LocalObjectReference, Phase, PowerOffSpec, PowerState,
+    RetrySpec, StagingSpec, TargetSpec, VmSelector,
 };
 
 /// Migrates many VMs of one Provider. VMs may be added while it runs; `cancel` stops those not finished.
@@ -30,21 +31,36 @@ use crate::{
     printcolumn(name = "Succeeded", type_ = "integer", json_path = ".status.succeeded"),
     printcolumn(name = "Failed", type_ = "integer", json_path = ".status.failed"),
     printcolumn(name = "Progress", type_ = "string", json_path = ".status.progress"),
+    printcolumn(name = "ETA", type_ = "string", json_path = ".status.eta"),
     printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp"),
     validation = Rule::new("!has(self.spec.target.name)")
         .message("spec.target.name would give every VM one name: set spec.vms[].targetName instead"),
     validation = Rule::new(QCOW2_NEEDS_STAGING.0).message(QCOW2_NEEDS_STAGING.1),
-    validation = Rule::new(AGENT_NEEDS_A_START.0).message(AGENT_NEEDS_A_START.1)
+    validation = Rule::new(AGENT_NEEDS_A_START.0).message(AGENT_NEEDS_A_START.1),
+    validation = Rule::new("size(self.spec.vms) > 0 || has(self.spec.selector)")
+        .message("a plan needs VMs: list them in spec.vms, or choose them with spec.selector")
 )]
 #[serde(rename_all = "camelCase")]
+#[x_kube(
+    validation = Rule::new("has(self.selector) == has(oldSelf.selector) && (!has(self.selector) || self.selector == oldSelf.selector)")
+        .message("spec.selector is resolved once, when the plan starts, and cannot change: add VMs to spec.vms instead")
+)]
 pub struct MigrationPlanSpec {
     /// The Provider (same namespace) that holds every VM.
     #[x_kube(validation = Rule::new("self == oldSelf").message("spec.providerRef is immutable: create a new plan instead"))]
     pub provider_ref: LocalObjectReference,
     /// The VMs, each found as a migration's `source.vm` is. More may be added while the plan runs; removing one
     /// does not cancel its migration (cancel that migration itself).
-    #[schemars(length(min = 1, max = 2000))]
+    #[serde(default)]
+    #[schemars(length(max = 2000))]
     pub vms: Vec<PlanVm>,
+    /// More VMs, chosen from the Provider's inventory once, when the plan starts; `status.selected` records
+    /// them, and they are migrated with `vms`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub selector: Option<PlanSelector>,
+    /// Nothing starts (and `selector` is not resolved) before this time. Unset: at once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_time: Option<Time>,
     /// Migrations of this plan running at once (the Provider's per-host disk limit applies too).
     #[serde(default = "default_max_in_flight")]
     #[schemars(range(min = 1, max = 500))]
@@ -74,6 +90,66 @@ pub struct MigrationPlanSpec {
 
 fn default_max_in_flight() -> i32 {
     10
+}
+
+/// Chooses VMs from the inventory: those below `folder` whose names match `namePattern`, in `powerState`.
+#[derive(KubeSchema, Deserialize, Serialize, Clone, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(
+    validation = Rule::new("has(self.folder) || has(self.namePattern)")
+        .message("spec.selector needs a folder or a namePattern: a plan never selects a whole vCenter by accident")
+)]
+pub struct PlanSelector {
+    /// A VM folder's inventory path, for example `/DC0/vm/web`: every VM below it, at any depth.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 2, max = 2048), pattern(r"^/.+"))]
+    pub folder: Option<String>,
+    /// VM names to take, as a glob: `*` matches any run of characters, `?` one; for example `web-*`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 200))]
+    pub name_pattern: Option<String>,
+    /// Only VMs in this power state. Unset: any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub power_state: Option<PowerState>,
+}
+
+impl PlanSelector {
+    /// Whether a VM named `name`, in `power`, is chosen (the folder is applied by the listing).
+    pub fn matches(&self, name: &str, power: Option<PowerState>) -> bool {
+        self.name_pattern
+            .as_deref()
+            .is_none_or(|pattern| glob_matches(pattern, name))
+            && self.power_state.is_none_or(|wanted| power == Some(wanted))
+    }
+}
+
+/// `*` matches any run of characters (also none), `?` exactly one; everything else itself.
+pub fn glob_matches(pattern: &str, text: &str) -> bool {
+    let (p, t): (Vec<char>, Vec<char>) = (pattern.chars().collect(), text.chars().collect());
+    let (mut pi, mut ti) = (0, 0);
+    // Where the last `*` was, and the text position it currently stands for up to.
+    let mut star: Option<(usize, usize)> = None;
+    while ti < t.len() {
+        match p.get(pi) {
+            Some('*') => {
+                star = Some((pi, ti));
+                pi += 1;
+            }
+            Some(&c) if c == '?' || c == t[ti] => {
+                pi += 1;
+                ti += 1;
+            }
+            _ => match star {
+                Some((sp, st)) => {
+                    pi = sp + 1;
+                    ti = st + 1;
+                    star = Some((sp, st + 1));
+                }
+                None => return false,
+            },
+        }
+    }
+    p[pi..].iter().all(|&c| c == '*')
 }
 
 /// One VM of a plan: exactly one of `name`, `inventoryPath`, `uuid` or `moref`, as in a migration.
@@ -125,6 +201,8 @@ impl PlanVm {
 
 #[derive(Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
 pub enum PlanPhase {
+    /// `spec.startTime` has not come yet: nothing started.
+    Scheduled,
     /// Migrations run or wait for a place in `maxInFlight`.
     Running,
     /// Every VM migrated.
@@ -170,9 +248,33 @@ pub struct MigrationPlanStatus {
     pub bytes_moved: i64,
     #[serde(default)]
     pub bytes_total: i64,
-    /// One entry per VM, in the order of `spec.vms`.
+    /// Bytes moved per second since the plan started, averaged.
+    #[serde(default)]
+    pub bytes_per_second: i64,
+    /// `bytesPerSecond` for people, for example `38 MiB/s`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub throughput: Option<String>,
+    /// Time left at `throughput`, for example `about 25 min`; VMs whose size is not known yet are counted at
+    /// the average size of those that are.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eta: Option<String>,
+    /// When the plan started: its start time came and it began creating migrations.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_at: Option<Time>,
+    /// What `spec.selector` chose when the plan started, by name; unset until then.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub selected: Option<Vec<SelectedVm>>,
+    /// One entry per VM: those of `spec.vms` in order, then those selected.
     #[serde(default)]
     pub vms: Vec<PlanVmStatus>,
+}
+
+/// A VM `spec.selector` chose: migrated by its moref, named by its name.
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SelectedVm {
+    pub name: String,
+    pub moref: String,
 }
 
 #[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
@@ -189,4 +291,42 @@ pub struct PlanVmStatus {
     pub phase: Option<Phase>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_glob_matches_runs_and_single_characters() {
+        for (pattern, name, expected) in [
+            ("web-*", "web-01", true),
+            ("web-*", "web-", true),
+            ("web-*", "db-01", false),
+            ("*-0?", "app-01", true),
+            ("*-0?", "app-010", false),
+            ("*a*b*", "xxaxxbxx", true),
+            ("*a*b*", "xxbxxaxx", false),
+            ("exact", "exact", true),
+            ("exact", "exactly", false),
+            ("*", "", true),
+            ("?", "", false),
+        ] {
+            assert_eq!(glob_matches(pattern, name), expected, "{pattern} {name}");
+        }
+    }
+
+    #[test]
+    fn a_selector_takes_name_and_power_together() {
+        let selector = PlanSelector {
+            name_pattern: Some("web-*".into()),
+            power_state: Some(PowerState::PoweredOn),
+            ..Default::default()
+        };
+        assert!(selector.matches("web-1", Some(PowerState::PoweredOn)));
+        assert!(!selector.matches("web-1", Some(PowerState::PoweredOff)));
+        assert!(!selector.matches("web-1", None));
+        assert!(!selector.matches("db-1", Some(PowerState::PoweredOn)));
+        assert!(PlanSelector::default().matches("any", None));
+    }
 }

@@ -706,7 +706,43 @@ fn invalid_cases() -> Vec<Invalid> {
         create(
             "a plan without VMs",
             with(plan(), "/spec/vms", json!([])),
-            "spec.vms: Invalid value",
+            "a plan needs VMs: list them in spec.vms, or choose them with spec.selector",
+        ),
+        create(
+            "a selector that would choose a whole vCenter",
+            with(plan(), "/spec/selector", json!({"powerState": "PoweredOn"})),
+            "spec.selector needs a folder or a namePattern",
+        ),
+        create(
+            "a selector folder that is no inventory path",
+            with(plan(), "/spec/selector", json!({"folder": "DC0/vm/web"})),
+            "spec.selector.folder",
+        ),
+        create(
+            "a selector power state vSphere does not have",
+            with(
+                plan(),
+                "/spec/selector",
+                json!({"namePattern": "web-*", "powerState": "On"}),
+            ),
+            "spec.selector.powerState",
+        ),
+        create(
+            "a start time that is no time",
+            with(plan(), "/spec/startTime", json!("tomorrow")),
+            "spec.startTime",
+        ),
+        update(
+            "a plan's selector is chosen once",
+            with(plan(), "/spec/selector", json!({"namePattern": "web-*"})),
+            with(plan(), "/spec/selector", json!({"namePattern": "db-*"})),
+            "spec.selector is resolved once, when the plan starts, and cannot change",
+        ),
+        update(
+            "a selector cannot be added to a plan",
+            plan(),
+            with(plan(), "/spec/selector", json!({"namePattern": "db-*"})),
+            "spec.selector is resolved once, when the plan starts, and cannot change",
         ),
         create(
             "a plan VM found two ways",
@@ -854,6 +890,20 @@ async fn valid_manifests_are_accepted_with_their_defaults() {
         network_map(),
         storage_map(),
         plan(),
+        with(
+            with(
+                with(plan(), "/metadata/name", json!("selected")),
+                "/spec/vms",
+                json!([]),
+            ),
+            "/spec/selector",
+            json!({"folder": "/Folder1/DC0/vm/web", "namePattern": "web-*", "powerState": "PoweredOff"}),
+        ),
+        with(
+            with(plan(), "/metadata/name", json!("tonight")),
+            "/spec/startTime",
+            json!("2026-12-03T01:00:00Z"),
+        ),
         with(
             with(
                 with(migration(), "/metadata/name", json!("mapped")),

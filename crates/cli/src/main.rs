@@ -4,6 +4,7 @@ mod controller;
 mod demo;
 mod inventory;
 mod lab;
+mod plan_create;
 mod views;
 mod worker;
 
@@ -44,6 +45,8 @@ enum Command {
     Watch(views::watch::WatchArgs),
     /// List the VMs of a vSphere endpoint, or describe one, as Ferry sees them.
     Inventory(inventory::InventoryArgs),
+    /// Write MigrationPlans from a Provider's inventory.
+    Plan(plan_create::PlanArgs),
 }
 
 #[tokio::main]
@@ -75,6 +78,7 @@ async fn run() -> anyhow::Result<()> {
         Command::Controller(args) => controller::run(args).await,
         Command::Lab(args) => lab::run(args).await,
         Command::Inventory(args) => inventory::run(args).await,
+        Command::Plan(args) => plan_create::run(args).await,
         Command::Get(args) => views::get::run(args).await,
         Command::Describe(args) => views::describe::run(args).await,
         Command::Watch(args) => views::watch::run(args).await,

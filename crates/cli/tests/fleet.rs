@@ -2,7 +2,8 @@
 //! limit of two disks per host, and a controller SIGKILLed at random moments; proof is what the migrations record:
 //! the interval each spent in Converting (reading its source), never more than two at once per host. And
 //! `MigrationPlan`s: VMs migrated with shared maps at most `maxInFlight` at a time, one added while the plan runs,
-//! and a cancel that stops what is unfinished and leaves what finished.
+//! and a cancel that stops what is unfinished and leaves what finished. A plan's selector chooses its VMs from a
+//! folder by name, once, when its start time comes.
 
 mod support;
 
@@ -355,4 +356,246 @@ async fn cancelling_a_plan_cleans_up_what_is_unfinished_and_keeps_what_finished(
             .unwrap()
             .is_some()
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plan_chooses_its_vms_by_folder_and_name_once_when_its_start_time_comes() {
+    let (client, ns) = setup("select").await;
+    let lab = lab().await;
+    let folder = "ferry-select-app";
+    for vm in ["ferry-select-a", "ferry-select-b", "ferry-select-c"] {
+        seed_vm_on(&lab.dir().join(vm), vm, &[4], "DC0_C0_H1").await;
+    }
+    // c is not in the folder when the plan starts; a and b are, with a VM of another name.
+    move_to_folder("ferry-select-a", folder).await;
+    move_to_folder("ferry-select-b", folder).await;
+    move_to_folder("DC0_C0_RP0_VM1", folder).await;
+    site_maps(&client, ns.name()).await;
+    let start =
+        k8s_openapi::jiff::Timestamp::now() + k8s_openapi::jiff::SignedDuration::from_secs(20);
+    let mut manifest = plan(ns.name(), "chosen", &[]);
+    manifest["spec"]["maxInFlight"] = json!(2);
+    manifest["spec"]["startTime"] = json!(
+        start
+            .round(k8s_openapi::jiff::Unit::Second)
+            .unwrap()
+            .to_string()
+    );
+    manifest["spec"]["selector"] = json!({
+        "folder": format!("/{}/DC0/vm/{folder}", ferry_lab::vcsim::PRODUCTION_DC_FOLDER),
+        "namePattern": "ferry-select-*", "powerState": "PoweredOn"});
+    ferry_lab::demo::apply(&client, ns.name(), manifest)
+        .await
+        .unwrap();
+
+    let scheduled = plan_until(&client, ns.name(), "chosen", Duration::from_secs(15), |p| {
+        phase_of(p) == Some(PlanPhase::Scheduled)
+    })
+    .await;
+    let status = scheduled.status.unwrap();
+    assert!(
+        status.selected.is_none() && status.started_at.is_none(),
+        "{status:?}"
+    );
+    assert!(
+        status
+            .message
+            .as_deref()
+            .unwrap_or_default()
+            .starts_with("starts at"),
+        "{status:?}"
+    );
+    let api = migrations(&client, ns.name());
+    assert!(
+        api.list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .is_empty(),
+        "nothing starts before its time"
+    );
+
+    let started = plan_until(&client, ns.name(), "chosen", Duration::from_secs(60), |p| {
+        p.status.as_ref().is_some_and(|s| s.selected.is_some())
+    })
+    .await;
+    let status = started.status.unwrap();
+    let began = status.started_at.as_ref().unwrap().0;
+    assert!(
+        began >= start.round(k8s_openapi::jiff::Unit::Second).unwrap(),
+        "started {began}, due {start}"
+    );
+    let chosen: Vec<_> = status
+        .selected
+        .unwrap()
+        .iter()
+        .map(|s| s.name.clone())
+        .collect();
+    assert_eq!(chosen, ["ferry-select-a", "ferry-select-b"]);
+    // Chosen once: a VM that joins the folder now is not added.
+    move_to_folder("ferry-select-c", folder).await;
+
+    let done = plan_until(
+        &client,
+        ns.name(),
+        "chosen",
+        Duration::from_secs(900),
+        |p| phase_of(p).is_some_and(|ph| !matches!(ph, PlanPhase::Running | PlanPhase::Scheduled)),
+    )
+    .await;
+    let status = done.status.unwrap();
+    assert_eq!(status.phase, Some(PlanPhase::Succeeded), "{status:?}");
+    assert_eq!((status.total, status.succeeded), (2, 2), "{status:?}");
+    assert!(status.bytes_per_second > 0, "{status:?}");
+    assert!(
+        status
+            .throughput
+            .as_deref()
+            .unwrap_or_default()
+            .ends_with("MiB/s"),
+        "{status:?}"
+    );
+    assert_eq!(status.eta, None, "an ended plan has no time left");
+    let children = api.list(&ListParams::default()).await.unwrap().items;
+    assert_eq!(children.len(), 2);
+    for child in &children {
+        let moref = child
+            .spec
+            .source
+            .vm
+            .moref
+            .as_deref()
+            .expect("chosen VMs migrate by moref");
+        assert_eq!(
+            child
+                .status
+                .as_ref()
+                .unwrap()
+                .source
+                .as_ref()
+                .unwrap()
+                .moref,
+            moref
+        );
+        assert_eq!(child.status.as_ref().unwrap().phase, Some(Phase::Succeeded));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ferry_plan_create_writes_a_plan_and_maps_that_apply_and_names_what_no_map_covers() {
+    let (_client, ns) = setup("plancreate").await;
+    let lab = lab().await;
+    let folder = format!("/{}/DC0/vm", ferry_lab::vcsim::PRODUCTION_DC_FOLDER);
+    let create = |pattern: &str, extra: &[&str]| {
+        let out = std::process::Command::new(ferry())
+            .args([
+                "plan",
+                "create",
+                "wave",
+                "--provider",
+                ferry_lab::demo::PROVIDER,
+            ])
+            .args([
+                "--folder",
+                &folder,
+                "--name-pattern",
+                pattern,
+                "--power-state",
+                "PoweredOn",
+            ])
+            .args(extra)
+            .arg("-n")
+            .arg(ns.name())
+            .arg("--kubeconfig")
+            .arg(&lab.state().kubeconfig)
+            .output()
+            .unwrap();
+        let text = |b: &[u8]| String::from_utf8_lossy(b).to_string();
+        (out.status.success(), text(&out.stdout), text(&out.stderr))
+    };
+    let (ok, yaml, stderr) = create(
+        "DC0_H0_VM*",
+        &[
+            "--storage-class",
+            ferry_lab::standins::cdi::WFFC_STORAGE_CLASS,
+        ],
+    );
+    assert!(ok, "{stderr}");
+    println!("{yaml}\n{stderr}");
+    assert!(yaml.contains("# 2 VM(s) of Provider"), "{yaml}");
+    for expected in [
+        "kind: NetworkMap",
+        "kind: StorageMap",
+        "kind: MigrationPlan",
+        "name: DC0_H0_VM0",
+        "name: DC0_H0_VM1",
+    ] {
+        assert!(yaml.contains(expected), "{expected} in\n{yaml}");
+    }
+    // What it wrote is what the API server accepts, as written.
+    let mut apply = lab.kubectl();
+    apply
+        .args(["apply", "-f", "-"])
+        .stdin(std::process::Stdio::piped());
+    let mut child = apply
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::io::Write::write_all(&mut child.stdin.take().unwrap(), yaml.as_bytes()).unwrap();
+    let applied = child.wait_with_output().unwrap();
+    assert!(
+        applied.status.success(),
+        "{}",
+        String::from_utf8_lossy(&applied.stderr)
+    );
+    let plan: MigrationPlan = Api::namespaced(lab.client().await, ns.name())
+        .get("wave")
+        .await
+        .unwrap();
+    let vms: Vec<_> = plan.spec.vms.iter().map(|v| v.key().to_string()).collect();
+    assert_eq!(vms, ["DC0_H0_VM0", "DC0_H0_VM1"]);
+    assert_eq!(
+        plan.spec.target.network_map_ref.unwrap().name,
+        "wave-networks"
+    );
+
+    // Against a map that lacks their datastore, it says so before anything is applied.
+    let (ok, yaml, stderr) = create(
+        "DC0_H0_VM*",
+        &["--as-selector", "--storage-map", "wave-networks-missing"],
+    );
+    assert!(!ok && stderr.contains("no StorageMap"), "{stderr}{yaml}");
+    let other = json!({"apiVersion": ferry_api::API_VERSION, "kind": "StorageMap",
+        "metadata": {"name": "elsewhere", "namespace": ns.name()},
+        "spec": {"datastores": [{"source": "OtherDS", "storageClassName": "fast"}]}});
+    ferry_lab::demo::apply(&lab.client().await, ns.name(), other)
+        .await
+        .unwrap();
+    let (ok, yaml, stderr) = create("DC0_H0_VM*", &["--storage-map", "elsewhere"]);
+    assert!(ok, "{stderr}");
+    let line = r#"datastore "LocalDS_0" (used by DC0_H0_VM0, DC0_H0_VM1)"#;
+    assert!(stderr.contains(&format!("not covered: {line}")), "{stderr}");
+    assert!(yaml.contains(&format!("#   {line}")), "{yaml}");
+    let (ok, yaml, stderr) = create(
+        "DC0_H0_VM*",
+        &[
+            "--as-selector",
+            "--network-map",
+            "wave-networks",
+            "--storage-class",
+            "other",
+        ],
+    );
+    assert!(ok, "{stderr}");
+    assert!(
+        yaml.contains("selector:") && yaml.contains("namePattern: DC0_H0_VM*"),
+        "{yaml}"
+    );
+    assert!(
+        !yaml.contains("kind: NetworkMap"),
+        "an existing map is named, not written: {yaml}"
+    );
+    let (ok, _, stderr) = create("no-such-vm-*", &["--storage-class", "x"]);
+    assert!(!ok && stderr.contains("no VM of Provider"), "{stderr}");
 }

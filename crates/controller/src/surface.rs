@@ -59,6 +59,14 @@ impl Actions {
         }
     }
 
+    /// A session to `provider`'s vCenter with the credentials of its Secret, as the controller logs in.
+    pub async fn provider_session(
+        &self,
+        provider: &ferry_api::Provider,
+    ) -> Result<ferry_vsphere::Session, Failure> {
+        self.ctx.session(provider).await
+    }
+
     /// The worker image the Jobs run, as the controller's default configuration names it.
     pub fn worker_image(&self) -> String {
         self.ctx.config.worker_image.clone()

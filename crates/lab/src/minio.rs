@@ -180,6 +180,8 @@ pub fn endpoint(dir: &Path, port: u16) -> StagingEndpoint {
     }
 }
 
+const START_ATTEMPTS: usize = 3;
+
 pub struct StandaloneMinio {
     pub process: ProcessRecord,
     /// `http://127.0.0.1:PORT`
@@ -190,23 +192,29 @@ pub struct StandaloneMinio {
 }
 
 impl StandaloneMinio {
-    /// Starts MinIO over `dir/data` with the bucket `ferry-staging` already there.
+    /// Starts MinIO over `dir/data` with the bucket `ferry-staging` already there; on fresh ports again when it
+    /// dies on start (a port chosen free was taken before MinIO bound it).
     pub async fn start(dir: &Path, tools: &Path, lifetime: Lifetime) -> Result<Self> {
-        let (port, console) = (free_port()?, free_port()?);
-        let component = component(dir, tools, port, console, false)?;
-        let log = dir.join("minio.log");
-        let record = process::start(&component.spec, &log, lifetime)?;
-        if let Err(e) = crate::probe::wait_ready(&component.probe, &record, dir).await {
-            let _ = process::stop(&record, Duration::from_secs(5));
-            return Err(e);
+        let mut last_error = None;
+        for _ in 0..START_ATTEMPTS {
+            let (port, console) = (free_port()?, free_port()?);
+            let component = component(dir, tools, port, console, false)?;
+            let log = dir.join("minio.log");
+            let record = process::start(&component.spec, &log, lifetime)?;
+            if let Err(e) = crate::probe::wait_ready(&component.probe, &record, dir).await {
+                let _ = process::stop(&record, Duration::from_secs(5));
+                last_error = Some(e);
+                continue;
+            }
+            let endpoint = endpoint(dir, port);
+            return Ok(Self {
+                process: record,
+                endpoint: endpoint.endpoint,
+                credentials_dir: endpoint.credentials_dir,
+                dir: dir.to_path_buf(),
+            });
         }
-        let endpoint = endpoint(dir, port);
-        Ok(Self {
-            process: record,
-            endpoint: endpoint.endpoint,
-            credentials_dir: endpoint.credentials_dir,
-            dir: dir.to_path_buf(),
-        })
+        Err(last_error.expect("at least one attempt"))
     }
 
     pub fn dir(&self) -> &Path {

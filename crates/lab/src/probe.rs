@@ -66,6 +66,15 @@ pub async fn wait_ready(probe: &Probe, process: &ProcessRecord, dir: &Path) -> R
 }
 
 async fn check(probe: &Probe, process: &ProcessRecord) -> Result<Option<Ready>> {
+    // A port chosen free can be bound by another test's process before ours binds it: its answer is not ours.
+    if let Probe::EtcdHealth { port } | Probe::HttpOk { port, .. } = probe
+        && !crate::process::group_listens_on(process.pid, *port)
+    {
+        bail!(
+            "nothing of {}'s process group listens on port {port} (yet)",
+            process.name
+        );
+    }
     match probe {
         Probe::EtcdHealth { port } => {
             let port = *port;

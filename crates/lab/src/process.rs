@@ -232,3 +232,67 @@ pub fn port_is_closed(port: u16) -> bool {
     )
     .is_err()
 }
+
+/// True when a process of the group `pgid` holds a listening TCP socket on loopback or any address at `port`.
+pub fn group_listens_on(pgid: i32, port: u16) -> bool {
+    let inodes = listening_inodes(port);
+    if inodes.is_empty() {
+        return false;
+    }
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return false;
+    };
+    entries
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| process_group_of(*pid) == Some(pgid))
+        .any(|pid| {
+            std::fs::read_dir(format!("/proc/{pid}/fd"))
+                .into_iter()
+                .flatten()
+                .flatten()
+                .filter_map(|fd| std::fs::read_link(fd.path()).ok())
+                .any(|link| {
+                    inodes
+                        .iter()
+                        .any(|i| link.as_os_str() == format!("socket:[{i}]").as_str())
+                })
+        })
+}
+
+/// The inodes of TCP sockets listening on `port` (IPv4 and IPv6).
+fn listening_inodes(port: u16) -> Vec<String> {
+    const LISTEN: &str = "0A";
+    let wanted = format!("{port:04X}");
+    ["/proc/net/tcp", "/proc/net/tcp6"]
+        .iter()
+        .filter_map(|table| std::fs::read_to_string(table).ok())
+        .flat_map(|text| {
+            text.lines()
+                .skip(1)
+                .filter_map(|line| {
+                    let fields: Vec<&str> = line.split_whitespace().collect();
+                    let local_port = fields.get(1)?.rsplit(':').next()?;
+                    (local_port == wanted && *fields.get(3)? == LISTEN)
+                        .then(|| fields.get(9).map(|i| i.to_string()))
+                        .flatten()
+                })
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod listen_tests {
+    use super::*;
+
+    #[test]
+    fn a_listener_is_found_in_its_own_group_and_not_in_another() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let own_group = process_group_of(std::process::id() as i32).unwrap();
+        assert!(group_listens_on(own_group, port));
+        assert!(!group_listens_on(own_group, free_port().unwrap()));
+        assert!(!group_listens_on(i32::MAX, port));
+    }
+}

@@ -84,6 +84,11 @@ pub enum Error {
     #[error("no VM matches {selector}; `ferry inventory` lists what the Provider can see")]
     VmNotFound { selector: String },
 
+    #[error(
+        "no VM folder at inventory path {path:?}; a folder's path reads /<datacenter>/vm/<folder>"
+    )]
+    FolderNotFound { path: String },
+
     #[error("{count} VMs are named {name}: select the VM by uuid or moref instead")]
     AmbiguousVmName { name: String, count: usize },
 
@@ -117,6 +122,7 @@ impl Error {
             | Error::Tls { .. }
             | Error::TlsConfig(_)
             | Error::VmNotFound { .. }
+            | Error::FolderNotFound { .. }
             | Error::AmbiguousVmName { .. }
             | Error::UnsupportedDisk { .. } => ErrorClass::Permanent,
         }
@@ -140,6 +146,7 @@ impl Error {
             }
             Error::TaskTimeout { .. } => Reason::VSphereTaskTimeout,
             Error::VmNotFound { .. } => Reason::SourceVMNotFound,
+            Error::FolderNotFound { .. } => Reason::SourceFolderNotFound,
             Error::AmbiguousVmName { .. } => Reason::SourceVMNameAmbiguous,
             Error::UnsupportedDisk { .. } => Reason::UnsupportedDisk,
             Error::ShortRead { .. } => Reason::ShortRead,

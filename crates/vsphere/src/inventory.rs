@@ -139,6 +139,33 @@ pub async fn list_vms(session: &Session) -> Result<Vec<VmSummary>> {
     Ok(vms)
 }
 
+/// Every VM below the VM folder at inventory path `folder` (`/DC0/vm/web`), at any depth, by name.
+pub async fn list_vms_in_folder(session: &Session, folder: &str) -> Result<Vec<VmSummary>> {
+    let not_found = || Error::FolderNotFound {
+        path: folder.to_string(),
+    };
+    let args = format!(
+        "<inventoryPath>{}</inventoryPath>",
+        escape(folder.trim_start_matches('/'))
+    );
+    let search_index = session.content().search_index.clone();
+    let container = session
+        .call("FindByInventoryPath", &search_index, &args)
+        .await?
+        .child("returnval")
+        .and_then(MoRef::from_element)
+        .filter(|m| m.type_ == "Folder")
+        .ok_or_else(not_found)?;
+    let mut vms: Vec<VmSummary> =
+        props::retrieve_under(session, &container, "VirtualMachine", &SUMMARY_PROPS)
+            .await?
+            .iter()
+            .map(summary)
+            .collect();
+    vms.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok(vms)
+}
+
 fn summary(o: &ObjectContent) -> VmSummary {
     VmSummary {
         moref: o.obj.value.clone(),

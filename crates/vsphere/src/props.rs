@@ -57,6 +57,17 @@ pub async fn retrieve_all(
     type_: &str,
     paths: &[&str],
 ) -> Result<Vec<ObjectContent>> {
+    let root = session.content().root_folder.clone();
+    retrieve_under(session, &root, type_, paths).await
+}
+
+/// Properties of every object of `type_` below `container` (a folder, at any depth), through a container view.
+pub async fn retrieve_under(
+    session: &Session,
+    container: &MoRef,
+    type_: &str,
+    paths: &[&str],
+) -> Result<Vec<ObjectContent>> {
     let content = session.content();
     let view_manager = content
         .view_manager
@@ -67,7 +78,7 @@ pub async fn retrieve_all(
         })?;
     let args = format!(
         "{}<type>{}</type><recursive>true</recursive>",
-        content.root_folder.xml("container"),
+        container.xml("container"),
         escape(type_)
     );
     let response = session

@@ -16,7 +16,9 @@ use crate::soap::MoRef;
 use crate::xml::escape;
 
 mod vm;
-pub use vm::{NewVm, VmdkFiles, controller_key, create_vm, provision_vm, set_boot_disk};
+pub use vm::{
+    NewVm, VmdkFiles, controller_key, create_vm, move_into_folder, provision_vm, set_boot_disk,
+};
 
 /// PUTs a local file to `[datastore] path`.
 pub async fn upload(

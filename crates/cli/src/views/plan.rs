@@ -29,6 +29,7 @@ pub fn render_list(plans: &[MigrationPlan], with_namespace: bool, now: Timestamp
         "SUCCEEDED",
         "FAILED",
         "PROGRESS",
+        "ETA",
         "AGE",
     ];
     if with_namespace {
@@ -51,6 +52,7 @@ pub fn render_list(plans: &[MigrationPlan], with_namespace: bool, now: Timestamp
             s.succeeded.to_string(),
             (s.failed + s.cancelled).to_string(),
             s.progress.unwrap_or_else(|| "-".into()),
+            s.eta.unwrap_or_else(|| "-".into()),
             age(created, now),
         ];
         if with_namespace {
@@ -83,13 +85,28 @@ pub fn render(plan: &MigrationPlan, now: Timestamp) -> String {
     line(
         "Source:",
         format!(
-            "Provider {}, {} VM(s), at most {} at once{}",
+            "Provider {}, {} VM(s) listed, at most {} at once{}",
             plan.spec.provider_ref.name,
             plan.spec.vms.len(),
             plan.spec.max_in_flight,
             if plan.spec.cancel { ", cancelled" } else { "" }
         ),
     );
+    if let Some(selector) = &plan.spec.selector {
+        let chosen = match &s.selected {
+            Some(vms) => format!("chose {} VM(s)", vms.len()),
+            None => "chooses when the plan starts".into(),
+        };
+        line(
+            "Selector:",
+            format!("{}: {chosen}", selector_text(selector)),
+        );
+    }
+    match (&s.started_at, &plan.spec.start_time) {
+        (Some(started), _) => line("Started:", format!("{} ago", age(started.0, now))),
+        (None, Some(start)) => line("Starts:", start.0.to_string()),
+        (None, None) => {}
+    }
     line(
         "Maps:",
         if maps.is_empty() {
@@ -109,6 +126,14 @@ pub fn render(plan: &MigrationPlan, now: Timestamp) -> String {
             bytes(s.bytes_total as f64)
         ),
     );
+    if let Some(throughput) = &s.throughput {
+        let left = s
+            .eta
+            .as_ref()
+            .map(|eta| format!(", {eta} left"))
+            .unwrap_or_default();
+        line("Throughput:", format!("{throughput}{left}"));
+    }
     line("Age:", age(created, now));
     let mut rows = vec![
         ["VM", "MIGRATION", "PHASE", "REASON"]
@@ -136,6 +161,21 @@ pub fn render(plan: &MigrationPlan, now: Timestamp) -> String {
     out
 }
 
+/// `folder /DC0/vm/web, names web-*, PoweredOn`.
+fn selector_text(selector: &ferry_api::PlanSelector) -> String {
+    let mut parts = Vec::new();
+    if let Some(folder) = &selector.folder {
+        parts.push(format!("folder {folder}"));
+    }
+    if let Some(pattern) = &selector.name_pattern {
+        parts.push(format!("names {pattern}"));
+    }
+    if let Some(power) = selector.power_state {
+        parts.push(format!("{power:?}"));
+    }
+    parts.join(", ")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -146,8 +186,11 @@ mod tests {
             "apiVersion": "migration.platform.example/v1alpha1", "kind": "MigrationPlan",
             "metadata": {"name": "wave-1", "namespace": "apps", "creationTimestamp": "2026-12-01T10:00:00Z"},
             "spec": {"providerRef": {"name": "vc"}, "maxInFlight": 2, "vms": [{"name": "web"}, {"name": "db"}],
+                     "selector": {"folder": "/DC0/vm/app", "namePattern": "app-*"},
                      "target": {"networkMapRef": {"name": "site"}}},
             "status": {"phase": "Running", "total": 2, "running": 1, "pending": 1, "progress": "40%",
+                       "startedAt": "2026-12-01T10:02:00Z", "selected": [],
+                       "bytesPerSecond": 23860929, "throughput": "22.8 MiB/s", "eta": "about 5 min",
                        "bytesMoved": 4294967296i64, "bytesTotal": 10737418240i64,
                        "message": "0 of 2 VMs succeeded, 1 running, 1 waiting, 0 failed, 0 cancelled",
                        "vms": [{"vm": "web", "migration": "wave-1-web", "created": true, "phase": "Converting",
@@ -163,9 +206,15 @@ mod tests {
         let now: Timestamp = "2026-12-01T10:05:00Z".parse().unwrap();
         let out = render(&plan(), now);
         assert!(
-            out.contains("Provider vc, 2 VM(s), at most 2 at once"),
+            out.contains("Provider vc, 2 VM(s) listed, at most 2 at once"),
             "{out}"
         );
+        assert!(
+            out.contains("folder /DC0/vm/app, names app-*: chose 0 VM(s)"),
+            "{out}"
+        );
+        assert!(out.contains("Started:    3m0s ago"), "{out}");
+        assert!(out.contains("22.8 MiB/s, about 5 min left"), "{out}");
         assert!(out.contains("NetworkMap site"), "{out}");
         assert!(out.contains("40% (4.0 GiB of 10.0 GiB)"), "{out}");
         let web = out.lines().find(|l| l.starts_with("web")).unwrap();
@@ -181,6 +230,7 @@ mod tests {
             row.starts_with("wave-1")
                 && row.contains("Running")
                 && row.contains("40%")
+                && row.contains("about 5 min")
                 && row.contains("5m"),
             "{list}"
         );

@@ -388,3 +388,20 @@ pub async fn provision_seeded_on(vm: &str, disks: &[ferry_lab::disks::FlatVmdk],
         .unwrap();
     session.logout().await;
 }
+
+/// Moves the lab's VM `vm` into the VM folder `folder` beside it (created when absent).
+pub async fn move_to_folder(vm: &str, folder: &str) {
+    use ferry_vsphere::inventory::{VmSelector, find_vm};
+    let vcsim = lab().await.state().vcsim.clone().unwrap();
+    let session =
+        ferry_vsphere::Session::connect(vcsim.connect_config(Duration::from_secs(60)).unwrap())
+            .await
+            .unwrap();
+    let moref = find_vm(&session, &VmSelector::Name(vm.into()))
+        .await
+        .unwrap();
+    ferry_vsphere::provision::move_into_folder(&session, &moref, folder)
+        .await
+        .unwrap();
+    session.logout().await;
+}

@@ -17,7 +17,7 @@ mod guest;
 mod import;
 pub(crate) mod jobs;
 mod prepare;
-mod source;
+pub(crate) mod source;
 mod start;
 mod validate;
 mod vm;

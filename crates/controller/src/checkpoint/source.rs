@@ -18,11 +18,15 @@ pub fn recorded(status: &VirtualMachineMigrationStatus) -> Result<ferry_api::Sou
 /// moment at most, and a migration waiting for a fixed Provider looks again), else read.
 pub async fn provider(ctx: &Context, vmm: &VirtualMachineMigration) -> Result<Provider> {
     let ns = vmm.namespace().unwrap_or_default();
-    let name = &vmm.spec.source.provider_ref.name;
-    if let Some(cached) = ctx.cached_provider(&ns, name) {
+    provider_named(ctx, &ns, &vmm.spec.source.provider_ref.name).await
+}
+
+/// The Provider `ns/name`, as [`provider`] finds it.
+pub async fn provider_named(ctx: &Context, ns: &str, name: &str) -> Result<Provider> {
+    if let Some(cached) = ctx.cached_provider(ns, name) {
         return Ok((*cached).clone());
     }
-    Api::<Provider>::namespaced(ctx.client.clone(), &ns)
+    Api::<Provider>::namespaced(ctx.client.clone(), ns)
         .get_opt(name)
         .await?
         .ok_or_else(|| {

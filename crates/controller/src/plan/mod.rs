@@ -4,25 +4,33 @@
 //! deleted by hand does.
 
 mod decide;
+mod select;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use ferry_api::keys::{MANAGER, PLAN_UID_LABEL};
-use ferry_api::{MigrationPlan, PlanPhase, VirtualMachineMigration};
+use ferry_api::{
+    ErrorClass, MigrationPlan, MigrationPlanStatus, PlanPhase, VirtualMachineMigration,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
 use kube::api::{ListParams, Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::{Api, ResourceExt};
 use serde_json::json;
 
-pub use decide::{Decision, decide};
+pub use decide::decide;
 
 use crate::context::Context;
 use crate::error::{Failure, Result};
 
 /// A running plan looks again this often even when none of its migrations changed.
 const RECHECK: Duration = Duration::from_secs(30);
+
+/// A scheduled plan looks again at least this often (an edit of its start time wakes it anyway).
+const SCHEDULED_RECHECK: Duration = Duration::from_secs(3600);
 
 pub async fn reconcile(plan: Arc<MigrationPlan>, ctx: Arc<Context>) -> Result<Action> {
     // Its migrations are owned by it: the garbage collector deletes them, and each cleans up.
@@ -36,10 +44,14 @@ pub async fn reconcile(plan: Arc<MigrationPlan>, ctx: Arc<Context>) -> Result<Ac
     let ns = plan.namespace().unwrap_or_default();
     let api: Api<VirtualMachineMigration> = Api::namespaced(ctx.client.clone(), &ns);
     let mut plan = (*plan).clone();
+    let now = Timestamp::now();
+    if let Some(wait) = not_started(&mut plan, &ctx, now).await? {
+        return Ok(wait);
+    }
     let observed = observe(&ctx, &api, &mut plan).await?;
     let refs: BTreeMap<String, &VirtualMachineMigration> =
         observed.iter().map(|(k, v)| (k.clone(), &**v)).collect();
-    let decision = decide(&plan, &refs);
+    let decision = decide(&plan, &refs, now);
     for migration in &decision.create {
         ferry_kube::create::create_if_absent(&api, migration).await?;
         tracing::info!(plan = %key, migration = %migration.name_any(), "created");
@@ -50,12 +62,63 @@ pub async fn reconcile(plan: Arc<MigrationPlan>, ctx: Arc<Context>) -> Result<Ac
             .await?;
         tracing::info!(plan = %key, migration = %name, "cancelled");
     }
-    write_status(&ctx, &plan, &decision).await?;
+    write_status(&ctx, &mut plan, &decision.status).await?;
     ctx.succeeded(&key);
     Ok(match decision.status.phase {
         Some(PlanPhase::Running | PlanPhase::Cancelling) => Action::requeue(RECHECK),
         _ => Action::await_change(),
     })
+}
+
+/// Starts the plan: waits for its start time, then records when it started and what `spec.selector` chose, in
+/// a write of their own before any migration exists, so a restart never chooses again. `Some`: not started (yet).
+async fn not_started(
+    plan: &mut MigrationPlan,
+    ctx: &Context,
+    now: Timestamp,
+) -> Result<Option<Action>> {
+    let recorded = plan.status.clone().unwrap_or_default();
+    if recorded.started_at.is_none()
+        && let Some(start) = plan.spec.start_time.as_ref().map(|t| t.0)
+        && start > now
+    {
+        write_status(ctx, plan, &decide::scheduled(plan, start)).await?;
+        let wait = start.duration_since(now).unsigned_abs() + Duration::from_secs(1);
+        return Ok(Some(Action::requeue(wait.min(SCHEDULED_RECHECK))));
+    }
+    let mut started = MigrationPlanStatus {
+        started_at: recorded.started_at.clone().or(Some(Time(now))),
+        ..recorded.clone()
+    };
+    if let Some(selector) = &plan.spec.selector
+        && started.selected.is_none()
+    {
+        match select::resolve(ctx, plan, selector).await {
+            Ok(chosen) => started.selected = Some(chosen),
+            Err(e) => {
+                let permanent = e.class == ErrorClass::Permanent && !e.fixable;
+                let failed = MigrationPlanStatus {
+                    phase: if permanent {
+                        Some(PlanPhase::Failed)
+                    } else {
+                        started.phase
+                    },
+                    message: Some(format!("choosing VMs with spec.selector: {e}")),
+                    ..started
+                };
+                write_status(ctx, plan, &failed).await?;
+                return if permanent {
+                    Ok(Some(Action::await_change()))
+                } else {
+                    Err(e)
+                };
+            }
+        }
+    }
+    if started != recorded {
+        write_status(ctx, plan, &started).await?;
+    }
+    Ok(None)
 }
 
 /// The plan's migrations by name: the cache's, and any the plan created that the cache lacks, read directly. One
@@ -98,8 +161,18 @@ async fn observe(
     Ok(observed)
 }
 
-async fn write_status(ctx: &Context, plan: &MigrationPlan, decision: &Decision) -> Result<()> {
-    if plan.status.as_ref() == Some(&decision.status) {
+/// Writes `status` unless the recorded one differs from it only in its time-dependent figures; keeps `plan`
+/// as written (its resource version guards the next write).
+async fn write_status(
+    ctx: &Context,
+    plan: &mut MigrationPlan,
+    status: &MigrationPlanStatus,
+) -> Result<()> {
+    let unchanged = plan
+        .status
+        .as_ref()
+        .is_some_and(|recorded| decide::without_rates(recorded) == decide::without_rates(status));
+    if unchanged {
         return Ok(());
     }
     let api: Api<MigrationPlan> =
@@ -108,7 +181,7 @@ async fn write_status(ctx: &Context, plan: &MigrationPlan, decision: &Decision) 
         "apiVersion": ferry_api::API_VERSION,
         "kind": "MigrationPlan",
         "metadata": {"name": plan.name_any(), "resourceVersion": plan.resource_version()},
-        "status": decision.status,
+        "status": status,
     });
     let written = api
         .patch_status(
@@ -118,6 +191,8 @@ async fn write_status(ctx: &Context, plan: &MigrationPlan, decision: &Decision) 
         )
         .await?;
     ctx.wrote(&key(plan), written.resource_version());
+    plan.metadata.resource_version = written.resource_version();
+    plan.status = Some(status.clone());
     Ok(())
 }
 

@@ -291,3 +291,75 @@ async fn nic_backing(session: &Session, network: &str) -> Result<String> {
         standard.obj.xml("network")
     ))
 }
+
+/// Moves `vm` into the folder `name` beside it (created when absent), as people group VMs by application or
+/// team. Returns the folder.
+pub async fn move_into_folder(session: &Session, vm: &MoRef, name: &str) -> Result<MoRef> {
+    let found = props::retrieve(
+        session,
+        "VirtualMachine",
+        std::slice::from_ref(vm),
+        &["parent"],
+    )
+    .await?;
+    let parent = found
+        .first()
+        .and_then(|o| o.prop("parent"))
+        .and_then(MoRef::from_element)
+        .ok_or_else(|| Error::InvalidResponse {
+            method: "RetrievePropertiesEx".into(),
+            detail: format!("{vm} has no parent folder"),
+        })?;
+    let folder = match child_folder(session, &parent, name).await? {
+        Some(folder) => folder,
+        None => session
+            .call(
+                "CreateFolder",
+                &parent,
+                &format!("<name>{}</name>", escape(name)),
+            )
+            .await?
+            .child("returnval")
+            .and_then(MoRef::from_element)
+            .ok_or_else(|| Error::InvalidResponse {
+                method: "CreateFolder".into(),
+                detail: "no folder returned".into(),
+            })?,
+    };
+    if folder == parent {
+        return Ok(folder);
+    }
+    let task = start_task(session, "MoveIntoFolder_Task", &folder, &vm.xml("list")).await?;
+    wait_task(session, &task, Duration::from_secs(60)).await?;
+    Ok(folder)
+}
+
+/// The folder named `name` directly in `parent`.
+async fn child_folder(session: &Session, parent: &MoRef, name: &str) -> Result<Option<MoRef>> {
+    let found = props::retrieve(
+        session,
+        "Folder",
+        std::slice::from_ref(parent),
+        &["childEntity"],
+    )
+    .await?;
+    let folders: Vec<MoRef> = found
+        .first()
+        .and_then(|o| o.prop("childEntity"))
+        .map(|list| {
+            list.children
+                .iter()
+                .filter_map(MoRef::from_element)
+                .filter(|m| m.type_ == "Folder")
+                .collect()
+        })
+        .unwrap_or_default();
+    if folders.is_empty() {
+        return Ok(None);
+    }
+    let named = props::retrieve(session, "Folder", &folders, &["name"]).await?;
+    Ok(named
+        .iter()
+        .find(|o| o.text("name") == Some(name))
+        .map(|o| o.obj.clone()))
+}
