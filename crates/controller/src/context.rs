@@ -56,6 +56,10 @@ pub struct Context {
     stores: Mutex<HashMap<u64, Staging>>,
     /// Disk slots per ESXi host.
     pub slots: crate::slots::Slots,
+    /// The watch caches of Jobs and DataVolumes.
+    pub caches: crate::cache::Caches,
+    /// When each plan was last summed up.
+    pub plan_throttle: crate::plan::Throttle,
     /// The Provider controller's cache, for reads that may lag a moment (a waiter's look at its limits).
     providers: std::sync::OnceLock<kube::runtime::reflector::Store<ferry_api::Provider>>,
 }
@@ -95,6 +99,8 @@ impl Context {
             vm_names: Default::default(),
             stores: Mutex::default(),
             slots: Default::default(),
+            caches: Default::default(),
+            plan_throttle: Default::default(),
             providers: Default::default(),
         }
     }

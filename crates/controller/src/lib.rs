@@ -13,6 +13,7 @@
 
 mod backoff;
 pub(crate) mod build;
+pub(crate) mod cache;
 #[cfg(feature = "chaos")]
 pub mod chaos;
 pub(crate) mod checkpoint;

@@ -13,7 +13,8 @@ use futures::StreamExt;
 use k8s_openapi::api::batch::v1::Job;
 use kube::api::{DynamicObject, PartialObjectMeta};
 use kube::runtime::controller::{self, Controller};
-use kube::runtime::reflector::ObjectRef;
+use kube::runtime::reflector::store::Writer;
+use kube::runtime::reflector::{ObjectRef, reflector};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, ResourceExt};
 use kube_lease_manager::LeaseManagerBuilder;
@@ -114,8 +115,10 @@ fn dynamic(
     }
 }
 
-/// Changes to a plan's migrations within this make one reconcile of the plan.
-const PLAN_DEBOUNCE: Duration = Duration::from_millis(500);
+/// A cached child keeps what the checkpoints read, not who wrote which field.
+fn forget_managed_fields<K: ResourceExt>(object: &mut K) {
+    object.managed_fields_mut().clear();
+}
 
 async fn run_controllers(client: Client, ctx: Arc<Context>, namespace: Option<&str>) {
     let config = watcher::Config::default().any_semantic();
@@ -128,14 +131,26 @@ async fn run_controllers(client: Client, ctx: Arc<Context>, namespace: Option<&s
     let by_vm = store.clone();
     let (wake, woken) = futures::channel::mpsc::unbounded();
     ctx.slots.attach(store, wake);
+    // Jobs and DataVolumes are polled while they run: their watches keep caches the checkpoints read first.
+    let job_cache = Writer::<Job>::default();
+    let dv_cache = Writer::<DynamicObject>::new(dv_resource());
+    ctx.caches
+        .attach(job_cache.as_reader(), dv_cache.as_reader());
+    let jobs = reflector(
+        job_cache,
+        watcher(api::<Job>(&client, namespace), config.clone()).modify(forget_managed_fields),
+    )
+    .touched_objects();
+    let data_volumes = reflector(
+        dv_cache,
+        watcher(dynamic(&client, namespace, &dv_resource()), config.clone())
+            .modify(forget_managed_fields),
+    )
+    .touched_objects();
     let migrations = migrations
         .reconcile_on(woken)
-        .owns(api::<Job>(&client, namespace), config.clone())
-        .owns_with(
-            dynamic(&client, namespace, &dv_resource()),
-            dv_resource(),
-            config.clone(),
-        )
+        .owns_stream(jobs)
+        .owns_stream_with(data_volumes, dv_resource())
         .owns_with(
             dynamic(&client, namespace, &vm_resource()),
             vm_resource(),
@@ -206,8 +221,6 @@ async fn run_controllers(client: Client, ctx: Arc<Context>, namespace: Option<&s
     .touched_objects();
     let plans = Controller::new(api::<MigrationPlan>(&client, namespace), config)
         .owns_stream(migration_changes)
-        // A plan sums up its migrations: many changes of theirs make one reconcile.
-        .with_config(controller::Config::default().debounce(PLAN_DEBOUNCE))
         .shutdown_on_signal()
         .run(crate::plan::reconcile, crate::plan::error_policy, ctx)
         .for_each(|_| async {});

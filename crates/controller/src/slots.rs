@@ -24,8 +24,9 @@ use crate::error::Result;
 /// The reason a migration waits for a slot; also how other migrations see it waiting.
 pub const WAITING: &str = "WaitingForHostSlot";
 
-/// A waiter looks again this often should no release wake it (a holder deleted without its finalizer).
-const RECHECK: Duration = Duration::from_secs(30);
+/// A waiter looks again this often should nothing wake it (a holder deleted without its finalizer): releases,
+/// and waiters that leave the line, wake those behind them.
+const RECHECK: Duration = Duration::from_secs(120);
 
 /// The watch cache of migrations, the wake-up channel, and what this process granted or wrote.
 #[derive(Default)]
@@ -148,10 +149,7 @@ fn contender(
         });
     }
     let status = vmm.status.as_ref()?;
-    let waiting = status.reason.as_deref() == Some(WAITING)
-        && !vmm.spec.cancel
-        && !matches!(status.phase, Some(p) if p.is_terminal() || p == Phase::Cancelling);
-    if !waiting {
+    if !in_line(vmm, status) {
         return None;
     }
     let source = status.source.as_ref()?;
@@ -165,6 +163,18 @@ fn contender(
         holds: 0,
         waits: cost(status, limit),
     })
+}
+
+/// The status says it waits for a slot.
+fn waits(status: &ferry_api::VirtualMachineMigrationStatus) -> bool {
+    status.reason.as_deref() == Some(WAITING)
+        && status.host_slot.is_none()
+        && !matches!(status.phase, Some(p) if p.is_terminal() || p == Phase::Cancelling)
+}
+
+/// Waits for a slot and will take one: not cancelled or being deleted (those never ask again).
+fn in_line(vmm: &Vmm, status: &ferry_api::VirtualMachineMigrationStatus) -> bool {
+    waits(status) && !vmm.spec.cancel && vmm.metadata.deletion_timestamp.is_none()
 }
 
 fn same_provider(a: &Vmm, b: &Vmm) -> bool {
@@ -254,22 +264,47 @@ fn forget_gone(ours: &mut HashMap<String, Option<HostSlot>>, migrations: &[std::
     ours.retain(|k, _| present.contains(k));
 }
 
-/// After a status write of `vmm` that stored `written`: remembers it, and when it freed a slot, wakes the
-/// migrations first in line on that host.
-pub fn wrote(slots: &Slots, vmm: &Vmm, before: Option<&HostSlot>, written: Option<&HostSlot>) {
-    let was = slots.ours().insert(key(vmm), written.cloned());
-    let freed = match (was.flatten().as_ref().or(before), written) {
-        (Some(freed), None) => freed.clone(),
-        _ => return,
-    };
+/// After a status write of `vmm` from `before` to `written`: remembers its slot, and when the write freed a slot
+/// or took the migration out of the line, wakes the migrations first in line on that host.
+pub fn wrote(
+    slots: &Slots,
+    vmm: &Vmm,
+    before: &ferry_api::VirtualMachineMigrationStatus,
+    written: &ferry_api::VirtualMachineMigrationStatus,
+) {
+    let was = slots.ours().insert(key(vmm), written.host_slot.clone());
+    match (
+        was.flatten().as_ref().or(before.host_slot.as_ref()),
+        &written.host_slot,
+    ) {
+        (Some(freed), None) => {
+            let host = host_key(&freed.host_moref, &freed.host);
+            wake_line(slots, vmm, host, freed.disks.max(1) as u32);
+        }
+        (None, None) if waits(before) && !in_line(vmm, written) => left_line(slots, vmm, before),
+        _ => {}
+    }
+}
+
+/// A migration that waited and will not take a slot (cancelled, failed, being deleted): those behind it on its
+/// host need not wait for it.
+pub fn left_line(slots: &Slots, vmm: &Vmm, status: &ferry_api::VirtualMachineMigrationStatus) {
+    if !waits(status) {
+        return;
+    }
+    let (name, moref) = source_host(status);
+    wake_line(slots, vmm, host_key(&moref, &name), cost(status, u32::MAX));
+}
+
+/// Wakes the migrations first in line on `host` that fit in `room` disks, and one more.
+fn wake_line(slots: &Slots, vmm: &Vmm, host: &str, room: u32) {
     let (Some(store), Some(wake)) = (slots.store.get(), slots.wake.get()) else {
         return;
     };
-    let host = host_key(&freed.host_moref, &freed.host);
     let mut waiting: Vec<(Contender, ObjectRef<Vmm>)> = store
         .state()
         .iter()
-        .filter(|m| same_provider(m, vmm))
+        .filter(|m| same_provider(m, vmm) && m.name_any() != vmm.name_any())
         .filter_map(|m| {
             let c = contender(m, None, u32::MAX, Some(host))?;
             (c.waits > 0).then(|| (c, ObjectRef::from_obj(&**m)))
@@ -278,7 +313,7 @@ pub fn wrote(slots: &Slots, vmm: &Vmm, before: Option<&HostSlot>, written: Optio
     waiting.sort_by(|a, b| a.0.order.cmp(&b.0.order));
     // Those that can fit in what was freed, and one more: a head of the line that waits for more than that
     // still needs to look.
-    let mut room = freed.disks.max(1) as u32;
+    let mut room = room.max(1);
     for (c, object) in waiting {
         let _ = wake.unbounded_send(object);
         if c.waits >= room {
@@ -402,5 +437,65 @@ mod tests {
         status.disks.clear();
         assert_eq!(cost(&status, 10), 1);
         assert!(admit(&(1, "big".into()), "h", cost(&status, 2), &[], 2));
+    }
+
+    fn waiter(name: &str, created: &str, reason: &str) -> Vmm {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "migration.platform.example/v1alpha1", "kind": "VirtualMachineMigration",
+            "metadata": {"name": name, "namespace": "ns", "creationTimestamp": created},
+            "spec": {"source": {"providerRef": {"name": "p"}, "vm": {"name": name}}},
+            "status": {"phase": "Preparing", "reason": reason,
+                       "source": {"moref": "vm-1", "name": name, "host": "esx-1", "hostMoref": "host-1",
+                                  "cpus": 1, "coresPerSocket": 1, "memoryMib": 64}}}))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_waiter_that_leaves_the_line_wakes_the_one_behind_it_and_a_rewrite_of_its_wait_does_not() {
+        let (store, mut writer) = kube::runtime::reflector::store::<Vmm>();
+        let first = waiter("first", "2026-12-02T10:00:00Z", WAITING);
+        let second = waiter("second", "2026-12-02T10:00:01Z", WAITING);
+        let third = waiter("third", "2026-12-02T10:00:02Z", WAITING);
+        for m in [&first, &second, &third] {
+            writer.apply_watcher_event(&kube::runtime::watcher::Event::Apply(m.clone()));
+        }
+        let (wake, mut woken) = futures::channel::mpsc::unbounded();
+        let slots = Slots::default();
+        slots.attach(store, wake);
+        let mut woken_now = || {
+            let mut names = vec![];
+            while let Ok(object) = woken.try_recv() {
+                names.push(object.name);
+            }
+            names
+        };
+        let waiting = first.status.clone().unwrap();
+        wrote(&slots, &first, &waiting, &waiting);
+        assert!(woken_now().is_empty(), "still waiting: nobody moves up");
+        let failed = ferry_api::VirtualMachineMigrationStatus {
+            phase: Some(Phase::Failed),
+            reason: Some("SourceVMNotFound".into()),
+            ..waiting.clone()
+        };
+        wrote(&slots, &first, &waiting, &failed);
+        assert_eq!(
+            woken_now(),
+            ["second"],
+            "one disk left the line: the next one looks"
+        );
+        let mut ended = first.clone();
+        ended.status = Some(failed);
+        writer.apply_watcher_event(&kube::runtime::watcher::Event::Apply(ended));
+        let mut cancelled = second.clone();
+        cancelled.spec.cancel = true;
+        wrote(&slots, &cancelled, &waiting, &waiting);
+        assert_eq!(
+            woken_now(),
+            ["third"],
+            "a cancelled waiter leaves the line too"
+        );
+        // Being deleted: the reconcile that sees it wakes the line.
+        left_line(&slots, &third, &third.status.clone().unwrap());
+        assert_eq!(woken_now(), ["second"]);
     }
 }

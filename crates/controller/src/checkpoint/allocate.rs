@@ -62,7 +62,13 @@ pub async fn ensure(step: &mut Step<'_>) -> Result<Ensured> {
     for i in 0..step.status.disks.len() {
         let disk = step.status.disks[i].clone();
         let name = children::data_volume(step.vmm, disk.index);
-        let observed = dvs.get_opt(&name).await?;
+        // A volume the cache shows usable or on its way is only checked again; anything else is read afresh.
+        let settled = |dv: &DynamicObject| {
+            !status::is_charged(step.status, &dv.uid().unwrap_or_default())
+                && matches!(dv_state(Some(dv)), s if usable(&s) || matches!(s, DvState::InProgress { .. }))
+        };
+        let cached = step.ctx.caches.data_volume(&ns, &name);
+        let observed = crate::cache::read(cached, &dvs, &name, settled).await?;
         let uid = observed.as_ref().and_then(|d| d.uid()).unwrap_or_default();
         if let Some(dv) = &observed
             && dv.metadata.deletion_timestamp.is_none()

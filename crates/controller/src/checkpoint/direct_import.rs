@@ -21,7 +21,10 @@ pub async fn run(step: &mut Step<'_>) -> Result<Next> {
     let mut waiting = Vec::new();
     for disk in &mut step.status.disks {
         let name = children::data_volume(step.vmm, disk.index);
-        let observed = dvs.get_opt(&name).await?;
+        let importing =
+            |dv: &DynamicObject| matches!(dv_state(Some(dv)), DvState::InProgress { .. });
+        let cached = step.ctx.caches.data_volume(&ns, &name);
+        let observed = crate::cache::read(cached, &dvs, &name, importing).await?;
         match dv_state(observed.as_ref()) {
             DvState::Succeeded => {
                 disk.progress = Some("100.0%".into());

@@ -30,7 +30,13 @@ pub async fn run(step: &mut Step<'_>) -> Result<Next> {
         }
         let attempt = disk.verify_failures + 1;
         let name = children::data_volume(step.vmm, disk.index);
-        let observed = dvs.get_opt(&name).await?;
+        // An import the cache shows in progress only makes us wait; its end comes as an event.
+        let importing = |dv: &DynamicObject| {
+            !status::is_charged(step.status, &dv.uid().unwrap_or_default())
+                && matches!(dv_state(Some(dv)), DvState::InProgress { .. })
+        };
+        let cached = step.ctx.caches.data_volume(&ns, &name);
+        let observed = crate::cache::read(cached, &dvs, &name, importing).await?;
         if let Some(dv) = &observed
             && dv.metadata.deletion_timestamp.is_none()
             && status::is_charged(step.status, &dv.uid().unwrap_or_default())

@@ -27,19 +27,17 @@ pub enum JobState {
 
 pub async fn observe(ctx: &Context, ns: &str, name: &str) -> Result<JobState> {
     let jobs: Api<Job> = Api::namespaced(ctx.client.clone(), ns);
-    let Some(job) = jobs.get_opt(name).await? else {
+    // A Job the cache shows running only makes us wait; its end comes as an event.
+    let running = |job: &Job| job.metadata.deletion_timestamp.is_none() && !ended(job);
+    let cached = ctx.caches.job(ns, name);
+    let Some(job) = crate::cache::read(cached, &jobs, name, running).await? else {
         return Ok(JobState::Absent);
     };
     if job.metadata.deletion_timestamp.is_some() {
         return Ok(JobState::Terminating);
     }
-    let finished = |kind: &str| {
-        job.status
-            .as_ref()
-            .and_then(|s| s.conditions.as_ref())
-            .is_some_and(|cs| cs.iter().any(|c| c.type_ == kind && c.status == "True"))
-    };
-    if !finished("Complete") && !finished("Failed") {
+    let finished = |kind: &str| condition(&job, kind);
+    if !ended(&job) {
         return Ok(JobState::Running);
     }
     let message = termination_message(ctx, ns, name).await?;
@@ -51,6 +49,17 @@ pub async fn observe(ctx: &Context, ns: &str, name: &str) -> Result<JobState> {
             other => other,
         },
     )
+}
+
+fn condition(job: &Job, kind: &str) -> bool {
+    job.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|cs| cs.iter().any(|c| c.type_ == kind && c.status == "True"))
+}
+
+fn ended(job: &Job) -> bool {
+    condition(job, "Complete") || condition(job, "Failed")
 }
 
 /// What a finished Job's result means. Pure.

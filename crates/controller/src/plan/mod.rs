@@ -29,15 +29,45 @@ use crate::error::{Failure, Result};
 /// A running plan looks again this often even when none of its migrations changed.
 const RECHECK: Duration = Duration::from_secs(30);
 
+/// A plan sums up its migrations at most this often: under load they change many times a second.
+const MIN_INTERVAL: Duration = Duration::from_secs(2);
+
+/// When each plan was last summed up. A debounce would never fire while a thousand migrations keep changing.
+#[derive(Default)]
+pub struct Throttle(std::sync::Mutex<std::collections::HashMap<String, std::time::Instant>>);
+
+impl Throttle {
+    /// None: run now (and it is recorded); else how long until the plan may run again.
+    fn wait(&self, key: &str) -> Option<Duration> {
+        let mut last = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let now = std::time::Instant::now();
+        if let Some(ran) = last.get(key)
+            && now.duration_since(*ran) < MIN_INTERVAL
+        {
+            return Some(MIN_INTERVAL - now.duration_since(*ran));
+        }
+        last.insert(key.to_string(), now);
+        None
+    }
+
+    fn forget(&self, key: &str) {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).remove(key);
+    }
+}
+
 /// A scheduled plan looks again at least this often (an edit of its start time wakes it anyway).
 const SCHEDULED_RECHECK: Duration = Duration::from_secs(3600);
 
 pub async fn reconcile(plan: Arc<MigrationPlan>, ctx: Arc<Context>) -> Result<Action> {
     // Its migrations are owned by it: the garbage collector deletes them, and each cleans up.
+    let key = key(&plan);
     if plan.metadata.deletion_timestamp.is_some() {
+        ctx.plan_throttle.forget(&key);
         return Ok(Action::await_change());
     }
-    let key = key(&plan);
+    if let Some(wait) = ctx.plan_throttle.wait(&key) {
+        return Ok(Action::requeue(wait));
+    }
     if ctx.is_stale(&key, plan.resource_version().as_deref()) {
         return Ok(Action::requeue(Duration::from_secs(2)));
     }

@@ -72,6 +72,7 @@ impl<'a> Reconcile<'a> {
             return Ok(Action::await_change());
         }
         let status = &self.edit.status;
+        crate::slots::left_line(&self.ctx.slots, self.vmm, status);
         let must_clean = status.phase != Some(Phase::Succeeded) && !status.cleaned_up;
         if must_clean && !self.clean_up(|_| {}).await? {
             return Ok(Action::requeue(CLEANUP_RECHECK));

@@ -39,8 +39,7 @@ pub(super) async fn write_status(
         )
         .await?;
     ctx.wrote(&key(vmm), written.resource_version());
-    let slot = status.host_slot.as_ref();
-    crate::slots::wrote(&ctx.slots, vmm, before.host_slot.as_ref(), slot);
+    crate::slots::wrote(&ctx.slots, vmm, before, status);
     Ok(())
 }
 
