@@ -266,6 +266,29 @@ async fn a_plan_with_shared_maps_migrates_one_vm_at_a_time_and_a_vm_added_while_
         ));
     }
     assert_eq!(most_at_once(&spans), 1, "maxInFlight 1: {spans:?}");
+
+    // `ferry watch plan` of an ended plan: its totals and a line per VM, then it exits on its own.
+    let watch = std::process::Command::new(ferry())
+        .args(["watch", "plan", "wave-1", "-n", ns.name(), "--kubeconfig"])
+        .arg(&lab.state().kubeconfig)
+        .output()
+        .unwrap();
+    let shown = String::from_utf8_lossy(&watch.stdout);
+    assert!(
+        watch.status.success(),
+        "{shown}{}",
+        String::from_utf8_lossy(&watch.stderr)
+    );
+    assert!(
+        shown.contains(&format!(
+            "plan {}/wave-1 Succeeded: 3 VMs, 0 running, 0 waiting, 3 succeeded, 0 failed; 100%",
+            ns.name()
+        )),
+        "{shown}"
+    );
+    for vm in vms {
+        assert!(shown.contains(vm), "{vm} in {shown}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -8,8 +8,9 @@
 //! process's own grants and writes, which the cache may not show yet. So a lagging cache can only show a slot
 //! still held that was freed (a waiter waits a little longer), never one free that was taken.
 
-use std::collections::HashMap;
-use std::sync::{Mutex, OnceLock};
+use std::borrow::Cow;
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use ferry_api::{HostSlot, Phase, Provider, VirtualMachineMigration as Vmm};
@@ -33,7 +34,7 @@ const RECHECK: Duration = Duration::from_secs(120);
 pub struct Slots {
     store: OnceLock<Store<Vmm>>,
     wake: OnceLock<UnboundedSender<ObjectRef<Vmm>>>,
-    /// The `hostSlot` this process last granted or wrote per migration (`namespace/name`).
+    /// The `hostSlot` this process last granted or wrote per migration, by `id`.
     ours: Mutex<HashMap<String, Option<HostSlot>>>,
 }
 
@@ -120,8 +121,18 @@ fn source_host(status: &ferry_api::VirtualMachineMigrationStatus) -> (String, St
     (name, moref)
 }
 
-fn key(vmm: &Vmm) -> String {
-    format!("{}/{}", vmm.namespace().unwrap_or_default(), vmm.name_any())
+/// A migration's identity in what this process remembers: its UID, so one deleted and created again under its
+/// name is another migration; `namespace/name` only for an object that never came from the API server. A waiter
+/// looks at every migration of its Provider, so this allocates nothing for them.
+fn id(vmm: &Vmm) -> Cow<'_, str> {
+    match vmm.metadata.uid.as_deref() {
+        Some(uid) => Cow::Borrowed(uid),
+        None => Cow::Owned(format!(
+            "{}/{}",
+            vmm.metadata.namespace.as_deref().unwrap_or_default(),
+            vmm.metadata.name.as_deref().unwrap_or_default()
+        )),
+    }
 }
 
 fn order(vmm: &Vmm) -> (i64, String) {
@@ -178,7 +189,7 @@ fn in_line(vmm: &Vmm, status: &ferry_api::VirtualMachineMigrationStatus) -> bool
 }
 
 fn same_provider(a: &Vmm, b: &Vmm) -> bool {
-    a.namespace() == b.namespace()
+    a.metadata.namespace == b.metadata.namespace
         && a.spec.source.provider_ref.name == b.spec.source.provider_ref.name
 }
 
@@ -193,7 +204,7 @@ pub async fn acquire(step: &mut Step<'_>, provider: &Provider) -> Result<Option<
     let (name, moref) = source_host(step.status);
     let host = host_key(&moref, &name).to_string();
     let cost = cost(step.status, limit);
-    let me = key(step.vmm);
+    let me = id(step.vmm);
     let store = slots.ready_store().await;
     let granted = {
         let mut ours = slots.ours();
@@ -202,7 +213,7 @@ pub async fn acquire(step: &mut Step<'_>, provider: &Provider) -> Result<Option<
         if let Some(migrations) = &migrations {
             forget_gone(&mut ours, migrations);
         }
-        match ours.get(&me) {
+        match ours.get(me.as_ref()) {
             // Granted before, but that write was lost: record it again.
             Some(Some(slot)) => Some(slot.clone()),
             _ => {
@@ -211,11 +222,11 @@ pub async fn acquire(step: &mut Step<'_>, provider: &Provider) -> Result<Option<
                     .flatten()
                     .filter(|m| same_provider(m, step.vmm))
                     .filter_map(|m| {
-                        let other = key(m);
+                        let other = id(m);
                         if other == me {
                             return None;
                         }
-                        let slot = match ours.get(&other) {
+                        let slot = match ours.get(other.as_ref()) {
                             Some(written) => written.as_ref(),
                             None => m.status.as_ref().and_then(|s| s.host_slot.as_ref()),
                         };
@@ -230,7 +241,7 @@ pub async fn acquire(step: &mut Step<'_>, provider: &Provider) -> Result<Option<
                         // Now, not the reconcile's start: a release this grant follows was written before it.
                         granted: MicroTime(k8s_openapi::jiff::Timestamp::now()),
                     };
-                    ours.insert(me.clone(), Some(slot.clone()));
+                    ours.insert(me.to_string(), Some(slot.clone()));
                     slot
                 })
             }
@@ -255,13 +266,14 @@ pub async fn acquire(step: &mut Step<'_>, provider: &Provider) -> Result<Option<
     }))
 }
 
-/// Drops what this process remembers of migrations the cache no longer has: they are gone.
-fn forget_gone(ours: &mut HashMap<String, Option<HostSlot>>, migrations: &[std::sync::Arc<Vmm>]) {
-    if ours.len() < 64 {
+/// Drops what this process remembers of migrations the cache no longer has: they are gone. Only once it
+/// remembers more than there are migrations (and some to spare), so the sweep is rare: a waiter looks often.
+fn forget_gone(ours: &mut HashMap<String, Option<HostSlot>>, migrations: &[Arc<Vmm>]) {
+    if ours.len() <= migrations.len() + 64 {
         return;
     }
-    let present: std::collections::HashSet<String> = migrations.iter().map(|m| key(m)).collect();
-    ours.retain(|k, _| present.contains(k));
+    let present: HashSet<Cow<'_, str>> = migrations.iter().map(|m| id(m)).collect();
+    ours.retain(|k, _| present.contains(k.as_str()));
 }
 
 /// After a status write of `vmm` from `before` to `written`: remembers its slot, and when the write freed a slot
@@ -272,7 +284,9 @@ pub fn wrote(
     before: &ferry_api::VirtualMachineMigrationStatus,
     written: &ferry_api::VirtualMachineMigrationStatus,
 ) {
-    let was = slots.ours().insert(key(vmm), written.host_slot.clone());
+    let was = slots
+        .ours()
+        .insert(id(vmm).into_owned(), written.host_slot.clone());
     match (
         was.flatten().as_ref().or(before.host_slot.as_ref()),
         &written.host_slot,
@@ -304,7 +318,7 @@ fn wake_line(slots: &Slots, vmm: &Vmm, host: &str, room: u32) {
     let mut waiting: Vec<(Contender, ObjectRef<Vmm>)> = store
         .state()
         .iter()
-        .filter(|m| same_provider(m, vmm) && m.name_any() != vmm.name_any())
+        .filter(|m| same_provider(m, vmm) && m.metadata.name != vmm.metadata.name)
         .filter_map(|m| {
             let c = contender(m, None, u32::MAX, Some(host))?;
             (c.waits > 0).then(|| (c, ObjectRef::from_obj(&**m)))
@@ -442,12 +456,41 @@ mod tests {
     fn waiter(name: &str, created: &str, reason: &str) -> Vmm {
         serde_json::from_value(serde_json::json!({
             "apiVersion": "migration.platform.example/v1alpha1", "kind": "VirtualMachineMigration",
-            "metadata": {"name": name, "namespace": "ns", "creationTimestamp": created},
+            "metadata": {"name": name, "namespace": "ns", "creationTimestamp": created,
+                         "uid": format!("uid-{name}")},
             "spec": {"source": {"providerRef": {"name": "p"}, "vm": {"name": name}}},
             "status": {"phase": "Preparing", "reason": reason,
                        "source": {"moref": "vm-1", "name": name, "host": "esx-1", "hostMoref": "host-1",
                                   "cpus": 1, "coresPerSocket": 1, "memoryMib": 64}}}))
         .unwrap()
+    }
+
+    #[test]
+    fn a_migration_is_remembered_by_its_uid_and_the_gone_are_swept_only_in_bulk() {
+        let again = |uid: Option<&str>| {
+            let mut m = waiter("web", "2026-12-02T10:00:00Z", WAITING);
+            m.metadata.uid = uid.map(String::from);
+            m
+        };
+        assert_ne!(id(&again(Some("a"))), id(&again(Some("b"))));
+        assert_eq!(id(&again(None)), "ns/web");
+        let present: Vec<Arc<Vmm>> = (0..3)
+            .map(|i| Arc::new(waiter(&format!("m{i}"), "2026-12-02T10:00:00Z", WAITING)))
+            .collect();
+        let mut ours: HashMap<String, Option<HostSlot>> =
+            (0..3).map(|i| (format!("uid-m{i}"), None)).collect();
+        ours.extend((0..64).map(|i| (format!("gone-{i}"), None)));
+        forget_gone(&mut ours, &present);
+        assert_eq!(
+            ours.len(),
+            67,
+            "no sweep while it remembers at most 64 more than exist"
+        );
+        ours.insert("gone-64".into(), None);
+        forget_gone(&mut ours, &present);
+        let mut kept: Vec<&String> = ours.keys().collect();
+        kept.sort();
+        assert_eq!(kept, ["uid-m0", "uid-m1", "uid-m2"]);
     }
 
     #[test]

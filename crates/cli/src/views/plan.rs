@@ -162,6 +162,38 @@ pub fn render(plan: &MigrationPlan, now: Timestamp) -> String {
 }
 
 /// `folder /DC0/vm/web, names web-*, PoweredOn`.
+/// The plan's totals in one line, for `ferry watch plan`: `plan ns/name Running: 12 VMs, 3 running, 2 waiting,
+/// 7 succeeded, 0 failed; 62% (1.2 GiB of 2.0 GiB), 5.0 MiB/s, about 2 min left`.
+pub fn totals_line(plan: &MigrationPlan) -> String {
+    let s = plan.status.clone().unwrap_or_default();
+    let mut line = format!(
+        "plan {}/{} {}: {} VMs, {} running, {} waiting, {} succeeded, {} failed",
+        plan.namespace().unwrap_or_default(),
+        plan.name_any(),
+        plan_phase(s.phase),
+        s.total,
+        s.running,
+        s.pending,
+        s.succeeded,
+        s.failed + s.cancelled
+    );
+    if s.bytes_total > 0 {
+        line.push_str(&format!(
+            "; {} ({} of {})",
+            s.progress.clone().unwrap_or_else(|| "-".into()),
+            bytes(s.bytes_moved as f64),
+            bytes(s.bytes_total as f64)
+        ));
+    }
+    if let Some(throughput) = &s.throughput {
+        line.push_str(&format!(", {throughput}"));
+    }
+    if let Some(eta) = &s.eta {
+        line.push_str(&format!(", {eta} left"));
+    }
+    line
+}
+
 fn selector_text(selector: &ferry_api::PlanSelector) -> String {
     let mut parts = Vec::new();
     if let Some(folder) = &selector.folder {
@@ -199,6 +231,21 @@ mod tests {
         .unwrap();
         plan.metadata.uid = Some("u".into());
         plan
+    }
+
+    #[test]
+    fn a_watched_plan_shows_its_totals_in_one_line() {
+        assert_eq!(
+            totals_line(&plan()),
+            "plan apps/wave-1 Running: 2 VMs, 1 running, 1 waiting, 0 succeeded, 0 failed; \
+             40% (4.0 GiB of 10.0 GiB), 22.8 MiB/s, about 5 min left"
+        );
+        let mut fresh = plan();
+        fresh.status = None;
+        assert_eq!(
+            totals_line(&fresh),
+            "plan apps/wave-1 -: 0 VMs, 0 running, 0 waiting, 0 succeeded, 0 failed"
+        );
     }
 
     #[test]

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Result;
 use clap::Args;
-use ferry_api::VirtualMachineMigration;
+use ferry_api::{MigrationPlan, PlanPhase, VirtualMachineMigration};
 use ferry_controller::surface::{disk_fraction, progress_bytes};
 use futures::StreamExt;
 use kube::ResourceExt;
@@ -81,7 +81,7 @@ pub enum Watched<'a> {
 }
 
 /// Watches until every migration seen has ended (when `until_done`), drawing bars on a terminal or plain lines
-/// otherwise. Returns the migrations as last seen.
+/// otherwise; a watched plan's totals head the view. Returns the migrations as last seen.
 pub async fn follow(
     api: kube::Api<VirtualMachineMigration>,
     watched: Watched<'_>,
@@ -94,6 +94,7 @@ pub async fn follow(
         Watched::Plan { selector, .. } => watcher::Config::default().labels(selector),
     };
     let mut events = watcher(api, config).default_backoff().boxed();
+    let mut plan = PlanSeen::new(watched);
     let mut view = View::new(tty);
     let mut seen: BTreeMap<String, VirtualMachineMigration> = BTreeMap::new();
     let mut synced = false;
@@ -109,35 +110,93 @@ pub async fn follow(
                     watcher::Event::InitDone => synced = true,
                 }
             }
+            event = plan.events.next() => {
+                let Some(event) = event else { break };
+                plan.observe(event?);
+            }
             _ = tick.tick(), if tty => {}
         }
         let all: Vec<&VirtualMachineMigration> = seen.values().collect();
-        view.show(&all);
+        view.show(&all, plan.totals());
         let done = all.iter().all(|m| ended(m));
         let over = synced
             && until_done
             && (done && !all.is_empty() || all.is_empty() && matches!(watched, Watched::All));
-        if over && plan_ended(watched).await? {
+        if over && plan.ended() {
             break;
         }
     }
     Ok(seen.into_values().collect())
 }
 
-/// Whether a watched plan has ended too (anything else watched has nothing more to wait for).
-async fn plan_ended(watched: Watched<'_>) -> Result<bool> {
-    let Watched::Plan { plans, name, .. } = watched else {
-        return Ok(true);
-    };
-    let phase = plans.get_opt(name).await?.and_then(|p| p.status?.phase);
-    Ok(phase.is_none_or(|p| {
-        matches!(
-            p,
-            ferry_api::PlanPhase::Succeeded
-                | ferry_api::PlanPhase::Failed
-                | ferry_api::PlanPhase::Cancelled
-        )
-    }))
+/// A watched plan, from its own watch: its totals head the view, and the watch ends only once it has ended (or
+/// is gone). Nothing for other watches.
+struct PlanSeen {
+    events:
+        futures::stream::BoxStream<'static, Result<watcher::Event<MigrationPlan>, watcher::Error>>,
+    watched: bool,
+    synced: bool,
+    plan: Option<MigrationPlan>,
+    /// A listing in progress: what it found so far.
+    listing: Option<MigrationPlan>,
+}
+
+impl PlanSeen {
+    fn new(watched: Watched<'_>) -> Self {
+        let events = match watched {
+            Watched::Plan { plans, name, .. } => watcher(
+                plans.clone(),
+                watcher::Config::default().fields(&format!("metadata.name={name}")),
+            )
+            .default_backoff()
+            .boxed(),
+            _ => futures::stream::pending().boxed(),
+        };
+        Self {
+            events,
+            watched: matches!(watched, Watched::Plan { .. }),
+            synced: false,
+            plan: None,
+            listing: None,
+        }
+    }
+
+    fn observe(&mut self, event: watcher::Event<MigrationPlan>) {
+        match event {
+            watcher::Event::Apply(p) => self.plan = Some(p),
+            watcher::Event::Delete(_) => self.plan = None,
+            watcher::Event::Init => self.listing = None,
+            watcher::Event::InitApply(p) => self.listing = Some(p),
+            watcher::Event::InitDone => {
+                self.plan = self.listing.take();
+                self.synced = true;
+            }
+        }
+    }
+
+    fn totals(&self) -> Option<String> {
+        self.plan.as_ref().map(super::plan::totals_line)
+    }
+
+    /// Whether there is nothing more to wait for: no plan is watched, or it ended or is gone. A plan the
+    /// controller has not summed up yet has not ended.
+    fn ended(&self) -> bool {
+        if !self.watched {
+            return true;
+        }
+        self.synced
+            && self.plan.as_ref().is_none_or(|p| {
+                p.status
+                    .as_ref()
+                    .and_then(|s| s.phase)
+                    .is_some_and(|phase| {
+                        matches!(
+                            phase,
+                            PlanPhase::Succeeded | PlanPhase::Failed | PlanPhase::Cancelled
+                        )
+                    })
+            })
+    }
 }
 
 fn key(m: &VirtualMachineMigration) -> String {
@@ -188,10 +247,11 @@ impl View {
         }
     }
 
-    fn show(&mut self, all: &[&VirtualMachineMigration]) {
+    fn show(&mut self, all: &[&VirtualMachineMigration], totals: Option<String>) {
         let mut out = std::io::stdout().lock();
         if self.tty {
-            let frame = self.frame(all);
+            let mut frame = totals.map(|t| format!("{t}\n")).unwrap_or_default();
+            frame.push_str(&self.frame(all));
             // Move up over the last frame and clear it, then draw the new one.
             if self.last_lines > 0 {
                 let _ = write!(out, "\x1b[{}A\x1b[J", self.last_lines);
@@ -199,6 +259,12 @@ impl View {
             let _ = write!(out, "{frame}");
             self.last_lines = frame.lines().count();
         } else {
+            if let Some(totals) = totals
+                && self.printed.get(PLAN_KEY) != Some(&totals)
+            {
+                let _ = writeln!(out, "{} {totals}", now_clock());
+                self.printed.insert(PLAN_KEY.into(), totals);
+            }
             for m in all {
                 let line = plain_line(m, self.rates.observe(&key(m), done_of(m)));
                 let state = line
@@ -283,7 +349,7 @@ pub fn plain_line(m: &VirtualMachineMigration, rate: Option<f64>) -> String {
     let status = m.status.clone().unwrap_or_default();
     let mut line = format!(
         "{} {} {} {}",
-        k8s_openapi::jiff::Timestamp::now().strftime("%H:%M:%S"),
+        now_clock(),
         key(m),
         phase_name(status.phase),
         status.progress.unwrap_or_else(|| "-".into())
@@ -295,6 +361,15 @@ pub fn plain_line(m: &VirtualMachineMigration, rate: Option<f64>) -> String {
         line.push_str(&format!(" {reason}"));
     }
     line
+}
+
+/// Where plain output remembers the plan's totals line: no migration's `namespace/name` starts with a space.
+const PLAN_KEY: &str = " plan";
+
+fn now_clock() -> String {
+    k8s_openapi::jiff::Timestamp::now()
+        .strftime("%H:%M:%S")
+        .to_string()
 }
 
 pub fn bar(fraction: f64, width: usize) -> String {
@@ -321,6 +396,47 @@ fn truncate(s: &str, width: usize) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_watched_plan_has_ended_only_once_it_says_so_or_is_gone() {
+        let plan = |status: serde_json::Value| -> MigrationPlan {
+            serde_json::from_value(serde_json::json!({
+                "apiVersion": "migration.platform.example/v1alpha1", "kind": "MigrationPlan",
+                "metadata": {"name": "wave", "namespace": "apps"},
+                "spec": {"providerRef": {"name": "vc"}, "vms": [{"name": "web"}]},
+                "status": status}))
+            .unwrap()
+        };
+        let mut seen = PlanSeen {
+            events: futures::stream::pending().boxed(),
+            watched: true,
+            synced: false,
+            plan: None,
+            listing: None,
+        };
+        assert!(!seen.ended(), "not listed yet");
+        seen.observe(watcher::Event::Init);
+        seen.observe(watcher::Event::InitApply(plan(serde_json::json!(null))));
+        seen.observe(watcher::Event::InitDone);
+        assert!(!seen.ended(), "not summed up by the controller yet");
+        seen.observe(watcher::Event::Apply(plan(
+            serde_json::json!({"phase": "Running", "total": 1}),
+        )));
+        assert!(!seen.ended());
+        assert!(seen.totals().unwrap().contains("Running: 1 VMs"));
+        seen.observe(watcher::Event::Apply(plan(
+            serde_json::json!({"phase": "Succeeded", "total": 1, "succeeded": 1}),
+        )));
+        assert!(seen.ended());
+        seen.observe(watcher::Event::Apply(plan(
+            serde_json::json!({"phase": "Running"}),
+        )));
+        seen.observe(watcher::Event::Delete(plan(serde_json::json!(null))));
+        assert!(seen.ended(), "a deleted plan has nothing more to show");
+        seen.watched = false;
+        seen.plan = Some(plan(serde_json::json!({"phase": "Running"})));
+        assert!(seen.ended(), "no plan watched: nothing to wait for");
+    }
 
     #[test]
     fn bars_and_clocks() {
