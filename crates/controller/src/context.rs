@@ -48,8 +48,8 @@ pub struct Context {
     sessions: Mutex<HashMap<String, CachedSession>>,
     /// Consecutive failed reconciles per migration, for the error backoff.
     failures: Mutex<HashMap<String, u32>>,
-    /// The resourceVersion of this process's last write per migration, until the migration ends.
-    written: Mutex<HashMap<String, String>>,
+    /// This process's last write per migration, until the migration ends.
+    written: Mutex<HashMap<String, OwnWrite>>,
     /// Every source VM's name per Provider, shared by the discoveries of [`VM_INDEX_TTL`] (one listing at a time).
     vm_names: tokio::sync::Mutex<HashMap<String, VmNameIndex>>,
     /// Staging stores per bucket, endpoint and keys (a hash of them: the keys are not kept twice).
@@ -62,6 +62,12 @@ pub struct Context {
     pub plan_throttle: crate::plan::Throttle,
     /// The Provider controller's cache, for reads that may lag a moment (a waiter's look at its limits).
     providers: std::sync::OnceLock<kube::runtime::reflector::Store<ferry_api::Provider>>,
+}
+
+/// A write of this process, as the API server stored it.
+struct OwnWrite {
+    resource_version: String,
+    at: std::time::Instant,
 }
 
 const MAX_STAGING_STORES: usize = 16;
@@ -140,9 +146,24 @@ impl Context {
     pub fn wrote(&self, key: &str, resource_version: Option<String>) {
         let mut written = self.written.lock().unwrap_or_else(|p| p.into_inner());
         match resource_version {
-            Some(rv) => written.insert(key.to_string(), rv),
+            Some(resource_version) => written.insert(
+                key.to_string(),
+                OwnWrite {
+                    resource_version,
+                    at: std::time::Instant::now(),
+                },
+            ),
             None => written.remove(key),
         };
+    }
+
+    /// How much of `interval` is left since this process last wrote `key`; none once it has passed.
+    pub fn progress_shown_within(&self, key: &str, interval: Duration) -> Option<Duration> {
+        let written = self.written.lock().unwrap_or_else(|p| p.into_inner());
+        let at = written.get(key)?.at;
+        interval
+            .checked_sub(at.elapsed())
+            .filter(|left| !left.is_zero())
     }
 
     /// True when `resource_version` is older than this process's last write of `key`: the watch cache has not
@@ -150,7 +171,7 @@ impl Context {
     pub fn is_stale(&self, key: &str, resource_version: Option<&str>) -> bool {
         let written = self.written.lock().unwrap_or_else(|p| p.into_inner());
         match (written.get(key), resource_version) {
-            (Some(ours), Some(seen)) => older(seen, ours),
+            (Some(ours), Some(seen)) => older(seen, &ours.resource_version),
             _ => false,
         }
     }

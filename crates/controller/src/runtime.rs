@@ -161,15 +161,19 @@ async fn run_controllers(client: Client, ctx: Arc<Context>, namespace: Option<&s
             dynamic(&client, namespace, &vmi_resource()),
             vmi_resource(),
             config.clone(),
+            // Every VMI event looks at every migration: compare in place, allocate nothing per migration.
             move |vmi| {
-                let ns = vmi.namespace();
+                let (ns, name) = (
+                    vmi.metadata.namespace.as_deref(),
+                    vmi.metadata.name.as_deref(),
+                );
                 by_vm
                     .state()
                     .into_iter()
                     .filter(|m| {
-                        m.namespace() == ns
-                            && m.status.as_ref().and_then(|s| s.target_vm.as_deref())
-                                == Some(vmi.name_any().as_str())
+                        name.is_some()
+                            && m.metadata.namespace.as_deref() == ns
+                            && m.status.as_ref().and_then(|s| s.target_vm.as_deref()) == name
                     })
                     .map(|m| ObjectRef::from_obj(&*m))
                     .collect::<Vec<_>>()

@@ -218,6 +218,21 @@ pub fn progress_bytes(status: &Status) -> (f64, i64) {
     (done, total)
 }
 
+/// `after` differs from `before` only in how far the work went: progress, and a message with the same reason.
+/// Pure.
+pub fn only_progress(before: &Status, after: &Status) -> bool {
+    let without_progress = |s: &Status| {
+        let mut s = s.clone();
+        s.progress = None;
+        s.message = None;
+        s.disks.iter_mut().for_each(|d| d.progress = None);
+        s
+    };
+    before.phase == after.phase
+        && before.reason == after.reason
+        && without_progress(before) == without_progress(after)
+}
+
 /// `42% (27 MiB of 64 MiB)`.
 pub fn progress(status: &Status) -> Option<String> {
     let (done, total) = progress_bytes(status);
@@ -239,6 +254,31 @@ mod tests {
 
     fn now() -> Time {
         Time(k8s_openapi::jiff::Timestamp::from_second(1_800_000_000).unwrap())
+    }
+
+    #[test]
+    fn only_a_changed_progress_or_message_under_the_same_reason_is_progress() {
+        let before = Status {
+            phase: Some(Phase::Importing),
+            reason: Some("Importing".into()),
+            message: Some("disk-0 ImportInProgress 10.0%".into()),
+            disks: vec![DiskStatus {
+                progress: Some("10.0%".into()),
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let mut after = before.clone();
+        after.message = Some("disk-0 ImportInProgress 55.0%".into());
+        after.disks[0].progress = Some("55.0%".into());
+        after.progress = Some("55% (55 MiB of 100 MiB)".into());
+        assert!(only_progress(&before, &after));
+        let mut verified = after.clone();
+        verified.disks[0].verified = true;
+        assert!(!only_progress(&before, &verified));
+        let mut advanced = after.clone();
+        advanced.reason = Some("DisksImportedAndVerified".into());
+        assert!(!only_progress(&before, &advanced));
     }
 
     #[test]

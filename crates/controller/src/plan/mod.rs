@@ -32,19 +32,32 @@ const RECHECK: Duration = Duration::from_secs(30);
 /// A plan sums up its migrations at most this often: under load they change many times a second.
 const MIN_INTERVAL: Duration = Duration::from_secs(2);
 
+/// And at most once per this much per VM: summing up costs in proportion to its VMs (1,000 VMs: every 5 s).
+const INTERVAL_PER_VM: Duration = Duration::from_millis(5);
+
+/// How often `plan` may be summed up. Pure.
+pub fn interval(plan: &MigrationPlan) -> Duration {
+    let vms = plan
+        .status
+        .as_ref()
+        .map_or(0, |s| s.vms.len())
+        .max(plan.spec.vms.len());
+    (INTERVAL_PER_VM * vms as u32).clamp(MIN_INTERVAL, RECHECK)
+}
+
 /// When each plan was last summed up. A debounce would never fire while a thousand migrations keep changing.
 #[derive(Default)]
 pub struct Throttle(std::sync::Mutex<std::collections::HashMap<String, std::time::Instant>>);
 
 impl Throttle {
     /// None: run now (and it is recorded); else how long until the plan may run again.
-    fn wait(&self, key: &str) -> Option<Duration> {
+    fn wait(&self, key: &str, interval: Duration) -> Option<Duration> {
         let mut last = self.0.lock().unwrap_or_else(|p| p.into_inner());
         let now = std::time::Instant::now();
         if let Some(ran) = last.get(key)
-            && now.duration_since(*ran) < MIN_INTERVAL
+            && now.duration_since(*ran) < interval
         {
-            return Some(MIN_INTERVAL - now.duration_since(*ran));
+            return Some(interval - now.duration_since(*ran));
         }
         last.insert(key.to_string(), now);
         None
@@ -65,7 +78,7 @@ pub async fn reconcile(plan: Arc<MigrationPlan>, ctx: Arc<Context>) -> Result<Ac
         ctx.plan_throttle.forget(&key);
         return Ok(Action::await_change());
     }
-    if let Some(wait) = ctx.plan_throttle.wait(&key) {
+    if let Some(wait) = ctx.plan_throttle.wait(&key, interval(&plan)) {
         return Ok(Action::requeue(wait));
     }
     if ctx.is_stale(&key, plan.resource_version().as_deref()) {
@@ -238,4 +251,35 @@ fn key(plan: &MigrationPlan) -> String {
         plan.namespace().unwrap_or_default(),
         plan.name_any()
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn plan_of(vms: usize) -> MigrationPlan {
+        let vms: Vec<_> = (0..vms)
+            .map(|i| json!({"name": format!("vm-{i}")}))
+            .collect();
+        MigrationPlan::new(
+            "wave",
+            serde_json::from_value(json!({"providerRef": {"name": "vc"}, "vms": vms})).unwrap(),
+        )
+    }
+
+    #[test]
+    fn a_big_plan_is_summed_up_less_often_than_a_small_one_but_at_least_every_recheck() {
+        assert_eq!(interval(&plan_of(3)), MIN_INTERVAL);
+        assert_eq!(interval(&plan_of(1000)), Duration::from_secs(5));
+        assert_eq!(interval(&plan_of(20_000)), RECHECK);
+        let throttle = Throttle::default();
+        assert_eq!(throttle.wait("p", Duration::from_secs(5)), None);
+        let left = throttle.wait("p", Duration::from_secs(5)).unwrap();
+        assert!(
+            !left.is_zero() && left <= Duration::from_secs(5),
+            "{left:?}"
+        );
+        throttle.forget("p");
+        assert_eq!(throttle.wait("p", Duration::from_secs(5)), None);
+    }
 }

@@ -14,7 +14,7 @@ use tracing::Instrument;
 use crate::checkpoint::CHECKPOINTS;
 use crate::context::Context;
 use crate::error::{Failure, Result};
-use stages::Reconcile;
+use stages::{Reconcile, Stop};
 
 mod stages;
 mod writes;
@@ -89,9 +89,20 @@ async fn reconcile_one(vmm: &VirtualMachineMigration, ctx: &Context) -> Result<A
     let stop = run
         .run_checkpoints(resume_point(phase, &run.edit.status))
         .await;
+    // Only a checkpoint that waits may have its progress shown a little later.
+    let waits = match &stop {
+        Stop::Waiting { after, .. } if !after.is_zero() => Some(*after),
+        _ => None,
+    };
     let action = run.conclude(stop).await;
-    run.write().await?;
-    Ok(action)
+    let Some(waits) = waits else {
+        run.write().await?;
+        return Ok(action);
+    };
+    Ok(match run.write_waiting().await? {
+        Some(show_progress) => Action::requeue(show_progress.min(waits)),
+        None => action,
+    })
 }
 
 /// A migration waiting for a person re-runs the checkpoint that stopped it.
@@ -107,6 +118,6 @@ fn resume_point(phase: Phase, status: &Status) -> Phase {
 }
 
 /// `namespace/name`: the migration's key in metrics, backoff and the controller's own-write record.
-fn key(vmm: &VirtualMachineMigration) -> String {
+pub(crate) fn key(vmm: &VirtualMachineMigration) -> String {
     format!("{}/{}", vmm.namespace().unwrap_or_default(), vmm.name_any())
 }

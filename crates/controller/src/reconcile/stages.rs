@@ -371,6 +371,27 @@ impl<'a> Reconcile<'a> {
     }
 
     pub(super) async fn write(&mut self) -> Result<()> {
-        write_status(self.ctx, self.vmm, &self.before, &mut self.edit.status).await
+        write_status(
+            self.ctx,
+            self.vmm,
+            &self.before,
+            &mut self.edit.status,
+            false,
+        )
+        .await?;
+        Ok(())
+    }
+
+    /// Writes the status of a reconcile that waits, or defers a change of progress alone: `Some` is when to look
+    /// again to show it.
+    pub(super) async fn write_waiting(&mut self) -> Result<Option<Duration>> {
+        write_status(
+            self.ctx,
+            self.vmm,
+            &self.before,
+            &mut self.edit.status,
+            true,
+        )
+        .await
     }
 }

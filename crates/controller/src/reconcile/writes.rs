@@ -6,22 +6,37 @@ use kube::runtime::events::{Event, EventType};
 use kube::{Api, Resource, ResourceExt};
 use serde_json::json;
 
+use std::time::Duration;
+
 use super::key;
 use crate::children::MANAGER;
 use crate::context::Context;
 use crate::error::Result;
 
-/// Writes status when it differs from what was read, with that read's resourceVersion as a precondition.
+/// A migration's progress (a DataVolume's percentage, say) is written at most this often: a thousand imports
+/// report theirs many times a minute, and each write costs the API server and a reconcile.
+pub const PROGRESS_INTERVAL: Duration = Duration::from_secs(5);
+
+/// Writes status when it differs from what was read, with that read's resourceVersion as a precondition. When
+/// the reconcile `waits` (concludes with a wait, its timer set): a change of progress alone is written at most
+/// every [`PROGRESS_INTERVAL`] (`Some` is when to look again so the latest progress is shown).
 pub(super) async fn write_status(
     ctx: &Context,
     vmm: &VirtualMachineMigration,
     before: &Status,
     status: &mut Status,
-) -> Result<()> {
+    waits: bool,
+) -> Result<Option<Duration>> {
     status.progress = crate::status::progress(status).or(status.progress.take());
     status.observed_generation = vmm.metadata.generation;
     if status == before {
-        return Ok(());
+        return Ok(None);
+    }
+    if waits
+        && crate::status::only_progress(before, status)
+        && let Some(left) = ctx.progress_shown_within(&key(vmm), PROGRESS_INTERVAL)
+    {
+        return Ok(Some(left));
     }
     let api: Api<VirtualMachineMigration> =
         Api::namespaced(ctx.client.clone(), &vmm.namespace().unwrap_or_default());
@@ -40,7 +55,7 @@ pub(super) async fn write_status(
         .await?;
     ctx.wrote(&key(vmm), written.resource_version());
     crate::slots::wrote(&ctx.slots, vmm, before, status);
-    Ok(())
+    Ok(None)
 }
 
 pub(super) async fn set_finalizer(
