@@ -9,7 +9,8 @@
 //! - `build`: pure builders of the Jobs, DataVolumes and VM a migration creates.
 //! - `status`: pure status edits (phases, conditions, retries, progress).
 //! - `reconcile`: one reconcile: finalizer, cancel, dispatch, status write, Events.
-//! - `runtime`: watches, leader election, metrics and health endpoints.
+//! - `runtime`: watches, leader election, metrics and health endpoints; `wake`: which child changes wake a
+//!   migration.
 
 mod backoff;
 pub(crate) mod build;
@@ -35,6 +36,7 @@ pub(crate) mod slots;
 pub(crate) mod staging;
 pub(crate) mod status;
 pub mod surface;
+pub(crate) mod wake;
 
 pub use context::Config;
 pub use runtime::{RunOptions, run};

@@ -18,6 +18,8 @@ pub struct Metrics {
 #[derive(Default)]
 struct Inner {
     reconciles: u64,
+    /// Reconciles by the phase and reason the migration was in when each began.
+    reconciles_by_state: BTreeMap<String, u64>,
     latency_buckets: [u64; BUCKETS.len()],
     latency_sum: f64,
     errors: BTreeMap<(String, String), u64>,
@@ -31,9 +33,16 @@ impl Metrics {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    pub fn reconciled(&self, took: Duration) {
+    /// A reconcile that began with the migration in `state` (its phase, and its reason if any).
+    pub fn reconciled(&self, took: Duration, state: &str) {
         let mut m = self.lock();
         m.reconciles += 1;
+        match m.reconciles_by_state.get_mut(state) {
+            Some(n) => *n += 1,
+            None => {
+                m.reconciles_by_state.insert(state.into(), 1);
+            }
+        }
         let seconds = took.as_secs_f64();
         m.latency_sum += seconds;
         for (i, bound) in BUCKETS.iter().enumerate() {
@@ -76,6 +85,14 @@ impl Metrics {
             "# TYPE ferry_reconciles_total counter\nferry_reconciles_total {}",
             m.reconciles
         );
+        let _ = writeln!(out, "# TYPE ferry_reconciles_by_state_total counter");
+        for (state, n) in &m.reconciles_by_state {
+            let (phase, reason) = state.split_once('/').unwrap_or((state, ""));
+            let _ = writeln!(
+                out,
+                "ferry_reconciles_by_state_total{{phase=\"{phase}\",reason=\"{reason}\"}} {n}"
+            );
+        }
         let _ = writeln!(out, "# TYPE ferry_reconcile_duration_seconds histogram");
         for (i, bound) in BUCKETS.iter().enumerate() {
             let _ = writeln!(
@@ -137,13 +154,19 @@ mod tests {
     #[test]
     fn renders_counters_histogram_and_gauges() {
         let m = Metrics::default();
-        m.reconciled(Duration::from_millis(20));
+        m.reconciled(Duration::from_millis(20), "Importing/WaitingForImport");
         m.error("Transient", "Conflict");
         m.phase("ns/a", Some("Converting"));
         m.phase("ns/b", Some("Converting"));
         m.phase("ns/b", None);
         let text = m.render();
         assert!(text.contains("ferry_reconciles_total 1"), "{text}");
+        assert!(
+            text.contains(
+                "ferry_reconciles_by_state_total{phase=\"Importing\",reason=\"WaitingForImport\"} 1"
+            ),
+            "{text}"
+        );
         assert!(
             text.contains("ferry_reconcile_duration_seconds_bucket{le=\"0.025\"} 1"),
             "{text}"

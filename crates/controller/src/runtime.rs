@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use anyhow::{Context as _, Result};
-use ferry_api::{MigrationPlan, Provider, VirtualMachineMigration};
+use ferry_api::{MigrationPlan, Phase, Provider, VirtualMachineMigration};
 use futures::StreamExt;
 use k8s_openapi::api::batch::v1::Job;
 use kube::api::{DynamicObject, PartialObjectMeta};
@@ -136,17 +136,21 @@ async fn run_controllers(client: Client, ctx: Arc<Context>, namespace: Option<&s
     let dv_cache = Writer::<DynamicObject>::new(dv_resource());
     ctx.caches
         .attach(job_cache.as_reader(), dv_cache.as_reader());
-    let jobs = reflector(
-        job_cache,
-        watcher(api::<Job>(&client, namespace), config.clone()).modify(forget_managed_fields),
-    )
-    .touched_objects();
-    let data_volumes = reflector(
-        dv_cache,
-        watcher(dynamic(&client, namespace, &dv_resource()), config.clone())
-            .modify(forget_managed_fields),
-    )
-    .touched_objects();
+    let jobs = crate::wake::significant(
+        reflector(
+            job_cache,
+            watcher(api::<Job>(&client, namespace), config.clone()).modify(forget_managed_fields),
+        ),
+        crate::wake::job_summary,
+    );
+    let data_volumes = crate::wake::significant(
+        reflector(
+            dv_cache,
+            watcher(dynamic(&client, namespace, &dv_resource()), config.clone())
+                .modify(forget_managed_fields),
+        ),
+        crate::wake::data_volume_summary,
+    );
     let migrations = migrations
         .reconcile_on(woken)
         .owns_stream(jobs)
@@ -187,9 +191,17 @@ async fn run_controllers(client: Client, ctx: Arc<Context>, namespace: Option<&s
                 by_provider
                     .state()
                     .into_iter()
+                    // A finished migration needs nothing of its Provider: at the end of a big plan, a Provider's
+                    // change would otherwise wake every migration it ever served.
                     .filter(|m| {
                         m.namespace() == ns
                             && m.spec.source.provider_ref.name == provider.name_any()
+                            && (m.metadata.deletion_timestamp.is_some()
+                                || !m
+                                    .status
+                                    .as_ref()
+                                    .and_then(|s| s.phase)
+                                    .is_some_and(Phase::is_terminal))
                     })
                     .map(|m| ObjectRef::from_obj(&*m))
                     .collect::<Vec<_>>()

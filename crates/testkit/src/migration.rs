@@ -113,6 +113,18 @@ impl ControllerProcess {
         self.launch().await
     }
 
+    /// How many times the controller was launched: 1 means it never had to start again.
+    pub fn launches(&self) -> u32 {
+        self.starts
+    }
+
+    /// True while the current run's process lives.
+    pub fn is_running(&self) -> bool {
+        self.record
+            .as_ref()
+            .is_some_and(|record| record.is_alive(&self.ferry))
+    }
+
     pub fn metrics(&self) -> String {
         let url = format!("http://127.0.0.1:{}/metrics", self.metrics_port);
         std::process::Command::new("curl")

@@ -1,7 +1,8 @@
 //! Proxies on loopback between a vSphere client and vcsim:
 //! - [`CuttingProxy`] (TCP) cuts the first connection to carry more than a given number of bytes back to the
 //!   client: a dropped connection in the middle of a download, on demand.
-//! - [`FaultProxy`] (HTTPS) answers downloads the way a real vCenter sometimes does ([`Fault`]).
+//! - [`FaultProxy`] (HTTPS) answers downloads the way a real vCenter sometimes does ([`Fault`]), or SOAP calls the
+//!   way a hostile endpoint would ([`Hostile`]).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -111,6 +112,20 @@ pub enum Fault {
     AfterSoapCall(String),
 }
 
+/// SOAP answers no vSphere endpoint sends, from a tenant's own server posing as one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Hostile {
+    /// Every call is answered with elements nested a million deep (about 7 MB).
+    DeepXml,
+    /// Every call is answered with a body that never ends.
+    EndlessBody,
+    /// Property listings never end: each page is empty and hands out another continuation token. Other calls
+    /// pass through to vcsim, so logging in works.
+    EndlessTokens,
+    /// Every call is answered one byte a second.
+    Trickle,
+}
+
 /// A download request as the proxy saw it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Seen {
@@ -127,6 +142,7 @@ struct Shared {
     /// SOAP method names, in order; the watch wakes requests held by [`Fault::AfterSoapCall`].
     soap: std::sync::Mutex<Vec<String>>,
     soap_changed: tokio::sync::watch::Sender<usize>,
+    hostile: std::sync::Mutex<Option<Hostile>>,
 }
 
 impl Shared {
@@ -136,6 +152,7 @@ impl Shared {
             downloads: Default::default(),
             soap: Default::default(),
             soap_changed: tokio::sync::watch::Sender::new(0),
+            hostile: Default::default(),
         }
     }
 
@@ -146,8 +163,17 @@ impl Shared {
 
 impl FaultProxy {
     pub async fn start(vcsim: &crate::TestVcsim) -> Self {
+        Self::start_for(vcsim.endpoint()).await
+    }
+
+    /// A proxy in front of any vcsim, such as a lab's; its certificate comes from the CA that signed vcsim's.
+    pub async fn start_for(vcsim: &ferry_lab::VcsimEndpoint) -> Self {
         static NEXT: AtomicUsize = AtomicUsize::new(0);
-        let pki = ferry_lab::pki::Pki::open_or_create(&vcsim.dir().join("pki")).unwrap();
+        let pki_dir = vcsim
+            .ca_file
+            .parent()
+            .expect("vcsim's CA file is in its PKI folder");
+        let pki = ferry_lab::pki::Pki::open_or_create(pki_dir).unwrap();
         let name = format!("fault-proxy-{}", NEXT.fetch_add(1, Ordering::SeqCst));
         let cert = pki.issue_server(&name).unwrap();
         let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(server_config(&cert)));
@@ -158,7 +184,7 @@ impl FaultProxy {
             .redirect(reqwest::redirect::Policy::none())
             .build()
             .unwrap();
-        let base = format!("https://127.0.0.1:{}", vcsim.endpoint().port().unwrap());
+        let base = format!("https://127.0.0.1:{}", vcsim.port().unwrap());
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
         let shared = Arc::new(Shared::new());
@@ -187,6 +213,11 @@ impl FaultProxy {
     /// The SDK URL through the proxy.
     pub fn url(&self) -> String {
         format!("https://127.0.0.1:{}/sdk", self.port)
+    }
+
+    /// From now on, SOAP calls are answered as `hostile` says.
+    pub fn turn_hostile(&self, hostile: Hostile) {
+        *self.shared.hostile.lock().unwrap() = Some(hostile);
     }
 
     /// Queues `fault` for the next download request not yet given one.
@@ -254,8 +285,17 @@ async fn serve(
         if request.method == "POST"
             && let Some(method) = soap_method(&request.body)
         {
-            shared.soap.lock().unwrap().push(method);
+            shared.soap.lock().unwrap().push(method.clone());
             shared.soap_changed.send_modify(|n| *n += 1);
+            let hostile = *shared.hostile.lock().unwrap();
+            if let Some(hostile) = hostile
+                && answers_hostile(hostile, &method)
+            {
+                if !answer_hostile(&mut client, hostile, &method).await {
+                    return;
+                }
+                continue;
+            }
         }
         let fault = if download {
             shared.faults.lock().unwrap().pop_front()
@@ -312,6 +352,67 @@ async fn read_request(client: &mut Client) -> Option<Request> {
     request.body = vec![0; length];
     client.read_exact(&mut request.body).await.ok()?;
     Some(request)
+}
+
+fn answers_hostile(hostile: Hostile, method: &str) -> bool {
+    hostile != Hostile::EndlessTokens
+        || matches!(
+            method,
+            "RetrievePropertiesEx" | "ContinueRetrievePropertiesEx"
+        )
+}
+
+const SOAP_OPEN: &str = r#"<?xml version="1.0" encoding="UTF-8"?><soapenv:Envelope xmlns:soapenv="http://schemas.xmlsoap.org/soap/envelope/"><soapenv:Body>"#;
+const SOAP_CLOSE: &str = "</soapenv:Body></soapenv:Envelope>";
+
+/// Answers one SOAP call as `hostile` says; false when the connection must end.
+async fn answer_hostile(client: &mut Client, hostile: Hostile, method: &str) -> bool {
+    static TOKENS: AtomicUsize = AtomicUsize::new(0);
+    let whole = |body: String| {
+        format!(
+            "HTTP/1.1 200 OK\r\nContent-Type: text/xml; charset=utf-8\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+    };
+    match hostile {
+        Hostile::DeepXml => {
+            let depth = 1_000_000;
+            let body = format!(
+                "{SOAP_OPEN}{}{}{SOAP_CLOSE}",
+                "<a>".repeat(depth),
+                "</a>".repeat(depth)
+            );
+            client.write_all(whole(body).as_bytes()).await.is_ok()
+        }
+        Hostile::EndlessTokens => {
+            let token = TOKENS.fetch_add(1, Ordering::SeqCst);
+            let body = format!(
+                "{SOAP_OPEN}<{method}Response xmlns=\"urn:vim25\"><returnval><token>t{token}</token></returnval></{method}Response>{SOAP_CLOSE}"
+            );
+            client.write_all(whole(body).as_bytes()).await.is_ok()
+        }
+        Hostile::EndlessBody => {
+            let head = "HTTP/1.1 200 OK\r\nContent-Type: text/xml; charset=utf-8\r\nTransfer-Encoding: chunked\r\n\r\n";
+            if client.write_all(head.as_bytes()).await.is_err() {
+                return false;
+            }
+            let chunk = format!("{SOAP_OPEN}<x>{}", "z".repeat(64 * 1024));
+            let framed = format!("{:x}\r\n{chunk}\r\n", chunk.len());
+            // Until the client hangs up.
+            while client.write_all(framed.as_bytes()).await.is_ok() {}
+            false
+        }
+        Hostile::Trickle => {
+            let body = format!("{SOAP_OPEN}{}{SOAP_CLOSE}", " ".repeat(4096));
+            for byte in whole(body).bytes() {
+                if client.write_all(&[byte]).await.is_err() || client.flush().await.is_err() {
+                    return false;
+                }
+                tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+            }
+            true
+        }
+    }
 }
 
 /// The method of a SOAP envelope: the first element inside `Body`.

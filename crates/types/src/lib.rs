@@ -142,6 +142,7 @@ reasons! {
         NoDisks,
         PersistentVolumeClaimExists,
         ProviderNotFound,
+        ReconcileDeadlineExceeded,
         ProviderSecretNotFound,
         SecretKeyMissing,
         SecretNotFound,

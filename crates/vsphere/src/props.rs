@@ -9,6 +9,13 @@ use crate::xml::{Element, escape};
 
 const PAGE: usize = 500;
 
+/// More objects than any vCenter holds (its limits are tens of thousands of VMs and hosts): an endpoint that keeps
+/// handing out continuation tokens is cut off here.
+pub const MAX_OBJECTS: usize = 200_000;
+
+/// Pages of one listing, counting empty ones: a token that leads only to more tokens ends here.
+pub const MAX_PAGES: usize = 2 * MAX_OBJECTS / PAGE;
+
 /// One object and the properties it has (unset properties are absent).
 #[derive(Clone, Debug, PartialEq)]
 pub struct ObjectContent {
@@ -146,8 +153,20 @@ async fn retrieve_pages(
         Err(e) => return Ok(Err(e)),
     };
     let mut objects = Vec::new();
+    let mut pages = 0;
     // No `returnval` means nothing matched.
     while let Some(result) = response.child("returnval") {
+        pages += 1;
+        if pages > MAX_PAGES || objects.len() > MAX_OBJECTS {
+            return Ok(Err(Error::InvalidResponse {
+                method: "ContinueRetrievePropertiesEx".into(),
+                detail: format!(
+                    "the listing did not end after {} pages and {} objects; no vCenter holds that many",
+                    pages - 1,
+                    objects.len()
+                ),
+            }));
+        }
         for found in result.children_named("objects") {
             let missing_fault =
                 |m: &Element| m.at(&["fault", "fault"]).and_then(|f| f.xsi_type.clone());

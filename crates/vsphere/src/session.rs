@@ -392,10 +392,7 @@ async fn post(
         .filter_map(|v| v.to_str().ok())
         .find(|v| v.starts_with("vmware_soap_session="))
         .map(|v| v.split(';').next().unwrap_or(v).to_string());
-    let body = response
-        .text()
-        .await
-        .map_err(|e| transport_error(config, seen, &e))?;
+    let body = bounded_text(response, method, config, seen).await?;
     // Faults come with HTTP 500 and a SOAP body; other errors have no SOAP body.
     match soap::parse_response(method, &body) {
         Ok(parsed) => Ok((parsed, cookie)),
@@ -409,6 +406,45 @@ async fn post(
             detail: e.to_string(),
         }),
     }
+}
+
+/// No vSphere answer comes near this (a page of 500 VMs' properties is a few MiB): a hostile endpoint's endless
+/// body stops here instead of filling the controller's memory.
+pub const MAX_BODY_BYTES: usize = 32 << 20;
+
+/// The response body, read to its end but never past [`MAX_BODY_BYTES`].
+async fn bounded_text(
+    mut response: reqwest::Response,
+    method: &str,
+    config: &ConnectConfig,
+    seen: &SeenThumbprint,
+) -> Result<String> {
+    let too_big = || Error::InvalidResponse {
+        method: method.to_string(),
+        detail: format!(
+            "the answer is larger than {} MiB; no vSphere endpoint sends that much",
+            MAX_BODY_BYTES >> 20
+        ),
+    };
+    if response
+        .content_length()
+        .is_some_and(|n| n > MAX_BODY_BYTES as u64)
+    {
+        return Err(too_big());
+    }
+    let mut body = Vec::new();
+    while let Some(chunk) = response
+        .chunk()
+        .await
+        .map_err(|e| transport_error(config, seen, &e))?
+    {
+        if body.len() + chunk.len() > MAX_BODY_BYTES {
+            return Err(too_big());
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(String::from_utf8(body)
+        .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned()))
 }
 
 fn transport_error(config: &ConnectConfig, seen: &SeenThumbprint, error: &reqwest::Error) -> Error {

@@ -62,17 +62,42 @@ impl Element {
     }
 }
 
+/// Deeper than any vSphere answer nests (a VM's devices sit about a dozen levels down). The tree is walked, cloned
+/// and dropped recursively: a hostile endpoint's nesting must stop here, not at the end of the stack.
+pub const MAX_DEPTH: usize = 128;
+
+/// More elements than any answer holds (a page of 500 VMs' inventory properties is a few tens of thousands); each
+/// costs about 120 bytes of tree, so a hostile body of empty elements is refused long before memory runs out.
+pub const MAX_ELEMENTS: usize = 500_000;
+
 pub fn parse(xml: &str) -> Result<Element, XmlError> {
     // No trimming: text around an entity reference arrives in pieces, and trimming would eat its spaces.
     let mut reader = NsReader::from_str(xml);
     // The document's root is kept under a synthetic element, popped at the end.
     let mut stack = vec![Element::default()];
+    let mut elements = 0usize;
     loop {
         let (_, event) = reader
             .read_resolved_event()
             .map_err(|e| XmlError(e.to_string()))?;
+        if matches!(event, Event::Start(_) | Event::Empty(_)) {
+            elements += 1;
+            if elements > MAX_ELEMENTS {
+                return Err(XmlError(format!(
+                    "more than {MAX_ELEMENTS} elements in one answer"
+                )));
+            }
+        }
         match event {
-            Event::Start(start) => stack.push(element(&reader, &start)?),
+            Event::Start(start) => {
+                // The synthetic root is not counted.
+                if stack.len() > MAX_DEPTH {
+                    return Err(XmlError(format!(
+                        "elements nested more than {MAX_DEPTH} deep"
+                    )));
+                }
+                stack.push(element(&reader, &start)?)
+            }
             Event::Empty(start) => {
                 let done = element(&reader, &start)?;
                 stack.last_mut().expect("root").children.push(done);
@@ -186,5 +211,18 @@ mod tests {
         );
         assert!(root.at(&["e"]).is_some());
         assert!(root.find("returnval").is_some());
+    }
+
+    #[test]
+    fn hostile_nesting_and_floods_are_refused_not_followed() {
+        let nested = |depth: usize| format!("{}{}", "<a>".repeat(depth), "</a>".repeat(depth));
+        assert!(parse(&nested(MAX_DEPTH)).is_ok());
+        let err = parse(&nested(MAX_DEPTH + 1)).unwrap_err().to_string();
+        assert!(err.contains("nested more than 128 deep"), "{err}");
+        // A million levels: refused at once, with the stack untouched.
+        assert!(parse(&nested(1_000_000)).is_err());
+        let flood = format!("<r>{}</r>", "<e/>".repeat(MAX_ELEMENTS));
+        let err = parse(&flood).unwrap_err().to_string();
+        assert!(err.contains("more than 500000 elements"), "{err}");
     }
 }

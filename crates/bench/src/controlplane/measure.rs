@@ -195,6 +195,8 @@ pub struct Reconciles {
     pub count: u64,
     /// (upper bound in seconds, cumulative count), in order; the last bound is infinite.
     pub buckets: Vec<(f64, u64)>,
+    /// Reconciles by `phase/reason` the migration was in when each began.
+    pub by_state: BTreeMap<String, u64>,
 }
 
 impl Reconciles {
@@ -203,6 +205,17 @@ impl Reconciles {
         for line in metrics.lines() {
             if let Some(n) = line.strip_prefix("ferry_reconciles_total ") {
                 out.count = n.trim().parse().unwrap_or_default();
+            } else if let Some(rest) = line.strip_prefix("ferry_reconciles_by_state_total{phase=\"")
+                && let Some((phase, rest)) = rest.split_once("\",reason=\"")
+                && let Some((reason, n)) = rest.split_once("\"} ")
+            {
+                let state = if reason.is_empty() {
+                    phase.to_string()
+                } else {
+                    format!("{phase}/{reason}")
+                };
+                out.by_state
+                    .insert(state, n.trim().parse().unwrap_or_default());
             } else if let Some(rest) =
                 line.strip_prefix("ferry_reconcile_duration_seconds_bucket{le=\"")
                 && let Some((bound, n)) = rest.split_once("\"} ")
@@ -242,9 +255,13 @@ mod tests {
             ferry_reconcile_duration_seconds_bucket{le=\"0.005\"} 60\n\
             ferry_reconcile_duration_seconds_bucket{le=\"0.05\"} 98\n\
             ferry_reconcile_duration_seconds_bucket{le=\"1\"} 100\n\
-            ferry_reconcile_duration_seconds_bucket{le=\"+Inf\"} 100\n";
+            ferry_reconcile_duration_seconds_bucket{le=\"+Inf\"} 100\n\
+            ferry_reconciles_by_state_total{phase=\"Importing\",reason=\"WaitingForImport\"} 70\n\
+            ferry_reconciles_by_state_total{phase=\"Succeeded\",reason=\"\"} 30\n";
         let r = Reconciles::parse(text);
         assert_eq!(r.count, 100);
+        assert_eq!(r.by_state["Importing/WaitingForImport"], 70);
+        assert_eq!(r.by_state["Succeeded"], 30);
         assert_eq!(r.quantile(0.5), 0.005);
         assert_eq!(r.quantile(0.99), 1.0);
         assert_eq!(r.quantile(0.1), 0.001);

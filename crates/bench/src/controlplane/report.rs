@@ -180,6 +180,11 @@ impl Report {
             millis(f.reconciles.quantile(0.5)),
             millis(f.reconciles.quantile(0.99))
         );
+        let mut by_state: Vec<_> = f.reconciles.by_state.iter().collect();
+        by_state.sort_by_key(|(state, n)| (std::cmp::Reverse(**n), *state));
+        for (state, n) in by_state {
+            let _ = writeln!(out, "  {:>8.2}  {state}", self.per_migration(*n));
+        }
         let _ = writeln!(out, "targets:");
         for (what, value, met) in self.targets() {
             let verdict = if met { "met" } else { "MISSED" };

@@ -16,13 +16,18 @@ use crate::build::{self, dv_resource};
 use crate::error::{Failure, Result};
 use crate::{children, status};
 
-// DataVolumes and Jobs are watched: this only catches a lost event or a leftover claim going away.
-const WAIT: Duration = Duration::from_secs(60);
+/// DataVolumes and Jobs are watched: their changes wake the migration, and this only catches a lost event. Under a
+/// fleet's backlog hundreds of migrations wait here for minutes, so it is long.
+const WATCHED_WAIT: Duration = Duration::from_secs(180);
+
+/// A leftover claim going away is not watched: it is looked at this often.
+const CLAIM_WAIT: Duration = Duration::from_secs(15);
 
 pub async fn run(step: &mut Step<'_>) -> Result<Next> {
     let ns = step.vmm.namespace().unwrap_or_default();
     let dvs = Api::<DynamicObject>::namespaced_with(step.ctx.client.clone(), &ns, &dv_resource());
     let mut waiting = Vec::new();
+    let mut wait = WATCHED_WAIT;
     for i in 0..step.status.disks.len() {
         let disk = step.status.disks[i].clone();
         if disk.verified {
@@ -30,13 +35,19 @@ pub async fn run(step: &mut Step<'_>) -> Result<Next> {
         }
         let attempt = disk.verify_failures + 1;
         let name = children::data_volume(step.vmm, disk.index);
-        // An import the cache shows in progress only makes us wait; its end comes as an event.
-        let importing = |dv: &DynamicObject| {
+        // An import the cache shows in progress, or imported and still being verified, only makes us wait; its
+        // end comes as an event.
+        let verifier = children::verify_job(step.vmm, disk.index, attempt);
+        let waiting_only = |dv: &DynamicObject| {
             !status::is_charged(step.status, &dv.uid().unwrap_or_default())
-                && matches!(dv_state(Some(dv)), DvState::InProgress { .. })
+                && match dv_state(Some(dv)) {
+                    DvState::InProgress { .. } => true,
+                    DvState::Succeeded => jobs::cached_running(step.ctx, &ns, &verifier),
+                    _ => false,
+                }
         };
         let cached = step.ctx.caches.data_volume(&ns, &name);
-        let observed = crate::cache::read(cached, &dvs, &name, importing).await?;
+        let observed = crate::cache::read(cached, &dvs, &name, waiting_only).await?;
         if let Some(dv) = &observed
             && dv.metadata.deletion_timestamp.is_none()
             && status::is_charged(step.status, &dv.uid().unwrap_or_default())
@@ -61,6 +72,7 @@ pub async fn run(step: &mut Step<'_>) -> Result<Next> {
             DvState::Absent => {
                 if volumes::earlier_claim_left(step, &ns, &name).await? {
                     waiting.push(format!("the previous claim {name} is being removed"));
+                    wait = CLAIM_WAIT;
                     continue;
                 }
                 let dv = build::datavolume::data_volume(
@@ -93,7 +105,7 @@ pub async fn run(step: &mut Step<'_>) -> Result<Next> {
             }
             DvState::Succeeded => {
                 step.status.disks[i].progress = Some("100.0%".into());
-                let job = children::verify_job(step.vmm, disk.index, attempt);
+                let job = verifier;
                 match jobs::observe(step.ctx, &ns, &job).await? {
                     JobState::Absent => {
                         let sha = disk.sha256.clone().unwrap_or_default();
@@ -133,7 +145,7 @@ pub async fn run(step: &mut Step<'_>) -> Result<Next> {
             ),
         ));
     }
-    Ok(Next::wait("Importing", waiting.join("; "), WAIT))
+    Ok(Next::wait("Importing", waiting.join("; "), wait))
 }
 
 /// A failed import or verification of disk `i`: permanent errors stop; otherwise the failed object (`failed`,

@@ -25,10 +25,18 @@ pub enum JobState {
     Failed(Failure, String),
 }
 
+/// True when the watch cache shows Job `name` running: a stale copy can only make us wait longer.
+pub fn cached_running(ctx: &Context, ns: &str, name: &str) -> bool {
+    ctx.caches.job(ns, name).is_some_and(|job| running(&job))
+}
+
+fn running(job: &Job) -> bool {
+    job.metadata.deletion_timestamp.is_none() && !ended(job)
+}
+
 pub async fn observe(ctx: &Context, ns: &str, name: &str) -> Result<JobState> {
     let jobs: Api<Job> = Api::namespaced(ctx.client.clone(), ns);
     // A Job the cache shows running only makes us wait; its end comes as an event.
-    let running = |job: &Job| job.metadata.deletion_timestamp.is_none() && !ended(job);
     let cached = ctx.caches.job(ns, name);
     let Some(job) = crate::cache::read(cached, &jobs, name, running).await? else {
         return Ok(JobState::Absent);

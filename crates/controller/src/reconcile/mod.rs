@@ -19,6 +19,8 @@ use stages::{Reconcile, Stop};
 mod stages;
 mod writes;
 
+pub(crate) use writes::PROGRESS_INTERVAL;
+
 /// `migration.platform.example/hold-before: Preparing` stops a migration before it runs that checkpoint, for
 /// example to validate everything but power the source off only in a maintenance window. Cancel and delete work
 /// while held.
@@ -48,12 +50,47 @@ pub async fn reconcile(vmm: Arc<VirtualMachineMigration>, ctx: Arc<Context>) -> 
     }
     let started = Instant::now();
     let span = tracing::info_span!("reconcile", migration = %key);
-    let result = reconcile_one(&vmm, &ctx).instrument(span).await;
-    ctx.metrics.reconciled(started.elapsed());
+    let result = within_deadline(reconcile_one(&vmm, &ctx).instrument(span)).await;
+    ctx.metrics
+        .reconciled(started.elapsed(), &state_label(&vmm));
     if result.is_ok() {
         ctx.succeeded(&key);
     }
     result
+}
+
+/// Longer than any step waits within one reconcile (powering the source back on: up to 300 s). Each vSphere call
+/// has its own timeout; this stops a reconcile stuck anyway, so it gives its worker back and runs again later.
+const RECONCILE_DEADLINE: Duration = Duration::from_secs(600);
+
+async fn within_deadline(reconcile: impl Future<Output = Result<Action>>) -> Result<Action> {
+    tokio::time::timeout(RECONCILE_DEADLINE, reconcile)
+        .await
+        .unwrap_or_else(|_| {
+            Err(Failure::transient(
+                ferry_api::Reason::ReconcileDeadlineExceeded,
+                format!(
+                    "one reconcile took longer than {} s and was stopped; it runs again",
+                    RECONCILE_DEADLINE.as_secs()
+                ),
+            ))
+        })
+}
+
+/// `phase/reason` as the migration stood when the reconcile began; a label, so only `[A-Za-z0-9]`.
+fn state_label(vmm: &VirtualMachineMigration) -> String {
+    let status = vmm.status.as_ref();
+    let phase = status
+        .and_then(|s| s.phase)
+        .map_or_else(|| "New".to_string(), |p| format!("{p:?}"));
+    let reason: String = status
+        .and_then(|s| s.reason.as_deref())
+        .unwrap_or_default()
+        .chars()
+        .filter(char::is_ascii_alphanumeric)
+        .take(64)
+        .collect();
+    format!("{phase}/{reason}")
 }
 
 pub fn error_policy(
