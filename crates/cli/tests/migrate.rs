@@ -406,6 +406,52 @@ async fn a_missing_storage_class_waits_for_a_person_then_resumes() {
     );
 }
 
+/// A Job left under the name a migration needs (here by an earlier migration of the same name, or by hand) is
+/// never adopted: its result is never read, and it is never deleted. The migration waits for a person before the
+/// source is touched, naming the Job, and resumes once it is gone.
+#[tokio::test]
+async fn a_job_in_the_way_is_never_adopted_and_the_migration_resumes_once_it_is_gone() {
+    let vm = "DC0_C0_RP0_VM0";
+    let _source = source_lock(vm).await;
+    set_source_power(vm, true).await;
+    let (client, ns) = setup("leftover").await;
+    let jobs = Api::<k8s_openapi::api::batch::v1::Job>::namespaced(client.clone(), ns.name());
+    let leftover: k8s_openapi::api::batch::v1::Job = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "leftover-convert-1"},
+        "spec": {"suspend": true, "template": {"spec": {"restartPolicy": "Never",
+            "containers": [{"name": "c", "image": "busybox", "command": ["true"]}]}}},
+    }))
+    .unwrap();
+    jobs.create(&Default::default(), &leftover).await.unwrap();
+    let stopped = stops_before_side_effects(
+        &client,
+        ns.name(),
+        "leftover",
+        vm,
+        |_| {},
+        Phase::ManualInterventionRequired,
+        "JobExists",
+    )
+    .await;
+    let message = stopped.status.unwrap().message.unwrap_or_default();
+    assert!(message.contains("leftover-convert-1"), "{message}");
+    assert!(
+        jobs.get_opt("leftover-convert-1").await.unwrap().is_some(),
+        "somebody else's Job was deleted"
+    );
+    jobs.delete("leftover-convert-1", &DeleteParams::background())
+        .await
+        .unwrap();
+    wait_for_phase(
+        &client,
+        ns.name(),
+        "leftover",
+        Phase::Succeeded,
+        Duration::from_secs(300),
+    )
+    .await;
+}
+
 #[tokio::test]
 async fn secrets_never_leak_and_the_controller_stays_within_its_permissions() {
     let vm = "DC0_C0_RP0_VM0";

@@ -39,6 +39,41 @@ pub fn release_patch(vmm: &VirtualMachineMigration) -> serde_json::Value {
     }})
 }
 
+/// True when `child` is this migration's: it carries our UID label and a controller owner reference to it. Any
+/// other object under a name we need is somebody else's: never adopted, acted on or deleted.
+pub fn is_ours(child: &impl Resource, vmm: &VirtualMachineMigration) -> bool {
+    let uid = uid(vmm);
+    let meta = child.meta();
+    meta.labels.as_ref().and_then(|l| l.get(UID_LABEL)) == Some(&uid)
+        && meta
+            .owner_references
+            .iter()
+            .flatten()
+            .any(|o| o.uid == uid && o.controller == Some(true))
+}
+
+/// `child` (a `kind` under a name this migration needs), unless it is somebody else's: then a person must move it.
+pub fn refuse_unless_ours<K: Resource>(
+    child: Option<K>,
+    vmm: &VirtualMachineMigration,
+    kind: &str,
+    reason: ferry_api::Reason,
+) -> crate::error::Result<Option<K>> {
+    match child {
+        Some(found) if !is_ours(&found, vmm) => Err(crate::error::Failure::fixable(
+            reason,
+            format!(
+                "{kind} {}/{} exists and is not this migration's (no {UID_LABEL}={} label and controller owner); \
+                 delete or rename it, and the migration resumes",
+                found.meta().namespace.as_deref().unwrap_or_default(),
+                found.meta().name.as_deref().unwrap_or_default(),
+                uid(vmm)
+            ),
+        )),
+        other => Ok(other),
+    }
+}
+
 pub fn owner(vmm: &VirtualMachineMigration) -> OwnerReference {
     vmm.controller_owner_ref(&())
         .expect("a stored migration has a uid")
@@ -115,5 +150,52 @@ mod tests {
         }
         assert_ne!(convert_job(&vmm, 1), convert_job(&vmm, 2));
         assert_ne!(data_volume(&vmm, 0), data_volume(&vmm, 1));
+    }
+
+    #[test]
+    fn only_a_child_with_our_label_and_controller_owner_is_ours() {
+        let mut vmm = VirtualMachineMigration::new(
+            "m",
+            serde_json::from_value(serde_json::json!({
+            "source": {"providerRef": {"name": "p"}, "vm": {"name": "x"}}}))
+            .unwrap(),
+        );
+        vmm.metadata.uid = Some("u".into());
+        vmm.metadata.namespace = Some("ns".into());
+        let job = |labels: serde_json::Value, owners: serde_json::Value| {
+            serde_json::from_value::<k8s_openapi::api::batch::v1::Job>(serde_json::json!({
+                "metadata": {"name": "m-convert-1", "namespace": "ns", "labels": labels,
+                             "ownerReferences": owners}}))
+            .unwrap()
+        };
+        let owner = serde_json::to_value([owner(&vmm)]).unwrap();
+        let ours = job(serde_json::json!(labels(&vmm, "convert")), owner.clone());
+        assert!(is_ours(&ours, &vmm));
+        let unlabelled = job(serde_json::json!({}), owner);
+        assert!(!is_ours(&unlabelled, &vmm));
+        let orphan = job(
+            serde_json::json!(labels(&vmm, "convert")),
+            serde_json::json!([]),
+        );
+        assert!(!is_ours(&orphan, &vmm));
+
+        assert!(refuse_unless_ours(Some(ours), &vmm, "Job", ferry_api::Reason::JobExists).is_ok());
+        let err = refuse_unless_ours(Some(orphan), &vmm, "Job", ferry_api::Reason::JobExists)
+            .unwrap_err();
+        assert_eq!(err.reason, ferry_api::Reason::JobExists);
+        assert!(
+            err.fixable && err.message.contains("Job ns/m-convert-1"),
+            "{err}"
+        );
+        assert!(
+            refuse_unless_ours(
+                None::<k8s_openapi::api::batch::v1::Job>,
+                &vmm,
+                "Job",
+                ferry_api::Reason::JobExists
+            )
+            .unwrap()
+            .is_none()
+        );
     }
 }

@@ -50,8 +50,9 @@ pub struct Context {
     failures: Mutex<HashMap<String, u32>>,
     /// This process's last write per migration, until the migration ends.
     written: Mutex<HashMap<String, OwnWrite>>,
-    /// Every source VM's name per Provider, shared by the discoveries of [`VM_INDEX_TTL`] (one listing at a time).
-    vm_names: tokio::sync::Mutex<HashMap<String, VmNameIndex>>,
+    /// Every source VM's name per Provider, shared by the discoveries of [`VM_INDEX_TTL`]: one listing at a time
+    /// per Provider, so a slow vCenter holds up only the discoveries behind its own Provider.
+    vm_names: Mutex<HashMap<String, NameIndexSlot>>,
     /// Staging stores per bucket, endpoint and keys (a hash of them: the keys are not kept twice).
     stores: Mutex<HashMap<u64, Staging>>,
     /// Disk slots per ESXi host.
@@ -193,22 +194,31 @@ impl Context {
         session: &Session,
         name: &str,
     ) -> Result<(MoRef, bool)> {
-        let key = provider_key(provider);
-        let mut indexes = self.vm_names.lock().await;
-        if let Some(index) = indexes.get(&key).filter(|i| i.age() < VM_INDEX_TTL)
-            && let Ok(found) = index.lookup(name)
+        // The map's lock is held only to find the Provider's slot, never across a call to vSphere.
+        let slot = self
+            .lock_vm_names()
+            .entry(provider_key(provider))
+            .or_default()
+            .clone();
+        let mut index = slot.lock().await;
+        if let Some(listed) = index.as_ref().filter(|i| i.age() < VM_INDEX_TTL)
+            && let Ok(found) = listed.lookup(name)
         {
             return Ok((found, true));
         }
-        let index = VmNameIndex::build(session).await?;
-        let found = index.lookup(name);
-        indexes.insert(key, index);
+        let listed = VmNameIndex::build(session).await?;
+        let found = listed.lookup(name);
+        *index = Some(listed);
         Ok((found?, false))
     }
 
     /// An earlier listing named a VM that is gone or renamed: the next lookup lists again.
     pub async fn forget_vm_names(&self, provider: &Provider) {
-        self.vm_names.lock().await.remove(&provider_key(provider));
+        self.lock_vm_names().remove(&provider_key(provider));
+    }
+
+    fn lock_vm_names(&self) -> std::sync::MutexGuard<'_, HashMap<String, NameIndexSlot>> {
+        self.vm_names.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Reads a Secret by name (never lists), and the keys `keys` of it.
@@ -358,6 +368,9 @@ fn secret_key(secret: &Secret, key: &str) -> Result<String> {
             )
         })
 }
+
+/// One Provider's listing of VM names, behind the lock its builder holds while it lists.
+type NameIndexSlot = std::sync::Arc<tokio::sync::Mutex<Option<VmNameIndex>>>;
 
 fn provider_key(provider: &Provider) -> String {
     format!(

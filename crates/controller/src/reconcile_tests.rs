@@ -269,7 +269,11 @@ async fn a_failed_conversion_with_its_budget_spent_fails_the_migration() {
     let script = vec![
         Exchange::get("/apis/batch/v1/namespaces/apps/jobs/web-convert-2").reply(json!({
             "apiVersion": "batch/v1", "kind": "Job",
-            "metadata": {"name": "web-convert-2", "namespace": "apps", "uid": "job-uid-2"},
+            "metadata": {"name": "web-convert-2", "namespace": "apps", "uid": "job-uid-2",
+                "labels": {ferry_api::keys::UID_LABEL: "6f1c2a9e-0000-4000-8000-000000000001"},
+                "ownerReferences": [{"apiVersion": "migration.platform.example/v1alpha1",
+                    "kind": "VirtualMachineMigration", "name": "web",
+                    "uid": "6f1c2a9e-0000-4000-8000-000000000001", "controller": true}]},
             "spec": {"template": {"spec": {"containers": []}}},
             "status": {"failed": 1, "conditions": [{"type": "Failed", "status": "True"}]},
         })),
@@ -279,7 +283,9 @@ async fn a_failed_conversion_with_its_budget_spent_fails_the_migration() {
         .reply(json!({
             "apiVersion": "v1", "kind": "PodList", "metadata": {},
             "items": [{
-                "metadata": {"name": "web-convert-2-x7k2p", "namespace": "apps"},
+                "metadata": {"name": "web-convert-2-x7k2p", "namespace": "apps",
+                    "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job", "name": "web-convert-2",
+                        "uid": "job-uid-2", "controller": true}]},
                 "status": {"containerStatuses": [{
                     "name": "convert", "image": "ferry", "imageID": "", "ready": false, "restartCount": 0,
                     "state": {"terminated": {"exitCode": 1, "message": error}},
@@ -418,6 +424,39 @@ async fn a_missing_provider_secret_stops_for_a_person_with_one_event_and_one_wri
         .await
         .expect("waiting for a person");
     assert_eq!(action, Action::requeue(Duration::from_secs(10)));
+}
+
+/// A Job under the name the conversion needs that is not this migration's (no UID label, no controller owner):
+/// its result is never read and it is never deleted; a person is asked to move it.
+#[tokio::test]
+async fn a_job_in_the_way_is_refused_not_adopted() {
+    let vmm = vmm(migration(
+        json!({
+            "phase": "Converting", "observedGeneration": 1, "reason": "Converting",
+            "message": "Job web-convert-1 (attempt 1) converts the disks", "source": discovered(),
+            "disks": [{"index": 0, "sourceFile": "[ds1] web-vm/web-vm.vmdk", "capacityBytes": 1073741824}],
+        }),
+        json!({}),
+    ));
+    let script = vec![
+        Exchange::get("/apis/batch/v1/namespaces/apps/jobs/web-convert-1").reply(json!({
+            "apiVersion": "batch/v1", "kind": "Job",
+            "metadata": {"name": "web-convert-1", "namespace": "apps", "uid": "someone-elses"},
+            "spec": {"template": {"spec": {"containers": []}}},
+            "status": {"succeeded": 1, "conditions": [{"type": "Complete", "status": "True"}]},
+        })),
+        Exchange::event(&vmm, "Warning", "JobExists", |note| {
+            assert!(note.contains("Job apps/web-convert-1 exists and is not this migration's"), "{note}")
+        }),
+        Exchange::status_write(&vmm, "101", |status| {
+            assert_eq!(status["phase"], "ManualInterventionRequired", "{status:#}");
+            assert_eq!(status["reason"], "JobExists");
+        }),
+    ];
+    ApiServer::new()
+        .reconcile(vmm, script)
+        .await
+        .expect("waiting for a person");
 }
 
 #[tokio::test]

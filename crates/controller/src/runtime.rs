@@ -224,7 +224,9 @@ async fn run_controllers(client: Client, ctx: Arc<Context>, namespace: Option<&s
     let providers = providers
         .shutdown_on_signal()
         .run(
-            crate::provider::reconcile,
+            |provider, ctx| {
+                crate::reconcile::within_deadline(crate::provider::reconcile(provider, ctx))
+            },
             crate::provider::error_policy,
             ctx.clone(),
         )
@@ -238,7 +240,11 @@ async fn run_controllers(client: Client, ctx: Arc<Context>, namespace: Option<&s
     let plans = Controller::new(api::<MigrationPlan>(&client, namespace), config)
         .owns_stream(migration_changes)
         .shutdown_on_signal()
-        .run(crate::plan::reconcile, crate::plan::error_policy, ctx)
+        .run(
+            |plan, ctx| crate::reconcile::within_deadline(crate::plan::reconcile(plan, ctx)),
+            crate::plan::error_policy,
+            ctx,
+        )
         .for_each(|_| async {});
     futures::future::join3(migrations, providers, plans).await;
 }

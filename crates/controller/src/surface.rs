@@ -77,9 +77,13 @@ impl Actions {
         jobs::create(&self.ctx, ns, job).await
     }
 
-    /// The Job's state, and the result its pod left in the termination message.
-    pub async fn observe_job(&self, ns: &str, name: &str) -> Result<JobState, Failure> {
-        jobs::observe(&self.ctx, ns, name).await
+    /// The state of `vmm`'s Job `name`, and the result its pod left in the termination message.
+    pub async fn observe_job(
+        &self,
+        vmm: &VirtualMachineMigration,
+        name: &str,
+    ) -> Result<JobState, Failure> {
+        jobs::observe(&self.ctx, vmm, name).await
     }
 
     /// The disks a successful conversion Job staged (its `report`), read from their manifests in staging.

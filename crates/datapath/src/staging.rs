@@ -46,6 +46,30 @@ pub fn s3_client_options() -> ClientOptions {
 /// How long an S3 connection may go without a byte before the request fails (and is retried).
 pub const STALLED: Duration = Duration::from_secs(60);
 
+/// The controller's own S3 calls (a HEAD, a DELETE, a listing, a small manifest): it serves every tenant, so one
+/// tenant's unreachable store must give its worker back soon. Each call: 15 s, connect 5 s, at most 2 retries
+/// within 20 s. (object_store's default retries for up to 3 min.)
+fn control_client_options() -> ClientOptions {
+    ClientOptions::new()
+        .with_timeout(Duration::from_secs(15))
+        .with_connect_timeout(Duration::from_secs(5))
+}
+
+fn control_retries() -> object_store::RetryConfig {
+    object_store::RetryConfig {
+        max_retries: 2,
+        retry_timeout: Duration::from_secs(20),
+        ..Default::default()
+    }
+}
+
+/// Who calls the store: a Job moving disks (long requests, patient retries) or the controller (short, bounded).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Caller {
+    Job,
+    Controller,
+}
+
 /// How an object of a known size is uploaded. `WriteMultipart` keeps its chunk size for the whole upload and
 /// sends the remainder as a smaller last part, so the part count is `ceil(size / part_bytes)`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -202,19 +226,24 @@ pub struct Staging {
 
 impl Staging {
     pub fn open(spec: &StagingSpec) -> Result<Self> {
-        Self::open_with(spec, None)
+        Self::open_with(spec, None, Caller::Job)
     }
 
-    /// Opens s3 staging with keys held in memory (the controller reads them from a Secret, never from files).
+    /// Opens s3 staging for the controller's own short calls, with keys held in memory (it reads them from a
+    /// Secret, never from files).
     pub fn open_with_keys(
         spec: &StagingSpec,
         access_key: String,
         secret_key: String,
     ) -> Result<Self> {
-        Self::open_with(spec, Some((access_key, secret_key)))
+        Self::open_with(spec, Some((access_key, secret_key)), Caller::Controller)
     }
 
-    fn open_with(spec: &StagingSpec, keys: Option<(String, String)>) -> Result<Self> {
+    fn open_with(
+        spec: &StagingSpec,
+        keys: Option<(String, String)>,
+        caller: Caller,
+    ) -> Result<Self> {
         let url = spec.url.trim_end_matches('/').to_string();
         let fail = |detail: String| Error::Staging {
             url: url.clone(),
@@ -251,9 +280,15 @@ impl Staging {
                 .with_region(spec.region.clone().unwrap_or_else(|| "us-east-1".into()))
                 .with_virtual_hosted_style_request(false)
                 // Before `with_allow_http` below, which edits these options.
-                .with_client_options(s3_client_options())
+                .with_client_options(match caller {
+                    Caller::Job => s3_client_options(),
+                    Caller::Controller => control_client_options(),
+                })
                 // The manifest's sha256 already proves the content; signing each part would hash every byte again.
                 .with_unsigned_payload(true);
+            if caller == Caller::Controller {
+                builder = builder.with_retry(control_retries());
+            }
             if let Some(endpoint) = &spec.endpoint {
                 builder = builder
                     .with_endpoint(endpoint)

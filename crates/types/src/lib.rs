@@ -131,6 +131,7 @@ reasons! {
         GuestAdaptationUnsupported,
         GuestNotReady,
         ImportFailed,
+        JobExists,
         JobFailed,
         JobResultUnreadable,
         DatastoreNotMapped,

@@ -78,7 +78,7 @@ impl Floor {
 
         let convert = build::convert_job(&vmm, &source, &self.provider, 1, &self.worker_image());
         self.actions.create_job(&self.ns, &convert).await?;
-        let report = self.job_result(&convert.name_any()).await?;
+        let report = self.job_result(&vmm, &convert.name_any()).await?;
         let staged = self
             .actions
             .converted_disks(&vmm, &status.disks, report, &convert.name_any())
@@ -119,7 +119,7 @@ impl Floor {
                 &self.worker_image(),
             );
             self.actions.create_job(&self.ns, &verify).await?;
-            self.job_result(&verify.name_any()).await?;
+            self.job_result(&vmm, &verify.name_any()).await?;
             disk.data_volume = Some(dv.name_any());
             disk.verified = true;
         }
@@ -153,7 +153,7 @@ impl Floor {
     }
 
     /// The Job's result, once it finished; a failed Job fails the floor (it has no retries).
-    async fn job_result(&self, name: &str) -> Result<JobReport> {
+    async fn job_result(&self, vmm: &VirtualMachineMigration, name: &str) -> Result<JobReport> {
         self.jobs
             .until(&self.ns, name, CHILD_TIMEOUT, |job| {
                 let conditions = job.status.as_ref()?.conditions.as_ref()?;
@@ -163,7 +163,7 @@ impl Floor {
                     .then_some(())
             })
             .await?;
-        match self.actions.observe_job(&self.ns, name).await? {
+        match self.actions.observe_job(vmm, name).await? {
             JobState::Succeeded(result) => Ok(result),
             other => bail!("Job {name}: {other:?}"),
         }

@@ -411,7 +411,7 @@ pub fn next_step(reason: &str, class: ErrorClass, phase: Option<Phase>, name: &s
         Some(Reason::SecretNotFound | Reason::ProviderSecretNotFound | Reason::SecretKeyMissing) => "create the Secret with the keys the message names".into(),
         Some(Reason::ProviderNotFound) => "create the Provider the migration names".into(),
         Some(Reason::InvalidVSphereResponse) => "check that the Provider's spec.url is a vCenter or ESXi SDK endpoint: its answers were not what vSphere sends (malformed, too large, nested too deep, or a listing without end)".into(),
-        Some(Reason::TargetVMExists | Reason::DataVolumeExists) => "delete or rename the object in the way".into(),
+        Some(Reason::TargetVMExists | Reason::DataVolumeExists | Reason::JobExists) => "delete or rename the object in the way".into(),
         Some(Reason::SourcePoweredOn) => "shut the source VM down (powerOff.mode is RequireOff)".into(),
         Some(Reason::SnapshotsPresent) => "delete or consolidate the VM's snapshots in vSphere".into(),
         Some(Reason::Forbidden) => "grant the controller's ServiceAccount the permission (see deploy/rbac)".into(),

@@ -36,7 +36,7 @@ pub async fn run(step: &mut Step<'_>) -> Result<Next> {
         return rewrite(step, &ns, attempt).await;
     }
     let name = children::adapt_job(step.vmm, attempt);
-    match jobs::observe(step.ctx, &ns, &name).await? {
+    match jobs::observe(step.ctx, step.vmm, &name).await? {
         JobState::Absent => {
             if attempt > 1 {
                 jobs::delete(step.ctx, &ns, &children::adapt_job(step.vmm, attempt - 1)).await?;
@@ -86,7 +86,7 @@ fn may_have_changed_volumes(failure: &Failure) -> bool {
 /// adaptation's budget, like the attempt that made it necessary.
 async fn rewrite(step: &mut Step<'_>, ns: &str, attempt: i32) -> Result<Next> {
     let name = children::rewrite_job(step.vmm, attempt);
-    match jobs::observe(step.ctx, ns, &name).await? {
+    match jobs::observe(step.ctx, step.vmm, &name).await? {
         JobState::Absent => {
             if attempt > 1 {
                 for earlier in [

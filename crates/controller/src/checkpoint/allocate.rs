@@ -69,6 +69,12 @@ pub async fn ensure(step: &mut Step<'_>) -> Result<Ensured> {
         };
         let cached = step.ctx.caches.data_volume(&ns, &name);
         let observed = crate::cache::read(cached, &dvs, &name, settled).await?;
+        let observed = children::refuse_unless_ours(
+            observed,
+            step.vmm,
+            "DataVolume",
+            Reason::DataVolumeExists,
+        )?;
         let uid = observed.as_ref().and_then(|d| d.uid()).unwrap_or_default();
         if let Some(dv) = &observed
             && dv.metadata.deletion_timestamp.is_none()

@@ -24,7 +24,7 @@ pub async fn run(step: &mut Step<'_>) -> Result<Next> {
     let ns = step.vmm.namespace().unwrap_or_default();
     let attempt = status::budget_used(step.status, Phase::Converting) + 1;
     let name = children::convert_job(step.vmm, attempt);
-    match jobs::observe(step.ctx, &ns, &name).await? {
+    match jobs::observe(step.ctx, step.vmm, &name).await? {
         JobState::Absent => {
             if attempt > 1 {
                 // The failed attempt's Job was charged already; it makes room for this one.

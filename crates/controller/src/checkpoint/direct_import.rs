@@ -25,6 +25,12 @@ pub async fn run(step: &mut Step<'_>) -> Result<Next> {
             |dv: &DynamicObject| matches!(dv_state(Some(dv)), DvState::InProgress { .. });
         let cached = step.ctx.caches.data_volume(&ns, &name);
         let observed = crate::cache::read(cached, &dvs, &name, importing).await?;
+        let observed = children::refuse_unless_ours(
+            observed,
+            step.vmm,
+            "DataVolume",
+            Reason::DataVolumeExists,
+        )?;
         match dv_state(observed.as_ref()) {
             DvState::Succeeded => {
                 disk.progress = Some("100.0%".into());

@@ -42,12 +42,18 @@ pub async fn run(step: &mut Step<'_>) -> Result<Next> {
             !status::is_charged(step.status, &dv.uid().unwrap_or_default())
                 && match dv_state(Some(dv)) {
                     DvState::InProgress { .. } => true,
-                    DvState::Succeeded => jobs::cached_running(step.ctx, &ns, &verifier),
+                    DvState::Succeeded => jobs::cached_running(step.ctx, step.vmm, &verifier),
                     _ => false,
                 }
         };
         let cached = step.ctx.caches.data_volume(&ns, &name);
         let observed = crate::cache::read(cached, &dvs, &name, waiting_only).await?;
+        let observed = children::refuse_unless_ours(
+            observed,
+            step.vmm,
+            "DataVolume",
+            Reason::DataVolumeExists,
+        )?;
         if let Some(dv) = &observed
             && dv.metadata.deletion_timestamp.is_none()
             && status::is_charged(step.status, &dv.uid().unwrap_or_default())
@@ -106,7 +112,7 @@ pub async fn run(step: &mut Step<'_>) -> Result<Next> {
             DvState::Succeeded => {
                 step.status.disks[i].progress = Some("100.0%".into());
                 let job = verifier;
-                match jobs::observe(step.ctx, &ns, &job).await? {
+                match jobs::observe(step.ctx, step.vmm, &job).await? {
                     JobState::Absent => {
                         let sha = disk.sha256.clone().unwrap_or_default();
                         let spec = build::job::verify_job(

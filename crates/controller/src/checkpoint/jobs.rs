@@ -25,20 +25,28 @@ pub enum JobState {
     Failed(Failure, String),
 }
 
-/// True when the watch cache shows Job `name` running: a stale copy can only make us wait longer.
-pub fn cached_running(ctx: &Context, ns: &str, name: &str) -> bool {
-    ctx.caches.job(ns, name).is_some_and(|job| running(&job))
+/// True when the watch cache shows `vmm`'s Job `name` running: a stale copy can only make us wait longer.
+pub fn cached_running(ctx: &Context, vmm: &VirtualMachineMigration, name: &str) -> bool {
+    let ns = vmm.namespace().unwrap_or_default();
+    ctx.caches
+        .job(&ns, name)
+        .is_some_and(|job| running(&job) && children::is_ours(&*job, vmm))
 }
 
 fn running(job: &Job) -> bool {
     job.metadata.deletion_timestamp.is_none() && !ended(job)
 }
 
-pub async fn observe(ctx: &Context, ns: &str, name: &str) -> Result<JobState> {
+/// The state of `vmm`'s Job `name`; a Job of that name that is not its own is refused, never read.
+pub async fn observe(ctx: &Context, vmm: &VirtualMachineMigration, name: &str) -> Result<JobState> {
+    let ns = &vmm.namespace().unwrap_or_default();
     let jobs: Api<Job> = Api::namespaced(ctx.client.clone(), ns);
-    // A Job the cache shows running only makes us wait; its end comes as an event.
+    // A Job of ours the cache shows running only makes us wait; its end comes as an event.
     let cached = ctx.caches.job(ns, name);
-    let Some(job) = crate::cache::read(cached, &jobs, name, running).await? else {
+    let waiting_only = |job: &Job| running(job) && children::is_ours(job, vmm);
+    let observed = crate::cache::read(cached, &jobs, name, waiting_only).await?;
+    let observed = children::refuse_unless_ours(observed, vmm, "Job", Reason::JobExists)?;
+    let Some(job) = observed else {
         return Ok(JobState::Absent);
     };
     if job.metadata.deletion_timestamp.is_some() {
@@ -48,7 +56,7 @@ pub async fn observe(ctx: &Context, ns: &str, name: &str) -> Result<JobState> {
     if !ended(&job) {
         return Ok(JobState::Running);
     }
-    let message = termination_message(ctx, ns, name).await?;
+    let message = termination_message(ctx, ns, &job).await?;
     Ok(
         match state_of(finished("Complete"), message.as_deref(), name) {
             JobState::Failed(failure, _) => {
@@ -113,12 +121,19 @@ pub fn state_of(succeeded: bool, message: Option<&str>, job: &str) -> JobState {
     JobState::Failed(failure, String::new())
 }
 
-async fn termination_message(ctx: &Context, ns: &str, job: &str) -> Result<Option<String>> {
+/// The result `job`'s pod left; only a pod the Job itself owns counts (anyone can put the Job's name label on a
+/// pod of their own).
+async fn termination_message(ctx: &Context, ns: &str, job: &Job) -> Result<Option<String>> {
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
-    let listed = pods
-        .list(&ListParams::default().labels(&format!("batch.kubernetes.io/job-name={job}")))
-        .await?;
-    Ok(listed.items.iter().find_map(|pod| {
+    let selector = format!("batch.kubernetes.io/job-name={}", job.name_any());
+    let listed = pods.list(&ListParams::default().labels(&selector)).await?;
+    let job_uid = job.uid().unwrap_or_default();
+    let owned = |pod: &&Pod| {
+        pod.owner_references()
+            .iter()
+            .any(|o| o.uid == job_uid && o.controller == Some(true))
+    };
+    Ok(listed.items.iter().filter(owned).find_map(|pod| {
         pod.status
             .as_ref()?
             .container_statuses

@@ -408,6 +408,18 @@ async fn check_collisions(step: &Step<'_>) -> Result<()> {
             ));
         }
     }
+    // The first conversion Job's name, from the watch cache (no request): a Job left by an earlier migration of
+    // the same name would otherwise be found only after the source was powered off. Any later Job in the way is
+    // refused where it is used.
+    let job = children::convert_job(step.vmm, 1);
+    if let Some(found) = step.ctx.caches.job(&ns, &job)
+        && !children::is_ours(&*found, step.vmm)
+    {
+        return Err(Failure::fixable(
+            Reason::JobExists,
+            format!("Job {ns}/{job} already exists and is not this migration's; delete it"),
+        ));
+    }
     Ok(())
 }
 

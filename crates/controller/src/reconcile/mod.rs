@@ -60,10 +60,13 @@ pub async fn reconcile(vmm: Arc<VirtualMachineMigration>, ctx: Arc<Context>) -> 
 }
 
 /// Longer than any step waits within one reconcile (powering the source back on: up to 300 s). Each vSphere call
-/// has its own timeout; this stops a reconcile stuck anyway, so it gives its worker back and runs again later.
+/// has its own timeout; this stops a reconcile (of a migration, a Provider or a plan) stuck anyway, so it gives
+/// its worker back and runs again later.
 const RECONCILE_DEADLINE: Duration = Duration::from_secs(600);
 
-async fn within_deadline(reconcile: impl Future<Output = Result<Action>>) -> Result<Action> {
+pub(crate) async fn within_deadline(
+    reconcile: impl Future<Output = Result<Action>>,
+) -> Result<Action> {
     tokio::time::timeout(RECONCILE_DEADLINE, reconcile)
         .await
         .unwrap_or_else(|_| {
