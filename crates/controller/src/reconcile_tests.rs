@@ -446,7 +446,10 @@ async fn a_job_in_the_way_is_refused_not_adopted() {
             "status": {"succeeded": 1, "conditions": [{"type": "Complete", "status": "True"}]},
         })),
         Exchange::event(&vmm, "Warning", "JobExists", |note| {
-            assert!(note.contains("Job apps/web-convert-1 exists and is not this migration's"), "{note}")
+            assert!(
+                note.contains("Job apps/web-convert-1 exists and is not this migration's"),
+                "{note}"
+            )
         }),
         Exchange::status_write(&vmm, "101", |status| {
             assert_eq!(status["phase"], "ManualInterventionRequired", "{status:#}");
