@@ -11,11 +11,13 @@ demo:
 	FERRY_TOOLS_BIN=$$tools ./target/debug/ferry lab demo --dir $(LAB_DIR)
 
 ## test: formatting, lints, then every unit and integration test against real components, a few test binaries
-## at a time (hack/test.sh).
+## at a time (hack/test.sh), then the vSphere parsers' fuzz targets for 30 s each (hack/fuzz.sh).
 test: lint
 	@date +'==> %T lint done; the tools, then the tests'
 	@tools=$$(hack/setup.sh) && (cd tools/vcsim && GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS=-trimpath go test ./...) && \
 	FERRY_TOOLS_BIN=$$tools hack/test.sh --features ferry/chaos
+	@date +'==> %T the fuzz targets, 30 s each'
+	hack/fuzz.sh 30
 
 ## test-unit: the fast tiers only: every crate's unit tests and the reconcile tier (one reconcile against a mock
 ## API server, crates/controller/src/reconcile_tests.rs). No lab, no Go tools, no network.

@@ -34,6 +34,9 @@ pub struct ControllerArgs {
     /// Reconciles in flight at once (memory and API load stay bounded however many migrations run).
     #[arg(long, default_value_t = 32)]
     max_concurrent_reconciles: u16,
+    /// Of those, at most this many for one namespace's objects, so one tenant cannot hold them all.
+    #[arg(long, env = "FERRY_MAX_RECONCILES_PER_NAMESPACE", default_value_t = 16)]
+    max_reconciles_per_namespace: u16,
 }
 
 pub async fn run(args: ControllerArgs) -> Result<()> {
@@ -59,6 +62,7 @@ pub async fn run(args: ControllerArgs) -> Result<()> {
         config: Config {
             worker_image: args.worker_image,
             max_concurrent_reconciles: args.max_concurrent_reconciles.max(1),
+            max_reconciles_per_namespace: args.max_reconciles_per_namespace.max(1),
             ..Config::default()
         },
         metrics_addr: args.metrics_addr,

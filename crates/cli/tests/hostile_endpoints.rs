@@ -3,13 +3,16 @@
 //! second. Each Provider (or its migration) stops with a reason that says what was wrong, the controller never
 //! restarts, and a migration in another namespace succeeds meanwhile.
 //!
+//! A second test black-holes one tenant's endpoint under 40 migrations: they hold at most their namespace's
+//! share of the controller's reconcile slots, and another tenant's migration takes its normal time meanwhile.
+//!
 //! Before the bounds of issue 23, the deep answer overflowed the controller's stack (every tenant's migrations
 //! stopped, and the standby, taking over, crashed on the same Provider), and the endless answers grew its memory
 //! without limit.
 
 mod support;
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use ferry_api::{Provider, VirtualMachineMigration};
 use ferry_testkit::migration::{VSPHERE_SECRET, apply, migration};
@@ -48,8 +51,12 @@ const CASES: [(&str, Hostile, &str, &str); 4] = [
     ),
 ];
 
+/// This binary's tests one after the other: each judges one tenant's time by the slots the others leave it.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 #[tokio::test]
 async fn hostile_endpoints_stop_their_own_provider_and_harm_no_other_tenant() {
+    let _alone = ONE_AT_A_TIME.lock().await;
     let lab = lab().await;
     let (client, good) = setup("tenant-good").await;
     let (_, hostile) = setup("tenant-hostile").await;
@@ -130,4 +137,107 @@ async fn hostile_endpoints_stop_their_own_provider_and_harm_no_other_tenant() {
         "the controller had to start again: {}",
         controller.logs()
     );
+}
+
+/// Migrations of the black-holed tenant: more than the controller's 32 reconcile slots.
+const STUCK: usize = 40;
+
+#[tokio::test]
+async fn a_tenant_stuck_on_an_endpoint_that_never_answers_leaves_the_others_their_normal_time() {
+    let _alone = ONE_AT_A_TIME.lock().await;
+    let lab = lab().await;
+    let (client, patient) = setup("tenant-patient").await;
+    let (_, stuck) = setup("tenant-stuck").await;
+
+    // The normal time, measured here: one migration with the controller to itself.
+    let started = Instant::now();
+    migrate_until_succeeded(
+        &client,
+        patient.name(),
+        "alone",
+        "DC0_C0_RP0_VM0",
+        Duration::from_secs(600),
+    )
+    .await;
+    let alone = started.elapsed();
+
+    let vcsim = lab.state().vcsim.as_ref().unwrap();
+    let proxy = FaultProxy::start_for(vcsim).await;
+    proxy.turn_hostile(Hostile::BlackHole);
+    apply(
+        &client,
+        stuck.name(),
+        json!({
+            "apiVersion": ferry_api::API_VERSION, "kind": "Provider",
+            "metadata": {"name": "void", "namespace": stuck.name()},
+            "spec": {"type": "vsphere", "url": proxy.url(), "secretRef": {"name": VSPHERE_SECRET},
+                     "tls": {"caBundle": std::fs::read_to_string(&vcsim.ca_file).unwrap()}},
+        }),
+    )
+    .await
+    .unwrap();
+    for n in 0..STUCK {
+        let mut manifest = migration(lab, stuck.name(), &format!("stuck-{n}"), "DC0_H0_VM0");
+        manifest["spec"]["source"]["providerRef"]["name"] = json!("void");
+        apply(&client, stuck.name(), manifest).await.unwrap();
+    }
+    // Until the stuck tenant holds all it may: each of its reconciles then waits a minute for an answer.
+    let metric = |name: &str, text: &str| -> usize {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
+            .unwrap_or(0)
+    };
+    let held = ferry_testkit::eventually(
+        "the stuck tenant to hold its share of the reconcile slots",
+        Duration::from_secs(120),
+        || async {
+            let text = controller().await.lock().await.metrics();
+            let (running, waiting) = (
+                metric("ferry_reconciles_in_flight ", &text),
+                metric("ferry_reconciles_waiting ", &text),
+            );
+            (running >= 16 && waiting > 0).then_some((running, waiting))
+        },
+    )
+    .await;
+    eprintln!("reconciles running {}, waiting {}", held.0, held.1);
+
+    let started = Instant::now();
+    migrate_until_succeeded(
+        &client,
+        patient.name(),
+        "meanwhile",
+        "DC0_C0_RP0_VM1",
+        Duration::from_secs(900),
+    )
+    .await;
+    let meanwhile = started.elapsed();
+    let text = controller().await.lock().await.metrics();
+    eprintln!(
+        "alone {alone:?}, beside {STUCK} stuck migrations {meanwhile:?}; now running {}, waiting {}",
+        metric("ferry_reconciles_in_flight ", &text),
+        metric("ferry_reconciles_waiting ", &text)
+    );
+    assert!(
+        meanwhile <= alone * 2 + Duration::from_secs(60),
+        "beside the stuck tenant the migration took {meanwhile:?}, alone {alone:?}"
+    );
+
+    // The stuck ones say why.
+    let stuck_migrations: Api<VirtualMachineMigration> =
+        Api::namespaced(client.clone(), stuck.name());
+    let said = ferry_testkit::eventually(
+        "a stuck migration to say its endpoint did not answer",
+        Duration::from_secs(180),
+        || async {
+            let m = stuck_migrations.get("stuck-0").await.ok()?;
+            let status = m.status?;
+            (status.reason.as_deref() == Some("EndpointTimeout")).then_some(status.message?)
+        },
+    )
+    .await;
+    eprintln!("stuck-0: {said}");
+    let controller = controller().await.lock().await;
+    assert!(controller.is_running(), "the controller died");
+    drop(proxy);
 }

@@ -452,6 +452,103 @@ async fn a_job_in_the_way_is_never_adopted_and_the_migration_resumes_once_it_is_
     .await;
 }
 
+/// The reason and message of `ns/name`, once its reason is `reason`.
+async fn wait_for_reason(client: &kube::Client, ns: &str, name: &str, reason: &str) -> String {
+    let api = migrations(client, ns);
+    ferry_testkit::eventually(
+        &format!("{ns}/{name} to say {reason}"),
+        Duration::from_secs(180),
+        || async {
+            let status = api.get(name).await.ok()?.status?;
+            (status.reason.as_deref() == Some(reason)).then(|| status.message.unwrap_or_default())
+        },
+    )
+    .await
+}
+
+/// Issue 23: a second migration of a VM waits for the first instead of powering it off under it, and no power
+/// operation or Job acts on a moref that stopped naming the VM discovered. Before, the second powered the VM off
+/// while the first held it, and the first went on with whatever VM the moref named.
+#[tokio::test]
+async fn one_migration_at_a_time_per_source_vm_and_never_one_of_another_vm() {
+    let vm = "DC0_C0_RP0_VM1";
+    let _source = source_lock(vm).await;
+    set_source_power(vm, true).await;
+    let lab = lab().await;
+    let (client, first_ns) = setup("first-of-vm").await;
+    let (_, second_ns) = setup("second-of-vm").await;
+    // The first records the VM's power, then waits for a person to shut it down: it holds the VM.
+    let mut first = migration::migration(lab, first_ns.name(), "first", vm);
+    first["spec"]["source"]["powerOff"] = serde_json::json!({"mode": "RequireOff"});
+    migration::apply(&client, first_ns.name(), first)
+        .await
+        .unwrap();
+    wait_for_reason(&client, first_ns.name(), "first", "SourcePoweredOn").await;
+
+    // The second, which would power the VM off, waits.
+    let second = migration::migration(lab, second_ns.name(), "second", vm);
+    migration::apply(&client, second_ns.name(), second)
+        .await
+        .unwrap();
+    let waiting = wait_for_reason(&client, second_ns.name(), "second", "SourceVMInUse").await;
+    assert!(
+        waiting.contains(&format!("{}/first", first_ns.name())),
+        "{waiting}"
+    );
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(
+        source_power(vm).await,
+        PowerState::PoweredOn,
+        "the waiting migration powered the VM off"
+    );
+
+    // The moref stops naming the VM discovered; then the VM is shut down, which would let the first go on.
+    let discovered = set_instance_uuid(vm, "50ff0000-0000-4000-8000-0000000000aa").await;
+    set_source_power(vm, false).await;
+    let changed = wait_for_reason(&client, first_ns.name(), "first", "SourceIdentityChanged").await;
+    assert!(changed.contains(&discovered), "{changed}");
+    assert!(
+        changed.contains("50ff0000-0000-4000-8000-0000000000aa"),
+        "{changed}"
+    );
+    let first_uid = migrations(&client, first_ns.name())
+        .get("first")
+        .await
+        .unwrap()
+        .uid()
+        .unwrap();
+    assert!(
+        labelled(
+            &client,
+            first_ns.name(),
+            &resource("batch", "v1", "Job"),
+            &first_uid
+        )
+        .await
+        .is_empty(),
+        "a Job was created for a VM that is not the one discovered"
+    );
+
+    // The VM it was: both migrate, the first, then the second.
+    set_instance_uuid(vm, &discovered).await;
+    wait_for_phase(
+        &client,
+        first_ns.name(),
+        "first",
+        Phase::Succeeded,
+        Duration::from_secs(300),
+    )
+    .await;
+    wait_for_phase(
+        &client,
+        second_ns.name(),
+        "second",
+        Phase::Succeeded,
+        Duration::from_secs(300),
+    )
+    .await;
+}
+
 #[tokio::test]
 async fn secrets_never_leak_and_the_controller_stays_within_its_permissions() {
     let vm = "DC0_C0_RP0_VM0";

@@ -25,6 +25,9 @@ pub struct Config {
     /// Reconciles in flight at once: bounds memory and the load on the API server and vCenter, however many
     /// migrations run.
     pub max_concurrent_reconciles: u16,
+    /// Of those, at most this many for the objects of any one namespace: a tenant whose reconciles hang (an
+    /// endpoint that never answers) leaves the other slots to the other tenants.
+    pub max_reconciles_per_namespace: u16,
     /// Changes to one migration arriving within this are reconciled once.
     pub debounce: Duration,
 }
@@ -35,6 +38,7 @@ impl Default for Config {
             worker_image: format!("ferry:{}", env!("CARGO_PKG_VERSION")),
             max_backoff: Duration::from_secs(300),
             max_concurrent_reconciles: 32,
+            max_reconciles_per_namespace: 16,
             debounce: Duration::from_millis(100),
         }
     }
@@ -45,6 +49,8 @@ pub struct Context {
     pub config: Config,
     pub metrics: Metrics,
     pub recorder: Recorder,
+    /// Reconcile slots, overall and per namespace.
+    pub fairness: crate::fair::Fairness,
     sessions: Mutex<HashMap<String, CachedSession>>,
     /// Consecutive failed reconciles per migration, for the error backoff.
     failures: Mutex<HashMap<String, u32>>,
@@ -97,6 +103,10 @@ impl Context {
         };
         Self {
             recorder: Recorder::new(client.clone(), reporter),
+            fairness: crate::fair::Fairness::new(
+                config.max_concurrent_reconciles.into(),
+                config.max_reconciles_per_namespace.into(),
+            ),
             client,
             config,
             metrics,

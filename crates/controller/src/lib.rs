@@ -21,6 +21,7 @@ pub(crate) mod checkpoint;
 pub(crate) mod children;
 pub(crate) mod context;
 pub(crate) mod error;
+pub(crate) mod fair;
 #[cfg(test)]
 mod fixtures;
 pub(crate) mod maps;

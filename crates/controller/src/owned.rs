@@ -40,9 +40,14 @@ impl<'a> Owned<'a> {
         let mut found = 0;
         for api in self.kept_kinds() {
             for object in api.list(&self.selector).await? {
+                // Our label alone could be copied onto anything: only what we own is ours to delete.
+                if !children::is_ours(&object, self.vmm) {
+                    continue;
+                }
                 found += 1;
                 if object.metadata.deletion_timestamp.is_none() {
-                    ferry_kube::delete::delete_if_present(&api, &object.name_any()).await?;
+                    let uid = object.uid().unwrap_or_default();
+                    ferry_kube::delete::delete_exactly(&api, &object.name_any(), &uid).await?;
                 }
             }
         }
@@ -64,14 +69,15 @@ impl<'a> Owned<'a> {
 
     /// Deletes the Jobs (conversion, verification) not already being deleted; how many there were.
     pub async fn delete_jobs(&self) -> Result<usize> {
-        let listed = Api::<Job>::namespaced(self.ctx.client.clone(), &self.ns)
-            .list(&self.selector)
-            .await?;
-        for job in &listed {
+        let jobs = Api::<Job>::namespaced(self.ctx.client.clone(), &self.ns);
+        let listed = jobs.list(&self.selector).await?;
+        let mut found = 0;
+        for job in listed.iter().filter(|j| children::is_ours(*j, self.vmm)) {
+            found += 1;
             if job.metadata.deletion_timestamp.is_none() {
-                jobs::delete(self.ctx, &self.ns, &job.name_any()).await?;
+                jobs::delete_ours(&jobs, job).await?;
             }
         }
-        Ok(listed.items.len())
+        Ok(found)
     }
 }

@@ -207,14 +207,17 @@ async fn run_controllers(client: Client, ctx: Arc<Context>, namespace: Option<&s
                     .collect::<Vec<_>>()
             },
         )
-        .with_config(
-            controller::Config::default()
-                .concurrency(ctx.config.max_concurrent_reconciles)
-                .debounce(ctx.config.debounce),
-        )
+        // Unbounded here: `fair::Fairness` bounds the reconciles, overall and per namespace.
+        .with_config(controller::Config::default().debounce(ctx.config.debounce))
         .shutdown_on_signal()
         .run(
-            crate::reconcile::reconcile,
+            |vmm, ctx| async move {
+                let _slot = ctx
+                    .fairness
+                    .admit(&vmm.namespace().unwrap_or_default())
+                    .await;
+                crate::reconcile::reconcile(vmm, ctx).await
+            },
             crate::reconcile::error_policy,
             ctx.clone(),
         )
@@ -224,8 +227,12 @@ async fn run_controllers(client: Client, ctx: Arc<Context>, namespace: Option<&s
     let providers = providers
         .shutdown_on_signal()
         .run(
-            |provider, ctx| {
-                crate::reconcile::within_deadline(crate::provider::reconcile(provider, ctx))
+            |provider, ctx| async move {
+                let _slot = ctx
+                    .fairness
+                    .admit(&provider.namespace().unwrap_or_default())
+                    .await;
+                crate::reconcile::within_deadline(crate::provider::reconcile(provider, ctx)).await
             },
             crate::provider::error_policy,
             ctx.clone(),
@@ -241,7 +248,13 @@ async fn run_controllers(client: Client, ctx: Arc<Context>, namespace: Option<&s
         .owns_stream(migration_changes)
         .shutdown_on_signal()
         .run(
-            |plan, ctx| crate::reconcile::within_deadline(crate::plan::reconcile(plan, ctx)),
+            |plan, ctx| async move {
+                let _slot = ctx
+                    .fairness
+                    .admit(&plan.namespace().unwrap_or_default())
+                    .await;
+                crate::reconcile::within_deadline(crate::plan::reconcile(plan, ctx)).await
+            },
             crate::plan::error_policy,
             ctx,
         )
@@ -267,7 +280,7 @@ async fn serve(listener: tokio::net::TcpListener, ctx: Arc<Context>, ready: Arc<
             let request = String::from_utf8_lossy(&buf[..n]);
             let path = request.split_whitespace().nth(1).unwrap_or("/");
             let (code, body) = match path {
-                "/metrics" => ("200 OK", ctx.metrics.render()),
+                "/metrics" => ("200 OK", ctx.metrics.render() + &ctx.fairness.render()),
                 "/healthz" => ("200 OK", "ok\n".to_string()),
                 "/readyz" if ready.load(Ordering::Relaxed) => {
                     ("200 OK", "ok: leading\n".to_string())

@@ -97,9 +97,13 @@ impl Actions {
         crate::staging::converted(&self.ctx, vmm, disks, report, job).await
     }
 
-    /// Deletes the Job if it is present.
-    pub async fn delete_job(&self, ns: &str, name: &str) -> Result<(), Failure> {
-        jobs::delete(&self.ctx, ns, name).await
+    /// Deletes the migration's Job if it is present.
+    pub async fn delete_job(
+        &self,
+        vmm: &VirtualMachineMigration,
+        name: &str,
+    ) -> Result<(), Failure> {
+        jobs::delete(&self.ctx, vmm, name).await
     }
 
     /// The migration's folder in the staging store, opened with the keys of its Secret.

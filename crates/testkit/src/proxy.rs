@@ -124,6 +124,8 @@ pub enum Hostile {
     EndlessTokens,
     /// Every call is answered one byte a second.
     Trickle,
+    /// No call is ever answered: the connection stays open until the client gives up.
+    BlackHole,
 }
 
 /// A download request as the proxy saw it.
@@ -400,6 +402,11 @@ async fn answer_hostile(client: &mut Client, hostile: Hostile, method: &str) -> 
             let framed = format!("{:x}\r\n{chunk}\r\n", chunk.len());
             // Until the client hangs up.
             while client.write_all(framed.as_bytes()).await.is_ok() {}
+            false
+        }
+        Hostile::BlackHole => {
+            let mut sink = [0u8; 4096];
+            while matches!(client.read(&mut sink).await, Ok(n) if n > 0) {}
             false
         }
         Hostile::Trickle => {

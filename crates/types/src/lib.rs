@@ -150,6 +150,8 @@ reasons! {
         SnapshotsPresent,
         SourceListingStale,
         SourceNotDiscovered,
+        SourceIdentityChanged,
+        SourceVMInUse,
         SourcePoweredOn,
         StagingSecretMissing,
         StagingUnsupported,

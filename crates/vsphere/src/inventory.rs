@@ -325,12 +325,10 @@ pub async fn describe_vm(session: &Session, vm: &MoRef) -> Result<VmInfo> {
     let o = found.into_iter().next().ok_or_else(|| Error::VmNotFound {
         selector: vm.to_string(),
     })?;
-    let devices: Vec<&Element> = o
+    let (mut disks, mut nics) = o
         .prop("config.hardware.device")
-        .map(|d| d.children.iter().collect())
+        .map(decode_devices)
         .unwrap_or_default();
-    let mut disks = parse_disks(&devices);
-    let mut nics = parse_nics(&devices);
     let boot = parse_boot_options(o.prop("config.bootOptions"));
     resolve_names(session, &mut disks, &mut nics).await?;
     let invalid = |what: &str| Error::InvalidResponse {
@@ -370,6 +368,34 @@ pub async fn describe_vm(session: &Session, vm: &MoRef) -> Result<VmInfo> {
         disks,
         nics,
     })
+}
+
+/// The disks and NICs in a VM's `config.hardware.device` (an `ArrayOfVirtualDevice`), their datastores and networks
+/// still unresolved.
+pub fn decode_devices(devices: &Element) -> (Vec<DiskInfo>, Vec<NicInfo>) {
+    let devices: Vec<&Element> = devices.children.iter().collect();
+    (parse_disks(&devices), parse_nics(&devices))
+}
+
+/// The instance UUID (`config.instanceUuid`) of the VM `vm` names now; VmNotFound when it names none.
+pub async fn instance_uuid(session: &Session, vm: &MoRef) -> Result<Option<String>> {
+    let found = props::retrieve(
+        session,
+        "VirtualMachine",
+        std::slice::from_ref(vm),
+        &["config.instanceUuid"],
+    )
+    .await;
+    match found {
+        Err(e) if e.fault() == Some("ManagedObjectNotFound") => Err(Error::VmNotFound {
+            selector: VmSelector::Moref(vm.value.clone()).to_string(),
+        }),
+        Err(e) => Err(e),
+        Ok(found) => Ok(found
+            .first()
+            .and_then(|o| o.text("config.instanceUuid"))
+            .map(String::from)),
+    }
 }
 
 fn int(e: &Element, name: &str) -> Option<i64> {

@@ -193,7 +193,8 @@ async fn retrieve_pages(
     Ok(Ok(objects))
 }
 
-fn object_content(objects: &Element) -> Option<ObjectContent> {
+/// One object of a `RetrievePropertiesEx` page (`returnval/objects`); `None` when it names no object.
+pub fn object_content(objects: &Element) -> Option<ObjectContent> {
     let obj = MoRef::from_element(objects.child("obj")?)?;
     let props = objects
         .children_named("propSet")

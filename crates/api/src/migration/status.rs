@@ -227,6 +227,10 @@ pub struct SourceVmStatus {
     pub uuid: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub instance_uuid: Option<String>,
+    /// The endpoint's own instance UUID (`about.instanceUuid`) when the VM was found: every power operation and
+    /// Job first checks that the Provider still reaches this vCenter and the moref still names this VM.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vcenter_uuid: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub guest_os: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -65,7 +65,9 @@ impl Floor {
         let name = vmm.name_any();
 
         let info = ferry_vsphere::inventory::describe_vm(&self.session, vm).await?;
-        let source = discover::source_status(&info);
+        let source = discover::source_status(&info, self.session.about().instance_uuid.clone());
+        // As Ferry does before a power operation: the moref still names the VM found.
+        ferry_vsphere::inventory::instance_uuid(&self.session, vm).await?;
         ferry_vsphere::power::power_off(&self.session, vm, Duration::from_secs(120)).await?;
         let mut status = VirtualMachineMigrationStatus {
             disks: discover::disks(&source),
@@ -207,11 +209,11 @@ impl Floor {
             dvs.patch(&name, &PatchParams::default(), &Patch::Merge(&release))
                 .await?;
             self.actions
-                .delete_job(&self.ns, &children::verify_job(vmm, disk.index, 1))
+                .delete_job(vmm, &children::verify_job(vmm, disk.index, 1))
                 .await?;
         }
         self.actions
-            .delete_job(&self.ns, &children::convert_job(vmm, 1))
+            .delete_job(vmm, &children::convert_job(vmm, 1))
             .await?;
         let staging = self.actions.open_staging(vmm).await?;
         for object in staged_objects(status.disks.len()) {

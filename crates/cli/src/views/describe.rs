@@ -412,6 +412,8 @@ pub fn next_step(reason: &str, class: ErrorClass, phase: Option<Phase>, name: &s
         Some(Reason::ProviderNotFound) => "create the Provider the migration names".into(),
         Some(Reason::InvalidVSphereResponse) => "check that the Provider's spec.url is a vCenter or ESXi SDK endpoint: its answers were not what vSphere sends (malformed, too large, nested too deep, or a listing without end)".into(),
         Some(Reason::TargetVMExists | Reason::DataVolumeExists | Reason::JobExists) => "delete or rename the object in the way".into(),
+        Some(Reason::SourceIdentityChanged) => "check the Provider's spec.url and the VM in vSphere; delete this migration and create a new one for the VM you mean".into(),
+        Some(Reason::SourceVMInUse) => "wait for the migration it names to end, or delete one of the two".into(),
         Some(Reason::SourcePoweredOn) => "shut the source VM down (powerOff.mode is RequireOff)".into(),
         Some(Reason::SnapshotsPresent) => "delete or consolidate the VM's snapshots in vSphere".into(),
         Some(Reason::Forbidden) => "grant the controller's ServiceAccount the permission (see deploy/rbac)".into(),

@@ -389,6 +389,29 @@ pub async fn provision_seeded_on(vm: &str, disks: &[ferry_lab::disks::FlatVmdk],
     session.logout().await;
 }
 
+/// Gives the lab's VM `vm` the instance UUID `uuid` (as a VM removed and another registered under its moref
+/// would look); returns the one it had.
+pub async fn set_instance_uuid(vm: &str, uuid: &str) -> String {
+    let (session, moref) = source_vm(vm).await;
+    let before = ferry_vsphere::inventory::instance_uuid(&session, &moref)
+        .await
+        .unwrap()
+        .expect("vcsim gives every VM an instance UUID");
+    let spec = format!("<spec><instanceUuid>{uuid}</instanceUuid></spec>");
+    let answer = session
+        .call("ReconfigVM_Task", &moref, &spec)
+        .await
+        .unwrap();
+    let task = answer
+        .child("returnval")
+        .and_then(ferry_vsphere::MoRef::from_element)
+        .expect("a task");
+    ferry_vsphere::power::wait_task(&session, &task, Duration::from_secs(60))
+        .await
+        .unwrap();
+    before
+}
+
 /// Moves the lab's VM `vm` into the VM folder `folder` beside it (created when absent).
 pub async fn move_to_folder(vm: &str, folder: &str) {
     use ferry_vsphere::inventory::{VmSelector, find_vm};

@@ -39,7 +39,12 @@ pub async fn run(step: &mut Step<'_>) -> Result<Next> {
     match jobs::observe(step.ctx, step.vmm, &name).await? {
         JobState::Absent => {
             if attempt > 1 {
-                jobs::delete(step.ctx, &ns, &children::adapt_job(step.vmm, attempt - 1)).await?;
+                jobs::delete(
+                    step.ctx,
+                    step.vmm,
+                    &children::adapt_job(step.vmm, attempt - 1),
+                )
+                .await?;
             }
             if let Some(wait) = earlier_writers(step, &ns).await? {
                 return Ok(wait);
@@ -62,7 +67,7 @@ pub async fn run(step: &mut Step<'_>) -> Result<Next> {
             if failure.class != ErrorClass::Permanent && may_have_changed_volumes(&failure) {
                 step.status.rewrite_volumes = true;
             }
-            super::convert::retry(step, Phase::Adapting, &ns, &name, &uid, failure).await
+            super::convert::retry(step, Phase::Adapting, &name, &uid, failure).await
         }
     }
 }
@@ -93,7 +98,7 @@ async fn rewrite(step: &mut Step<'_>, ns: &str, attempt: i32) -> Result<Next> {
                     children::adapt_job(step.vmm, attempt - 1),
                     children::rewrite_job(step.vmm, attempt - 1),
                 ] {
-                    jobs::delete(step.ctx, ns, &earlier).await?;
+                    jobs::delete(step.ctx, step.vmm, &earlier).await?;
                 }
             }
             if let Some(wait) = earlier_writers(step, ns).await? {
@@ -126,7 +131,7 @@ async fn rewrite(step: &mut Step<'_>, ns: &str, attempt: i32) -> Result<Next> {
             format!("Job {name} did not report the volumes it wrote"),
         )),
         JobState::Failed(failure, uid) => {
-            super::convert::retry(step, Phase::Adapting, ns, &name, &uid, failure).await
+            super::convert::retry(step, Phase::Adapting, &name, &uid, failure).await
         }
     }
 }

@@ -81,7 +81,7 @@ pub async fn ensure(step: &mut Step<'_>) -> Result<Ensured> {
             && status::is_charged(step.status, &uid)
         {
             // Its failure is on record: remove it, and it is allocated again.
-            volumes::delete_dv(&dvs, &name).await?;
+            volumes::delete_dv(&dvs, dv).await?;
             waiting.push(format!("{name} removed to be allocated again"));
             continue;
         }

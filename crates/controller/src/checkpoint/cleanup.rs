@@ -70,7 +70,7 @@ pub(super) async fn restore_power(step: &mut Step<'_>) -> Result<bool> {
         return Ok(true);
     }
     let session = source::session(step.ctx, step.vmm).await?;
-    let vm = source::source_vm(step.status)?;
+    let vm = source::checked_source_vm(&session, step.status).await?;
     let observed = ferry_vsphere::power::current_power_state(&session, &vm).await?;
     if observed != PowerState::PoweredOn {
         ferry_vsphere::power::power_on(&session, &vm, Duration::from_secs(300)).await?;

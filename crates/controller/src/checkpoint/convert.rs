@@ -22,7 +22,12 @@ pub async fn run(step: &mut Step<'_>) -> Result<Next> {
         JobState::Absent => {
             if attempt > 1 {
                 // The failed attempt's Job was charged already; it makes room for this one.
-                jobs::delete(step.ctx, &ns, &children::convert_job(step.vmm, attempt - 1)).await?;
+                jobs::delete(
+                    step.ctx,
+                    step.vmm,
+                    &children::convert_job(step.vmm, attempt - 1),
+                )
+                .await?;
             }
             create_job(step, &ns, attempt).await?;
             // The same words as while it runs: its pod starting is no news worth a status write.
@@ -44,15 +49,17 @@ pub async fn run(step: &mut Step<'_>) -> Result<Next> {
         )),
         JobState::Succeeded(result) => record(step, &name, result).await,
         JobState::Failed(failure, uid) => {
-            retry(step, Phase::Converting, &ns, &name, &uid, failure).await
+            retry(step, Phase::Converting, &name, &uid, failure).await
         }
     }
 }
 
 /// Creates attempt `attempt`'s conversion Job for the disks discovery recorded (either route: the spec decides
-/// whether it stages or writes the volumes).
+/// whether it stages or writes the volumes), once the source is shown to be the VM discovery found.
 pub(super) async fn create_job(step: &Step<'_>, ns: &str, attempt: i32) -> Result<()> {
     let provider = super::source::provider(step.ctx, step.vmm).await?;
+    let session = super::source::session_for(step.ctx, &provider).await?;
+    super::source::checked_source_vm(&session, step.status).await?;
     let source = super::source::recorded(step.status)?;
     let job = build::job::convert_job(
         step.vmm,
@@ -98,7 +105,6 @@ async fn record(step: &mut Step<'_>, job: &str, report: JobReport) -> Result<Nex
 pub(super) async fn retry(
     step: &mut Step<'_>,
     phase: Phase,
-    ns: &str,
     job: &str,
     uid: &str,
     failure: Failure,
@@ -125,7 +131,7 @@ pub(super) async fn retry(
             ))
         }
         status::Charge::AlreadyCharged => {
-            jobs::delete(step.ctx, ns, job).await?;
+            jobs::delete(step.ctx, step.vmm, job).await?;
             Ok(Next::wait(
                 retrying,
                 format!("removing the failed Job {job}"),

@@ -28,7 +28,12 @@ pub async fn run(step: &mut Step<'_>) -> Result<Next> {
         JobState::Absent => {
             if attempt > 1 {
                 // The failed attempt's Job was charged already; it makes room for this one.
-                jobs::delete(step.ctx, &ns, &children::convert_job(step.vmm, attempt - 1)).await?;
+                jobs::delete(
+                    step.ctx,
+                    step.vmm,
+                    &children::convert_job(step.vmm, attempt - 1),
+                )
+                .await?;
             }
             match ensure(step).await? {
                 Ensured::Usable => {}
@@ -64,7 +69,7 @@ pub async fn run(step: &mut Step<'_>) -> Result<Next> {
             format!("Job {name} reported staged disks, but this migration writes its volumes"),
         )),
         JobState::Failed(failure, uid) => {
-            super::convert::retry(step, Phase::Converting, &ns, &name, &uid, failure).await
+            super::convert::retry(step, Phase::Converting, &name, &uid, failure).await
         }
     }
 }

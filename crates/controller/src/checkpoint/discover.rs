@@ -32,7 +32,7 @@ pub async fn run(step: &mut Step<'_>) -> Result<Next> {
         ));
     }
     let info = described?;
-    let source = source_status(&info);
+    let source = source_status(&info, session.about().instance_uuid.clone());
     let message = format!(
         "found {} ({}): {} vCPU, {} MiB, {} disk(s), {} NIC(s), {:?}",
         source.name,
@@ -49,13 +49,14 @@ pub async fn run(step: &mut Step<'_>) -> Result<Next> {
     Ok(Next::advance("SourceFound", message))
 }
 
-/// What discovery records, from the vSphere description.
-pub fn source_status(info: &VmInfo) -> SourceVmStatus {
+/// What discovery records, from the vSphere description and the endpoint's instance UUID.
+pub fn source_status(info: &VmInfo, vcenter_uuid: Option<String>) -> SourceVmStatus {
     SourceVmStatus {
         name: info.name.clone(),
         moref: info.moref.clone(),
         uuid: info.uuid.clone(),
         instance_uuid: info.instance_uuid.clone(),
+        vcenter_uuid,
         guest_os: info.guest_id.clone(),
         firmware: Some(info.firmware),
         secure_boot: info.efi_secure_boot.unwrap_or(false),

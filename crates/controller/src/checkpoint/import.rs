@@ -63,12 +63,12 @@ pub async fn run(step: &mut Step<'_>) -> Result<Next> {
             for earlier in 1..attempt {
                 jobs::delete(
                     step.ctx,
-                    &ns,
+                    step.vmm,
                     &children::verify_job(step.vmm, disk.index, earlier),
                 )
                 .await?;
             }
-            volumes::delete_dv(&dvs, &name).await?;
+            volumes::delete_dv(&dvs, dv).await?;
             step.status.disks[i].progress = None;
             waiting.push(format!("{name} removed for a new import"));
             continue;

@@ -198,9 +198,27 @@ pub async fn create(ctx: &Context, ns: &str, job: &Job) -> Result<()> {
     Ok(())
 }
 
-pub async fn delete(ctx: &Context, ns: &str, name: &str) -> Result<()> {
-    let jobs = Api::<Job>::namespaced(ctx.client.clone(), ns);
-    Ok(ferry_kube::delete::delete_if_present(&jobs, name).await?)
+/// Deletes this migration's Job `name`, if there is one. A Job under that name that is not ours is left alone,
+/// and the uid precondition spares one created under the name since it was read.
+pub async fn delete(ctx: &Context, vmm: &VirtualMachineMigration, name: &str) -> Result<()> {
+    let ns = vmm.namespace().unwrap_or_default();
+    let jobs = Api::<Job>::namespaced(ctx.client.clone(), &ns);
+    let found = match ctx.caches.job(&ns, name) {
+        Some(cached) => Some(cached),
+        None => jobs.get_opt(name).await?.map(std::sync::Arc::new),
+    };
+    match found {
+        Some(job) if children::is_ours(&*job, vmm) && job.metadata.deletion_timestamp.is_none() => {
+            delete_ours(&jobs, &job).await
+        }
+        _ => Ok(()),
+    }
+}
+
+/// Deletes `job`, one of ours just read, unless it has been replaced since.
+pub async fn delete_ours(jobs: &Api<Job>, job: &Job) -> Result<()> {
+    let uid = job.metadata.uid.as_deref().unwrap_or_default();
+    Ok(ferry_kube::delete::delete_exactly(jobs, &job.name_any(), uid).await?)
 }
 
 #[cfg(test)]

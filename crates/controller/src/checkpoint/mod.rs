@@ -16,6 +16,7 @@ mod disk_files;
 mod guest;
 mod import;
 pub(crate) mod jobs;
+mod one_per_vm;
 mod prepare;
 pub(crate) mod source;
 mod start;

@@ -1,5 +1,6 @@
 //! Preparing. Desired: the source powered off per `powerOff.mode`. Observed: its power state and the power task
-//! in flight. Action: first a disk slot on the source's host ([`crate::slots`]), then record the original power
+//! in flight. Action: first the source VM to itself ([`super::one_per_vm`]), a disk slot on the source's host
+//! ([`crate::slots`]) and the VM shown to be the one discovered ([`super::source::checked_source_vm`]), then record the original power
 //! state (each a status write of its own), then ask the guest to shut down or power off, keeping the task's moref in status so a restarted controller follows it instead of
 //! repeating it. Recorded: the power state before and after.
 
@@ -57,11 +58,16 @@ pub fn plan(
 
 pub async fn run(step: &mut Step<'_>) -> Result<Next> {
     let provider = super::source::provider(step.ctx, step.vmm).await?;
+    if let Some(wait) =
+        super::one_per_vm::wait_for_another(step, &super::source::recorded(step.status)?)
+    {
+        return Ok(wait);
+    }
     if let Some(next) = crate::slots::acquire(step, &provider).await? {
         return Ok(next);
     }
     let session = super::source::session_for(step.ctx, &provider).await?;
-    let vm = super::source::source_vm(step.status)?;
+    let vm = super::source::checked_source_vm(&session, step.status).await?;
     let observed = power::current_power_state(&session, &vm).await?;
     let spec = &step.vmm.spec.source.power_off;
     let mut recorded = step.status.power.clone().unwrap_or_default();

@@ -62,17 +62,98 @@ pub fn selector(vmm: &VirtualMachineMigration) -> VmSelector {
     }
 }
 
-/// The source VM as discovery recorded it in `status`, the working copy (discovery may have run in this very
-/// reconcile, so the object as read may not have it yet).
-pub fn source_vm(status: &VirtualMachineMigrationStatus) -> Result<MoRef> {
-    status
-        .source
-        .as_ref()
-        .map(|s| MoRef::new("VirtualMachine", s.moref.clone()))
-        .ok_or_else(|| {
-            Failure::transient(
-                Reason::SourceNotDiscovered,
-                "the source VM was not discovered yet",
-            )
-        })
+/// The source VM as discovery recorded it, once the endpoint is shown to be the vCenter it was found on and the
+/// moref still the VM with its instance UUID. A moref is reused when a VM is removed and another registered, and
+/// a Provider's URL may reach another vCenter: no power operation or Job acts on a VM not shown to be this one.
+pub async fn checked_source_vm(
+    session: &Session,
+    status: &VirtualMachineMigrationStatus,
+) -> Result<MoRef> {
+    let recorded = recorded(status)?;
+    let vm = MoRef::new("VirtualMachine", recorded.moref.clone());
+    let endpoint = session.about().instance_uuid.clone();
+    let found = match &recorded.instance_uuid {
+        Some(_) => ferry_vsphere::inventory::instance_uuid(session, &vm).await?,
+        None => None,
+    };
+    match identity_changed(&recorded, endpoint.as_deref(), found.as_deref()) {
+        Some(message) => Err(Failure::fixable(Reason::SourceIdentityChanged, message)),
+        None => Ok(vm),
+    }
+}
+
+/// What differs between the identities discovery recorded and those seen now, if anything. An identity vSphere
+/// did not report at discovery cannot be compared (an ESXi host has no instance UUID of its own).
+pub fn identity_changed(
+    recorded: &ferry_api::SourceVmStatus,
+    endpoint_now: Option<&str>,
+    vm_now: Option<&str>,
+) -> Option<String> {
+    let untouched = "nothing was done to it; check the Provider's URL and the VM, then delete this migration and \
+                     create a new one for the VM you mean";
+    if let Some(was) = &recorded.vcenter_uuid
+        && endpoint_now != Some(was.as_str())
+    {
+        return Some(format!(
+            "the Provider's endpoint is no longer the vCenter {} was found on (instance UUID {was}, now {}); \
+             {untouched}",
+            recorded.name,
+            endpoint_now.unwrap_or("none")
+        ));
+    }
+    if let Some(was) = &recorded.instance_uuid
+        && vm_now != Some(was.as_str())
+    {
+        return Some(format!(
+            "{} no longer names {} (instance UUID {was}, now {}): the VM was removed or re-registered; {untouched}",
+            recorded.moref,
+            recorded.name,
+            vm_now.unwrap_or("none")
+        ));
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn recorded() -> ferry_api::SourceVmStatus {
+        ferry_api::SourceVmStatus {
+            name: "web-1".into(),
+            moref: "vm-42".into(),
+            instance_uuid: Some("5012-aaaa".into()),
+            vcenter_uuid: Some("vc-1".into()),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn the_same_vcenter_and_vm_pass() {
+        assert_eq!(
+            identity_changed(&recorded(), Some("vc-1"), Some("5012-aaaa")),
+            None
+        );
+    }
+
+    #[test]
+    fn another_vcenter_or_a_reused_moref_is_named() {
+        let other_vcenter = identity_changed(&recorded(), Some("vc-2"), Some("5012-aaaa")).unwrap();
+        assert!(
+            other_vcenter.contains("no longer the vCenter web-1 was found on"),
+            "{other_vcenter}"
+        );
+        assert!(other_vcenter.contains("vc-2"), "{other_vcenter}");
+        let reused = identity_changed(&recorded(), Some("vc-1"), Some("5012-bbbb")).unwrap();
+        assert!(reused.contains("vm-42 no longer names web-1"), "{reused}");
+        assert!(identity_changed(&recorded(), Some("vc-1"), None).is_some());
+    }
+
+    #[test]
+    fn identities_not_reported_at_discovery_are_not_compared() {
+        let mut esxi = recorded();
+        esxi.vcenter_uuid = None;
+        esxi.instance_uuid = None;
+        assert_eq!(identity_changed(&esxi, None, None), None);
+    }
 }

@@ -30,6 +30,8 @@ pub async fn earlier_claim_left(step: &Step<'_>, ns: &str, name: &str) -> Result
     Ok(true)
 }
 
-pub async fn delete_dv(dvs: &Api<DynamicObject>, name: &str) -> Result<()> {
-    Ok(ferry_kube::delete::delete_if_present(dvs, name).await?)
+/// Deletes `dv`, one of ours just read, unless it has been replaced since.
+pub async fn delete_dv(dvs: &Api<DynamicObject>, dv: &DynamicObject) -> Result<()> {
+    let uid = dv.metadata.uid.as_deref().unwrap_or_default();
+    Ok(ferry_kube::delete::delete_exactly(dvs, &dv.name_any(), uid).await?)
 }
