@@ -34,12 +34,15 @@ use crate::SecretReference;
 pub struct ProviderSpec {
     #[serde(rename = "type")]
     pub type_: ProviderType,
-    /// The SDK endpoint, for example `https://vcenter.example.com/sdk`.
+    /// The SDK endpoint, for example `https://vcenter.example.com/sdk`. Immutable.
     #[x_kube(
         validation = Rule::new("self.startsWith('https://')").message("url must use https:// (TLS is never skipped silently)"),
         validation = Rule::new("isURL(self)").message("url is not a valid URL"),
         validation = Rule::new("!self.matches('^[a-z]+://[^/]*@')")
-            .message("url must not carry credentials: put them in the Secret named by secretRef")
+            .message("url must not carry credentials: put them in the Secret named by secretRef"),
+        validation = Rule::new("self == oldSelf").message(
+            "url is immutable: migrations found their VMs on the vCenter it reaches; create a new Provider for another endpoint"
+        )
     )]
     #[schemars(length(min = 9, max = 2048))]
     pub url: String,

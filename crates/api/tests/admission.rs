@@ -577,6 +577,16 @@ fn invalid_cases() -> Vec<Invalid> {
         ),
         // Updates
         update(
+            "a Provider's endpoint cannot change under its migrations",
+            provider(),
+            with(
+                provider(),
+                "/spec/url",
+                json!("https://other-vcenter.example.com/sdk"),
+            ),
+            "url is immutable: migrations found their VMs on the vCenter it reaches",
+        ),
+        update(
             "device model is part of the target",
             m(),
             with(m(), "/spec/target/devices", json!("Virtio")),

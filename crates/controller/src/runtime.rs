@@ -14,7 +14,7 @@ use k8s_openapi::api::batch::v1::Job;
 use kube::api::{DynamicObject, PartialObjectMeta};
 use kube::runtime::controller::{self, Controller};
 use kube::runtime::reflector::store::Writer;
-use kube::runtime::reflector::{ObjectRef, reflector};
+use kube::runtime::reflector::{self, ObjectRef, reflector};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, ResourceExt};
 use kube_lease_manager::LeaseManagerBuilder;
@@ -115,6 +115,15 @@ fn dynamic(
     }
 }
 
+/// A cached migration keeps what the controller reads: not who wrote which field, nor annotations outside Ferry's
+/// group (kubectl's last-applied copy alone doubles a migration), however many migrations there are.
+fn trim_migration(vmm: &mut VirtualMachineMigration) {
+    vmm.managed_fields_mut().clear();
+    let ours = format!("{}/", ferry_api::GROUP);
+    vmm.annotations_mut()
+        .retain(|key, _| key.starts_with(&ours));
+}
+
 /// A cached child keeps what the checkpoints read, not who wrote which field.
 fn forget_managed_fields<K: ResourceExt>(object: &mut K) {
     object.managed_fields_mut().clear();
@@ -122,11 +131,17 @@ fn forget_managed_fields<K: ResourceExt>(object: &mut K) {
 
 async fn run_controllers(client: Client, ctx: Arc<Context>, namespace: Option<&str>) {
     let config = watcher::Config::default().any_semantic();
-    let migrations = Controller::new(
-        api::<VirtualMachineMigration>(&client, namespace),
-        config.clone(),
-    );
-    let store = migrations.store();
+    let (store, writer) = reflector::store::<VirtualMachineMigration>();
+    let migration_events = reflector(
+        writer,
+        watcher(
+            api::<VirtualMachineMigration>(&client, namespace),
+            config.clone(),
+        )
+        .modify(trim_migration),
+    )
+    .applied_objects();
+    let migrations = Controller::for_stream(migration_events, store.clone());
     let by_provider = store.clone();
     let by_vm = store.clone();
     let (wake, woken) = futures::channel::mpsc::unbounded();
@@ -297,5 +312,31 @@ async fn serve(listener: tokio::net::TcpListener, ctx: Arc<Context>, ready: Arc<
             );
             let _ = stream.write_all(response.as_bytes()).await;
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_cached_migration_keeps_only_what_ferry_reads() {
+        let mut vmm: VirtualMachineMigration = serde_json::from_value(serde_json::json!({
+            "apiVersion": ferry_api::API_VERSION, "kind": "VirtualMachineMigration",
+            "metadata": {"name": "m", "namespace": "ns", "labels": {"team": "a"},
+                "annotations": {
+                    "kubectl.kubernetes.io/last-applied-configuration": "{...}",
+                    (ferry_api::keys::HOLD_ANNOTATION): "Converting"},
+                "managedFields": [{"manager": "kubectl", "operation": "Apply"}]},
+            "spec": {"source": {"providerRef": {"name": "vc"}, "vm": {"name": "x"}}, "target": {}},
+        }))
+        .unwrap();
+        trim_migration(&mut vmm);
+        assert!(vmm.managed_fields().is_empty());
+        assert_eq!(
+            vmm.annotations().keys().collect::<Vec<_>>(),
+            [ferry_api::keys::HOLD_ANNOTATION]
+        );
+        assert_eq!(vmm.labels()["team"], "a");
     }
 }

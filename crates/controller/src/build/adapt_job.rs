@@ -20,7 +20,10 @@ const SCRATCH: &str = "/scratch";
 /// Where the volume `conversion.virtioWin` names is mounted, read-only.
 const VIRTIO_WIN: &str = "/run/ferry/virtio-win";
 /// Overlays hold what virt-v2v changes (a new initramfs, removed packages), and the appliance is about 300 MiB.
-const SCRATCH_LIMIT: &str = "8Gi";
+const SCRATCH_MIB: u64 = 8 * 1024;
+
+/// virt-v2v's own work on a guest, beyond reading its disks: an hour covers the slowest seen under emulation.
+const ADAPT_DEADLINE_SECONDS: i64 = 60 * 60;
 /// libguestfs's appliance takes 1-2 GiB besides the worker itself.
 const MEMORY_MIB: u64 = 4096;
 
@@ -114,7 +117,7 @@ pub fn adapt_job(
         volumes: vec![Volume {
             name: "scratch".into(),
             empty_dir: Some(EmptyDirVolumeSource {
-                size_limit: Some(Quantity(SCRATCH_LIMIT.into())),
+                size_limit: Some(Quantity(format!("{}Gi", SCRATCH_MIB / 1024))),
                 ..EmptyDirVolumeSource::default()
             }),
             ..Volume::default()
@@ -123,6 +126,14 @@ pub fn adapt_job(
         devices: vec![],
         memory_limit_mib: MEMORY_MIB,
         user: QEMU_ID,
+        // virt-v2v inspects and rewrites file systems, not whole disks: mostly a fixed time, and the volumes are
+        // hashed before and after.
+        deadline_seconds: ADAPT_DEADLINE_SECONDS
+            + super::job::deadline_seconds(
+                disks.iter().map(|d| d.capacity_bytes.max(0) as u64).sum(),
+                2,
+            ),
+        scratch_mib: Some(SCRATCH_MIB),
     };
     if let Some(volume) = vmm
         .spec
@@ -199,6 +210,8 @@ mod tests {
 
         let job = adapt_job(&vmm, &source, &disks, 1, "ferry:1");
         assert_eq!(job.metadata.name.as_deref(), Some("m-adapt-1"));
+        let deadline = job.spec.as_ref().unwrap().active_deadline_seconds.unwrap();
+        assert!(deadline >= 3600 + 1800, "{deadline}");
         let pod = pod(job);
         let container = &pod.containers[0];
         let mounts: Vec<_> = container
@@ -225,6 +238,24 @@ mod tests {
         assert!(
             container.env.is_none(),
             "nothing secret, nothing in the environment"
+        );
+        // Its scratch space is bounded, and requested so the node has it.
+        let scratch = pod
+            .volumes
+            .iter()
+            .flatten()
+            .find(|v| v.name == "scratch")
+            .unwrap();
+        let limit = scratch.empty_dir.as_ref().unwrap().size_limit.clone();
+        assert_eq!(limit, Some(Quantity("8Gi".into())));
+        let resources = container.resources.as_ref().unwrap();
+        assert_eq!(
+            resources.requests.as_ref().unwrap()["ephemeral-storage"],
+            Quantity("8Gi".into())
+        );
+        assert_eq!(
+            resources.limits.as_ref().unwrap()["ephemeral-storage"],
+            Quantity("9Gi".into())
         );
     }
 

@@ -3,6 +3,7 @@
 
 use ferry_api::foreign::DataVolumeStatus;
 use ferry_api::{DiskStatus, DiskStorage, VirtualMachineMigration, VolumeMode};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::ResourceExt;
 use kube::api::DynamicObject;
 use serde_json::json;
@@ -120,9 +121,61 @@ pub fn dv_state(dv: Option<&DynamicObject>) -> DvState {
     }
 }
 
+/// How long a DataVolume may stay `Pending` (its claim not bound, or not even created: a quota, no capacity, a
+/// StorageClass nobody provisions) before the attempt counts as failed. CDI binds in seconds when it can; a
+/// volume waiting for its first consumer is `WaitForFirstConsumer` or `PendingPopulation`, not `Pending`.
+pub const BIND_DEADLINE_SECONDS: i64 = 15 * 60;
+
+/// Why `dv` is still `Pending` past [`BIND_DEADLINE_SECONDS`] after it was created, as CDI says it; None while
+/// it has time or has moved on. Pure.
+pub fn unbound_past_deadline(dv: &DynamicObject, now: &Time) -> Option<String> {
+    let status = DataVolumeStatus::of(dv);
+    if status.phase.as_deref().unwrap_or("Pending") != "Pending" {
+        return None;
+    }
+    let created = dv.metadata.creation_timestamp.as_ref()?;
+    let waited = now.0.duration_since(created.0).as_secs();
+    (waited >= BIND_DEADLINE_SECONDS).then(|| {
+        let said = status
+            .message_of(&["Bound", "Ready", "Running"])
+            .filter(|m| !m.is_empty())
+            .unwrap_or("no condition says why");
+        format!(
+            "still Pending {}s after it was created (its claim is not bound: a quota, no capacity, or a \
+             StorageClass nobody provisions?): {said}",
+            waited
+        )
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_volume_pending_past_its_bind_deadline_says_why() {
+        let at = |secs: i64| Time(k8s_openapi::jiff::Timestamp::from_second(secs).unwrap());
+        let dv: DynamicObject = serde_json::from_value(json!({
+            "apiVersion": "cdi.kubevirt.io/v1beta1", "kind": "DataVolume",
+            "metadata": {"name": "m-disk-0", "creationTimestamp": "2026-01-01T00:00:00Z"},
+            "status": {"phase": "Pending", "conditions": [{"type": "Bound", "status": "False",
+                "message": "exceeded quota: storage"}]},
+        }))
+        .unwrap();
+        let created = dv
+            .metadata
+            .creation_timestamp
+            .clone()
+            .unwrap()
+            .0
+            .as_second();
+        assert_eq!(unbound_past_deadline(&dv, &at(created + 60)), None);
+        let late = unbound_past_deadline(&dv, &at(created + BIND_DEADLINE_SECONDS)).unwrap();
+        assert!(late.contains("exceeded quota: storage"), "{late}");
+        let mut waiting = dv.clone();
+        waiting.data["status"]["phase"] = json!("WaitForFirstConsumer");
+        assert_eq!(unbound_past_deadline(&waiting, &at(created + 86_400)), None);
+    }
 
     #[test]
     fn staged_objects_are_read_over_the_endpoint() {

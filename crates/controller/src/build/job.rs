@@ -156,6 +156,13 @@ fn convert_work(
         devices: vec![],
         memory_limit_mib,
         user: NOBODY_ID,
+        // Disks are read in turn (or `parallel` at once, which is no slower); a volume is read back after it is
+        // written.
+        deadline_seconds: deadline_seconds(
+            spec.disks.iter().map(|d| d.capacity_bytes).sum(),
+            if spec.staging.is_some() { 1 } else { 2 },
+        ),
+        scratch_mib: None,
     };
     let staging_secret = vmm
         .spec
@@ -298,6 +305,8 @@ pub fn verify_job(
         },
         memory_limit_mib: DEFAULT_MEMORY_MIB,
         user: NOBODY_ID,
+        deadline_seconds: deadline_seconds(size.max(0) as u64, 1),
+        scratch_mib: None,
     };
     job(vmm, &children::verify_job(vmm, disk, attempt), image, work)
 }
@@ -313,6 +322,27 @@ pub(super) struct Work {
     pub memory_limit_mib: u64,
     /// The pod's user, group and fsGroup.
     pub user: i64,
+    /// How long the Job may run, from its start, pods pending or pulling images included
+    /// (`activeDeadlineSeconds`): see [`deadline_seconds`].
+    pub deadline_seconds: i64,
+    /// Local scratch space the pod writes (an `emptyDir` with this `sizeLimit`), requested so the scheduler
+    /// places it where that much is free.
+    pub scratch_mib: Option<u64>,
+}
+
+/// Before any byte moves: scheduling, pulling the image, logging in.
+const DEADLINE_START: i64 = 30 * 60;
+
+/// A Job moving bytes slower than this is stuck, not slow (a 100 GiB disk gets 3.6 h, plus the start).
+pub(super) const SLOWEST_BYTES_PER_SECOND: u64 = 8 << 20;
+
+/// A Job's deadline: time to start, then `bytes` at the slowest rate that still counts as progress at
+/// `passes` passes (a verification reads its disk once; a conversion that writes a volume reads it back too). A
+/// Job past it fails (DeadlineExceeded, from the Job controller), and the attempt is retried or the migration
+/// fails and the source's power is restored: the source never stays off for a Job that hangs.
+pub(super) fn deadline_seconds(bytes: u64, passes: u64) -> i64 {
+    let moving = (bytes.saturating_mul(passes) / SLOWEST_BYTES_PER_SECOND).min(i64::MAX as u64 / 2);
+    DEADLINE_START + moving as i64
 }
 
 /// The distroless image's unprivileged user.
@@ -351,8 +381,34 @@ fn runtime_default_seccomp() -> Option<SeccompProfile> {
     })
 }
 
+/// CPU and memory requested, memory limited; scratch space requested and limited to what its `emptyDir` may hold.
+fn resources(work: &Work) -> ResourceRequirements {
+    let mut requests = BTreeMap::from([
+        ("cpu".to_string(), Quantity("250m".into())),
+        ("memory".to_string(), Quantity("256Mi".into())),
+    ]);
+    let mut limits = BTreeMap::from([(
+        "memory".to_string(),
+        Quantity(mebibytes(work.memory_limit_mib)),
+    )]);
+    if let Some(scratch) = work.scratch_mib {
+        // The image's own few MiB of logs beside the scratch space.
+        requests.insert("ephemeral-storage".into(), Quantity(mebibytes(scratch)));
+        limits.insert(
+            "ephemeral-storage".into(),
+            Quantity(mebibytes(scratch + 1024)),
+        );
+    }
+    ResourceRequirements {
+        requests: Some(requests),
+        limits: Some(limits),
+        ..ResourceRequirements::default()
+    }
+}
+
 pub(super) fn job(vmm: &VirtualMachineMigration, name: &str, image: &str, work: Work) -> Job {
     let labels = children::labels(vmm, work.step);
+    let resources = resources(&work);
     let container = Container {
         name: work.step.into(),
         image: Some(image.into()),
@@ -362,17 +418,7 @@ pub(super) fn job(vmm: &VirtualMachineMigration, name: &str, image: &str, work: 
         termination_message_policy: Some("FallbackToLogsOnError".into()),
         volume_mounts: Some(work.mounts),
         volume_devices: (!work.devices.is_empty()).then_some(work.devices),
-        resources: Some(ResourceRequirements {
-            requests: Some(BTreeMap::from([
-                ("cpu".into(), Quantity("250m".into())),
-                ("memory".into(), Quantity("256Mi".into())),
-            ])),
-            limits: Some(BTreeMap::from([(
-                "memory".into(),
-                Quantity(mebibytes(work.memory_limit_mib)),
-            )])),
-            ..ResourceRequirements::default()
-        }),
+        resources: Some(resources),
         security_context: Some(SecurityContext {
             allow_privilege_escalation: Some(false),
             read_only_root_filesystem: Some(true),
@@ -397,6 +443,7 @@ pub(super) fn job(vmm: &VirtualMachineMigration, name: &str, image: &str, work: 
         spec: Some(JobSpec {
             // Retries are the controller's, counted in the migration's status: a Job runs once.
             backoff_limit: Some(0),
+            active_deadline_seconds: Some(work.deadline_seconds),
             template: PodTemplateSpec {
                 metadata: Some(ObjectMeta {
                     labels: Some(labels),
@@ -447,6 +494,15 @@ mod tests {
     }
 
     #[test]
+    fn a_job_has_time_to_start_and_to_move_its_bytes_at_the_slowest_rate_of_progress() {
+        assert_eq!(deadline_seconds(0, 1), 1800);
+        let hundred_gib = 100u64 << 30;
+        assert_eq!(deadline_seconds(hundred_gib, 1), 1800 + 12_800);
+        assert_eq!(deadline_seconds(hundred_gib, 2), 1800 + 25_600);
+        assert!(deadline_seconds(u64::MAX, 2) > 0, "no overflow");
+    }
+
+    #[test]
     fn jobs_run_once_restricted_with_credentials_as_files_only() {
         let provider: Provider = serde_json::from_value(json!({
             "apiVersion": "migration.platform.example/v1alpha1", "kind": "Provider",
@@ -462,6 +518,11 @@ mod tests {
         let convert = convert_job(&vmm, &source, &provider, 2, "img");
         assert_eq!(convert.metadata.name.as_deref(), Some("m-convert-2"));
         assert_eq!(convert.spec.as_ref().unwrap().backoff_limit, Some(0));
+        assert_eq!(
+            convert.spec.as_ref().unwrap().active_deadline_seconds,
+            Some(deadline_seconds(1024, 1)),
+            "staged: each disk read once"
+        );
         let spec = pod(&convert);
         let container = &spec.containers[0];
         assert!(container.env.is_none(), "no credentials in the environment");

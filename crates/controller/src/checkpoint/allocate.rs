@@ -12,7 +12,7 @@ use kube::api::DynamicObject;
 use kube::{Api, ResourceExt};
 
 use super::{Next, Step, volumes};
-use crate::build::datavolume::{DvState, blank_data_volume, dv_state};
+use crate::build::datavolume::{DvState, blank_data_volume, dv_state, unbound_past_deadline};
 use crate::build::dv_resource;
 use crate::error::{Failure, Result};
 use crate::{children, status};
@@ -129,6 +129,17 @@ pub async fn ensure(step: &mut Step<'_>) -> Result<Ensured> {
                 return retry(step, &uid, failure).map(Ensured::Persist);
             }
             DvState::Terminating => waiting.push(format!("{name} being removed")),
+            DvState::InProgress { .. }
+                if let Some(why) = observed
+                    .as_ref()
+                    .and_then(|dv| unbound_past_deadline(dv, &step.now)) =>
+            {
+                let failure = Failure::bounded(
+                    Reason::VolumeNotBound,
+                    format!("DataVolume {name} is {why}"),
+                );
+                return retry(step, &uid, failure).map(Ensured::Persist);
+            }
             DvState::InProgress { phase, .. } => waiting.push(format!("{name} {phase}")),
             DvState::Succeeded => {}
         }

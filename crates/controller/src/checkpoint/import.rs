@@ -11,7 +11,7 @@ use kube::{Api, ResourceExt};
 
 use super::jobs::{self, JobState};
 use super::{Next, Step, volumes};
-use crate::build::datavolume::{DvState, dv_state};
+use crate::build::datavolume::{DvState, dv_state, unbound_past_deadline};
 use crate::build::{self, dv_resource};
 use crate::error::{Failure, Result};
 use crate::{children, status};
@@ -97,6 +97,17 @@ pub async fn run(step: &mut Step<'_>) -> Result<Next> {
                 waiting.push(format!("{name} created"));
             }
             DvState::Terminating => waiting.push(format!("{name} being removed")),
+            DvState::InProgress { .. }
+                if let Some(why) = observed
+                    .as_ref()
+                    .and_then(|dv| unbound_past_deadline(dv, &step.now)) =>
+            {
+                let failure = Failure::bounded(
+                    Reason::VolumeNotBound,
+                    format!("DataVolume {name} is {why}"),
+                );
+                return retry(step, i, &dv_uid, failure);
+            }
             DvState::InProgress { phase, progress } => {
                 step.status.disks[i].data_volume = Some(name.clone());
                 step.status.disks[i].progress = progress.clone();

@@ -56,6 +56,9 @@ pub async fn observe(ctx: &Context, vmm: &VirtualMachineMigration, name: &str) -
     if !ended(&job) {
         return Ok(JobState::Running);
     }
+    if let Some(failure) = past_deadline(&job) {
+        return Ok(JobState::Failed(failure, job.uid().unwrap_or_default()));
+    }
     let message = termination_message(ctx, ns, &job).await?;
     Ok(
         match state_of(finished("Complete"), message.as_deref(), name) {
@@ -72,6 +75,27 @@ fn condition(job: &Job, kind: &str) -> bool {
         .as_ref()
         .and_then(|s| s.conditions.as_ref())
         .is_some_and(|cs| cs.iter().any(|c| c.type_ == kind && c.status == "True"))
+}
+
+/// A Job the Job controller stopped at its `activeDeadlineSeconds`: its pod was killed, so it left no result.
+fn past_deadline(job: &Job) -> Option<Failure> {
+    let failed = job.status.as_ref()?.conditions.as_ref()?.iter().find(|c| {
+        c.type_ == "Failed" && c.status == "True" && c.reason.as_deref() == Some("DeadlineExceeded")
+    })?;
+    let deadline = job
+        .spec
+        .as_ref()?
+        .active_deadline_seconds
+        .unwrap_or_default();
+    Some(Failure::bounded(
+        Reason::JobDeadlineExceeded,
+        format!(
+            "Job {} was stopped after its deadline of {deadline}s (its time to start, and its disks at the slowest \
+             rate that counts as progress): {}",
+            job.name_any(),
+            failed.message.as_deref().unwrap_or("no message")
+        ),
+    ))
 }
 
 fn ended(job: &Job) -> bool {
@@ -225,6 +249,29 @@ pub async fn delete_ours(jobs: &Api<Job>, job: &Job) -> Result<()> {
 mod tests {
     use super::*;
     use ferry_api::ErrorClass;
+
+    #[test]
+    fn a_job_stopped_at_its_deadline_says_so() {
+        let job: Job = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "m-convert-1"},
+            "spec": {"activeDeadlineSeconds": 1900, "template": {}},
+            "status": {"conditions": [{"type": "Failed", "status": "True", "reason": "DeadlineExceeded",
+                                       "message": "Job was active longer than specified deadline"}]},
+        }))
+        .unwrap();
+        let failure = past_deadline(&job).unwrap();
+        assert_eq!(failure.reason, "JobDeadlineExceeded");
+        assert_eq!(failure.class, ErrorClass::BoundedRetryable);
+        assert!(
+            failure.message.contains("deadline of 1900s"),
+            "{}",
+            failure.message
+        );
+        let mut other = job.clone();
+        other.status.as_mut().unwrap().conditions.as_mut().unwrap()[0].reason =
+            Some("BackoffLimitExceeded".into());
+        assert!(past_deadline(&other).is_none());
+    }
 
     #[test]
     fn results_and_classed_errors_are_read_from_the_message() {
