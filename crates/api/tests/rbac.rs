@@ -170,3 +170,146 @@ async fn the_controller_service_account_gets_what_it_needs_and_no_more() {
         other => panic!("listing Secrets must be forbidden, got {other:?}"),
     }
 }
+
+fn apply(lab: &TestLab, file: &str) {
+    let path = format!("{}/../../deploy/rbac/{file}", env!("CARGO_MANIFEST_DIR"));
+    let out = lab.kubectl().args(["apply", "-f", &path]).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// The worker image deploy/ names, as the controller's default.
+const WORKER_IMAGE: &str = concat!("ferry:", env!("CARGO_PKG_VERSION"));
+
+/// A Job as the controller builds them (deploy/rbac/ferry-admission.yaml admits it), changed by `edit`.
+fn job(edit: impl FnOnce(&mut serde_json::Value)) -> k8s_openapi::api::batch::v1::Job {
+    let mut job = serde_json::json!({
+        "metadata": {"name": "m-convert-1"},
+        "spec": {"backoffLimit": 0, "template": {"spec": {
+            "restartPolicy": "Never", "automountServiceAccountToken": false, "enableServiceLinks": false,
+            "containers": [{"name": "convert", "image": WORKER_IMAGE, "command": ["ferry"], "args": ["convert"],
+                "securityContext": {"allowPrivilegeEscalation": false, "runAsNonRoot": true,
+                                    "capabilities": {"drop": ["ALL"]}}}],
+            "volumes": [{"name": "source-credentials", "secret": {"secretName": "vc"}}],
+        }}},
+    });
+    edit(&mut job["spec"]["template"]["spec"]);
+    serde_json::from_value(job).unwrap()
+}
+
+#[tokio::test]
+async fn the_controller_may_create_only_jobs_as_ferry_builds_them() {
+    let lab = TestLab::shared().await;
+    apply(lab, "ferry-rbac.yaml");
+    apply(lab, "ferry-admission.yaml");
+    let deployment = include_str!("../../../deploy/controller.yaml");
+    assert!(
+        deployment.contains(&format!("value: {WORKER_IMAGE}")),
+        "deploy/controller.yaml's FERRY_WORKER_IMAGE and ferry-admission.yaml's image differ"
+    );
+    let ns = lab.namespace("jobs-policy").await;
+    let as_controller = lab
+        .client_as_service_account("ferry-system", "ferry")
+        .await
+        .unwrap();
+    let jobs: Api<k8s_openapi::api::batch::v1::Job> = Api::namespaced(as_controller, ns.name());
+    let dry_run = PostParams {
+        dry_run: true,
+        ..PostParams::default()
+    };
+    let refused = |job: k8s_openapi::api::batch::v1::Job| {
+        let (jobs, dry_run) = (jobs.clone(), dry_run.clone());
+        async move {
+            match jobs.create(&dry_run, &job).await {
+                Ok(_) => None,
+                Err(kube::Error::Api(status)) => Some(status.message),
+                Err(other) => panic!("{other}"),
+            }
+        }
+    };
+    // The policy is in force once the API server has loaded it.
+    let another_image = || job(|pod| pod["containers"][0]["image"] = "busybox".into());
+    ferry_testkit::eventually(
+        "the admission policy to be in force",
+        std::time::Duration::from_secs(60),
+        || refused(another_image()),
+    )
+    .await;
+
+    let cases: [(&str, Box<dyn FnOnce(&mut serde_json::Value)>, &str); 8] = [
+        (
+            "another image",
+            Box::new(|pod| pod["containers"][0]["image"] = "busybox".into()),
+            "worker image",
+        ),
+        (
+            "an init container of another image",
+            Box::new(|pod| {
+                pod["initContainers"] = serde_json::json!([{"name": "i", "image": "busybox"}])
+            }),
+            "worker image",
+        ),
+        (
+            "a ServiceAccount token",
+            Box::new(|pod| pod["automountServiceAccountToken"] = true.into()),
+            "mounts no ServiceAccount token",
+        ),
+        (
+            "a token by default",
+            Box::new(|pod| {
+                pod.as_object_mut()
+                    .unwrap()
+                    .remove("automountServiceAccountToken");
+            }),
+            "mounts no ServiceAccount token",
+        ),
+        (
+            "another ServiceAccount",
+            Box::new(|pod| pod["serviceAccountName"] = "admin".into()),
+            "default ServiceAccount",
+        ),
+        (
+            "a hostPath volume",
+            Box::new(|pod| {
+                pod["volumes"] = serde_json::json!([{"name": "root", "hostPath": {"path": "/"}}])
+            }),
+            "no hostPath",
+        ),
+        (
+            "the host's network",
+            Box::new(|pod| pod["hostNetwork"] = true.into()),
+            "no host namespace",
+        ),
+        (
+            "a privileged container",
+            Box::new(|pod| {
+                let context = &mut pod["containers"][0]["securityContext"];
+                context["privileged"] = true.into();
+                context["allowPrivilegeEscalation"] = true.into();
+            }),
+            "no privileged container",
+        ),
+    ];
+    let mut wrong = Vec::new();
+    for (what, edit, expected) in cases {
+        match refused(job(edit)).await {
+            Some(message) if message.contains(expected) => {}
+            Some(message) => wrong.push(format!(
+                "{what}: refused, but not saying {expected:?}: {message}"
+            )),
+            None => wrong.push(format!("{what}: admitted")),
+        }
+    }
+    if let Some(message) = refused(job(|_| {})).await {
+        wrong.push(format!("the controller's own Job: refused: {message}"));
+    }
+    // Only the controller is held to it.
+    let admin = Api::<k8s_openapi::api::batch::v1::Job>::namespaced(lab.client().await, ns.name());
+    if let Err(e) = admin.create(&dry_run, &another_image()).await {
+        wrong.push(format!("a person's Job of another image: refused: {e}"));
+    }
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}

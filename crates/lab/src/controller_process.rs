@@ -18,8 +18,10 @@ const GROUPS: [&str; 3] = [
     "system:authenticated",
 ];
 const RBAC: &str = include_str!("../../../deploy/rbac/ferry-rbac.yaml");
+const ADMISSION: &str = include_str!("../../../deploy/rbac/ferry-admission.yaml");
 
-/// Applies deploy/rbac (namespace ferry-system, ServiceAccount, ClusterRole, Lease Role) with the lab's kubectl.
+/// Applies deploy/rbac (namespace ferry-system, ServiceAccount, ClusterRole, Lease Role, and the admission policy
+/// on the Jobs the ServiceAccount creates) with the lab's kubectl.
 pub fn apply_rbac(tools: &Path, kubeconfig: &Path) -> Result<()> {
     let mut kubectl = std::process::Command::new(tools.join("kubectl"))
         .env("KUBECONFIG", kubeconfig)
@@ -33,7 +35,7 @@ pub fn apply_rbac(tools: &Path, kubeconfig: &Path) -> Result<()> {
         .stdin
         .take()
         .context("kubectl stdin")?
-        .write_all(RBAC.as_bytes())?;
+        .write_all(format!("{RBAC}\n---\n{ADMISSION}").as_bytes())?;
     let out = kubectl.wait_with_output()?;
     anyhow::ensure!(
         out.status.success(),
