@@ -184,6 +184,9 @@ fn apply(lab: &TestLab, file: &str) {
 /// The worker image deploy/ names, as the controller's default.
 const WORKER_IMAGE: &str = concat!("ferry:", env!("CARGO_PKG_VERSION"));
 
+/// A change to a Job's pod template.
+type Edit = Box<dyn FnOnce(&mut serde_json::Value)>;
+
 /// A Job as the controller builds them (deploy/rbac/ferry-admission.yaml admits it), changed by `edit`.
 fn job(edit: impl FnOnce(&mut serde_json::Value)) -> k8s_openapi::api::batch::v1::Job {
     let mut job = serde_json::json!({
@@ -239,7 +242,7 @@ async fn the_controller_may_create_only_jobs_as_ferry_builds_them() {
     )
     .await;
 
-    let cases: [(&str, Box<dyn FnOnce(&mut serde_json::Value)>, &str); 8] = [
+    let cases: [(&str, Edit, &str); 8] = [
         (
             "another image",
             Box::new(|pod| pod["containers"][0]["image"] = "busybox".into()),
