@@ -432,3 +432,62 @@ async fn a_controller_killed_ten_times_still_migrates_with_one_of_everything() {
     );
     assert_eq!(source_power(vm).await, PowerState::PoweredOff);
 }
+
+/// Issue 23: cleanup waits for its own VM's instance, never for another under the target's name (an instance a
+/// person started by hand). Before, deleting the migration waited for that instance forever.
+#[tokio::test]
+async fn cleanup_ends_beside_an_instance_that_is_not_ours() {
+    let vm = "DC0_C0_RP0_VM1";
+    let _source = source_lock(vm).await;
+    set_source_power(vm, true).await;
+    let (client, ns) = setup("foreign-vmi").await;
+    let name = "beside-a-stranger";
+    caught_at(
+        &client,
+        ns.name(),
+        name,
+        vm,
+        (Route::DIRECT, Phase::Converting),
+    )
+    .await;
+    let api = migrations(&client, ns.name());
+    let target = api
+        .get(name)
+        .await
+        .unwrap()
+        .status
+        .unwrap()
+        .target_vm
+        .unwrap();
+    // A bare instance under the target's name: it waits in Scheduling for a volume that never comes.
+    let vmis = kube::Api::<kube::api::DynamicObject>::namespaced_with(
+        client.clone(),
+        ns.name(),
+        &resource("kubevirt.io", "v1", "VirtualMachineInstance"),
+    );
+    let stranger = json!({
+        "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
+        "metadata": {"name": target},
+        "spec": {"domain": {"devices": {}, "memory": {"guest": "64Mi"}},
+                 "volumes": [{"name": "d", "dataVolume": {"name": "never"}}]},
+    });
+    vmis.create(
+        &Default::default(),
+        &serde_json::from_value(stranger).unwrap(),
+    )
+    .await
+    .unwrap();
+
+    api.delete(name, &DeleteParams::default()).await.unwrap();
+    ferry_testkit::eventually(
+        &format!("{name} to be deleted beside the stranger's instance"),
+        Duration::from_secs(120),
+        || async { api.get_opt(name).await.unwrap().is_none().then_some(()) },
+    )
+    .await;
+    assert_eq!(source_power(vm).await, PowerState::PoweredOn);
+    assert!(
+        vmis.get_opt(&target).await.unwrap().is_some(),
+        "somebody else's instance was deleted"
+    );
+}

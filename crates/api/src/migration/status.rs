@@ -104,6 +104,14 @@ pub struct VirtualMachineMigrationStatus {
     pub progress: Option<String>,
     #[serde(default, rename = "targetVM", skip_serializing_if = "Option::is_none")]
     pub target_vm: Option<String>,
+    /// The uid of the VirtualMachine this migration created: cleanup waits for that VM's instance to go, and for
+    /// no other instance that happens to have its name.
+    #[serde(
+        default,
+        rename = "targetVMUID",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub target_vm_uid: Option<String>,
     /// What discovery found.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub source: Option<SourceVmStatus>,

@@ -8,10 +8,10 @@ use std::time::Duration;
 
 use ferry_api::{ErrorClass, PowerState};
 use kube::api::DynamicObject;
-use kube::{Api, ResourceExt};
+use kube::{Api, Resource, ResourceExt};
 
 use super::{Step, source};
-use crate::build::vmi_resource;
+use crate::build::{vm_resource, vmi_resource};
 use crate::children;
 use crate::error::Result;
 use crate::owned::Owned;
@@ -20,11 +20,26 @@ use crate::owned::Owned;
 pub async fn cleanup(step: &mut Step<'_>) -> Result<bool> {
     let ns = step.vmm.namespace().unwrap_or_default();
     let owned = Owned::of(step.ctx, step.vmm);
+    let vm_name = children::vm_name(step.vmm);
+    let mut foreign_vm = None;
+    if step.status.target_vm_uid.is_none() {
+        // Created, but not yet recorded (a crash in between): its uid, before it goes.
+        let vms =
+            Api::<DynamicObject>::namespaced_with(step.ctx.client.clone(), &ns, &vm_resource());
+        match vms.get_opt(&vm_name).await? {
+            Some(vm) if children::is_ours(&vm, step.vmm) => step.status.target_vm_uid = vm.uid(),
+            Some(vm) => foreign_vm = vm.uid(),
+            None => {}
+        }
+    }
     let mut remaining = owned.delete_kept_kinds().await?;
     // The VM's instance goes after the VM (garbage collection); until it has, the target may still run, and the
     // source must not be powered on.
     let vmis = Api::<DynamicObject>::namespaced_with(step.ctx.client.clone(), &ns, &vmi_resource());
-    if vmis.get_opt(&children::vm_name(step.vmm)).await?.is_some() {
+    let ours = step.status.target_vm_uid.as_deref();
+    if let Some(vmi) = vmis.get_opt(&vm_name).await?
+        && instance_of_ours(&vmi, ours, foreign_vm.as_deref())
+    {
         remaining += 1;
     }
     remaining += owned.delete_jobs().await?;
@@ -33,6 +48,24 @@ pub async fn cleanup(step: &mut Step<'_>) -> Result<bool> {
         return Ok(false);
     }
     restore_power(step).await
+}
+
+/// Whether `vmi` may be the instance of the VM this migration created (`vm_uid`, when recorded): only then does
+/// cleanup wait for it. An instance no VirtualMachine owns, or one owned by somebody else's VM under the name
+/// (`foreign_vm`), never is. With no uid recorded (a VM of ours deleted before its uid was), an instance of a VM
+/// that is gone is waited for, rather than power the source on beside a target that might still run.
+fn instance_of_ours(vmi: &DynamicObject, vm_uid: Option<&str>, foreign_vm: Option<&str>) -> bool {
+    let owner = vmi
+        .metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .find(|o| o.kind == "VirtualMachine");
+    match (owner, vm_uid) {
+        (None, _) => false,
+        (Some(owner), Some(ours)) => owner.uid == ours,
+        (Some(owner), None) => foreign_vm != Some(owner.uid.as_str()),
+    }
 }
 
 async fn remove_staged(step: &Step<'_>) -> Result<()> {
@@ -57,8 +90,47 @@ async fn remove_staged(step: &Step<'_>) -> Result<()> {
             tracing::warn!(class = ?e.class, reason = %e.reason, "staging not cleaned: {e}");
             Ok(())
         }
+        // A migration being deleted waits for staging only so long: past the bound its finalizer goes, and an
+        // Event names what is left for a person to remove.
+        Err(e) if staging_outage_outlasted(step) => {
+            let left = crate::staging::object_names(disks).join(", ");
+            let note = format!(
+                "staging unreachable for {}s since the migration was deleted ({e}); giving up, these staged \
+                 objects are left: {left}",
+                STAGING_CLEANUP_BOUND.as_secs()
+            );
+            tracing::warn!(class = ?e.class, reason = %e.reason, "{note}");
+            let event = kube::runtime::events::Event {
+                type_: kube::runtime::events::EventType::Warning,
+                reason: "StagingNotCleaned".into(),
+                note: Some(note.chars().take(1000).collect()),
+                action: "Cleanup".into(),
+                secondary: None,
+            };
+            let _ = step
+                .ctx
+                .recorder
+                .publish(&event, &step.vmm.object_ref(&()))
+                .await;
+            Ok(())
+        }
         Err(e) => Err(e),
     }
+}
+
+/// How long a deleted migration retries removing its staged objects through a staging outage before it lets
+/// go: long enough for a restart or a failover of the store, short enough that a store that is gone for good
+/// does not keep the migration (and its namespace) from being deleted.
+pub const STAGING_CLEANUP_BOUND: Duration = Duration::from_secs(60 * 60);
+
+fn staging_outage_outlasted(step: &Step<'_>) -> bool {
+    step.vmm
+        .metadata
+        .deletion_timestamp
+        .as_ref()
+        .is_some_and(|deleted| {
+            step.now.0.duration_since(deleted.0).as_secs() >= STAGING_CLEANUP_BOUND.as_secs() as i64
+        })
 }
 
 pub(super) async fn restore_power(step: &mut Step<'_>) -> Result<bool> {
@@ -80,4 +152,46 @@ pub(super) async fn restore_power(step: &mut Step<'_>) -> Result<bool> {
     power.current = Some(PowerState::PoweredOn);
     power.task = None;
     Ok(true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn vmi(owner_uid: Option<&str>) -> DynamicObject {
+        let owners: Vec<_> = owner_uid
+            .map(|uid| {
+                serde_json::json!({"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine",
+                                           "name": "web", "uid": uid, "controller": true})
+            })
+            .into_iter()
+            .collect();
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
+            "metadata": {"name": "web", "ownerReferences": owners},
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn cleanup_waits_for_its_own_vms_instance_only() {
+        assert!(instance_of_ours(&vmi(Some("vm-uid")), Some("vm-uid"), None));
+        assert!(!instance_of_ours(&vmi(Some("other")), Some("vm-uid"), None));
+        assert!(
+            !instance_of_ours(&vmi(None), Some("vm-uid"), None),
+            "a bare VMI a person started"
+        );
+        assert!(
+            !instance_of_ours(&vmi(None), None, None),
+            "a bare VMI a person started"
+        );
+        assert!(
+            !instance_of_ours(&vmi(Some("theirs")), None, Some("theirs")),
+            "the instance of somebody else's VM under the name"
+        );
+        assert!(
+            instance_of_ours(&vmi(Some("gone")), None, None),
+            "an instance whose VM is gone, with no uid on record: wait, to be safe"
+        );
+    }
 }

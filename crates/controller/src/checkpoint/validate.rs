@@ -380,8 +380,8 @@ async fn check_storage_class(step: &Step<'_>, class: Option<&str>) -> Result<Str
 /// The VM and DataVolume names must be free, or already this migration's.
 async fn check_collisions(step: &Step<'_>) -> Result<()> {
     let ns = step.vmm.namespace().unwrap_or_default();
-    let uid = children::uid(step.vmm);
-    let ours = |o: &DynamicObject| o.labels().get(children::UID_LABEL) == Some(&uid);
+    // Our label and a controller owner reference to this migration: a label alone can be copied.
+    let ours = |o: &DynamicObject| children::is_ours(o, step.vmm);
     let vms = Api::<DynamicObject>::namespaced_with(step.ctx.client.clone(), &ns, &vm_resource());
     let name = children::vm_name(step.vmm);
     if let Some(vm) = vms.get_opt(&name).await?

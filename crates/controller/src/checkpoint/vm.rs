@@ -24,13 +24,16 @@ pub async fn run(step: &mut Step<'_>) -> Result<Next> {
             format!("VirtualMachine {name} created"),
         ));
     };
-    if observed.labels().get(children::UID_LABEL) != Some(&children::uid(step.vmm)) {
+    if !children::is_ours(&observed, step.vmm) {
         return Err(Failure::fixable(
             Reason::TargetVMExists,
             format!(
                 "VirtualMachine {ns}/{name} exists and is not this migration's; delete or rename it"
             ),
         ));
+    }
+    if step.status.target_vm_uid.is_none() {
+        step.status.target_vm_uid = observed.uid();
     }
     if !ferry_kube::apply::is_subset(build::vm::shape(&desired), build::vm::shape(&observed)) {
         let patch = serde_json::json!({"spec": {"template": build::vm::shape(&desired)}});
