@@ -28,7 +28,7 @@ where
 /// deleted: that other object is not the one we meant, and is left alone.
 pub async fn delete_exactly<K>(api: &Api<K>, name: &str, uid: &str) -> kube::Result<()>
 where
-    K: Clone + DeserializeOwned + Debug,
+    K: Clone + DeserializeOwned + Debug + kube::Resource,
 {
     let params = DeleteParams {
         propagation_policy: Some(PropagationPolicy::Background),
@@ -40,7 +40,13 @@ where
     };
     match api.delete(name, &params).await {
         Ok(_) => Ok(()),
-        Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+        // A failed precondition is a 409, but so is any other conflict: only an object now under the name with
+        // another uid (or none) means ours is gone.
+        Err(kube::Error::Api(s)) if s.code == 409 => match api.get_opt(name).await? {
+            Some(found) if found.meta().uid.as_deref() == Some(uid) => Err(kube::Error::Api(s)),
+            _ => Ok(()),
+        },
         Err(e) => Err(e),
     }
 }
