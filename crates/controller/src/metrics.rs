@@ -10,6 +10,10 @@ const BUCKETS: [f64; 12] = [
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
 ];
 
+/// Distinct phase/reason series kept; Ferry's own number in the tens.
+const MAX_STATES: usize = 512;
+const OTHER_STATE: &str = "Other/Other";
+
 #[derive(Default)]
 pub struct Metrics {
     inner: Mutex<Inner>,
@@ -37,11 +41,14 @@ impl Metrics {
     pub fn reconciled(&self, took: Duration, state: &str) {
         let mut m = self.lock();
         m.reconciles += 1;
-        match m.reconciles_by_state.get_mut(state) {
-            Some(n) => *n += 1,
-            None => {
-                m.reconciles_by_state.insert(state.into(), 1);
-            }
+        let states = &mut m.reconciles_by_state;
+        if let Some(n) = states.get_mut(state) {
+            *n += 1;
+        } else if states.len() < MAX_STATES {
+            states.insert(state.into(), 1);
+        } else {
+            // Reasons are words anyone with status rights can write: past the bound they share one series.
+            *states.entry(OTHER_STATE.into()).or_default() += 1;
         }
         let seconds = took.as_secs_f64();
         m.latency_sum += seconds;
@@ -88,6 +95,7 @@ impl Metrics {
         let _ = writeln!(out, "# TYPE ferry_reconciles_by_state_total counter");
         for (state, n) in &m.reconciles_by_state {
             let (phase, reason) = state.split_once('/').unwrap_or((state, ""));
+            let (phase, reason) = (escaped(phase), escaped(reason));
             let _ = writeln!(
                 out,
                 "ferry_reconciles_by_state_total{{phase=\"{phase}\",reason=\"{reason}\"}} {n}"
@@ -118,6 +126,7 @@ impl Metrics {
         );
         let _ = writeln!(out, "# TYPE ferry_errors_total counter");
         for ((class, reason), n) in &m.errors {
+            let (class, reason) = (escaped(class), escaped(reason));
             let _ = writeln!(
                 out,
                 "ferry_errors_total{{class=\"{class}\",reason=\"{reason}\"}} {n}"
@@ -125,6 +134,7 @@ impl Metrics {
         }
         let _ = writeln!(out, "# TYPE ferry_phase_transitions_total counter");
         for (phase, n) in &m.transitions {
+            let phase = escaped(phase);
             let _ = writeln!(
                 out,
                 "ferry_phase_transitions_total{{phase=\"{phase}\"}} {n}"
@@ -141,10 +151,29 @@ impl Metrics {
         }
         let _ = writeln!(out, "# TYPE ferry_migrations gauge");
         for (phase, n) in per_phase {
+            let phase = escaped(phase);
             let _ = writeln!(out, "ferry_migrations{{phase=\"{phase}\"}} {n}");
         }
         out
     }
+}
+
+/// A label value as the text format needs it: backslash, quote and newline escaped, so no value (a status
+/// reason anyone with status rights can write) can end its label or start a line of its own.
+fn escaped(value: &str) -> std::borrow::Cow<'_, str> {
+    if !value.contains(['\\', '"', '\n']) {
+        return value.into();
+    }
+    let mut out = String::with_capacity(value.len() + 8);
+    for c in value.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '"' => out.push_str("\\\""),
+            '\n' => out.push_str("\\n"),
+            c => out.push(c),
+        }
+    }
+    out.into()
 }
 
 #[cfg(test)]
@@ -183,5 +212,46 @@ mod tests {
             text.contains("ferry_migrations{phase=\"Converting\"} 1"),
             "{text}"
         );
+    }
+
+    #[test]
+    fn a_label_value_cannot_end_its_label_or_add_a_line() {
+        let m = Metrics::default();
+        let hostile = "Failed/x\"} 1\nferry_forged_total{a=\"\\";
+        m.reconciled(Duration::from_millis(1), hostile);
+        let text = m.render();
+        assert!(!text.contains("\nferry_forged_total"), "{text}");
+        assert!(
+            text.contains(r#"reason="x\"} 1\nferry_forged_total{a=\"\\"} 1"#),
+            "{text}"
+        );
+        for line in text.lines().filter(|l| !l.starts_with('#')) {
+            assert!(line.starts_with("ferry_"), "a line of its own: {line}");
+        }
+    }
+
+    #[test]
+    fn reasons_past_the_bound_share_one_series() {
+        let m = Metrics::default();
+        for i in 0..MAX_STATES + 100 {
+            m.reconciled(Duration::from_millis(1), &format!("Failed/Made{i}"));
+        }
+        let text = m.render();
+        let series = text
+            .lines()
+            .filter(|l| l.starts_with("ferry_reconciles_by_state_total{"));
+        assert_eq!(series.count(), MAX_STATES + 1, "{text}");
+        assert!(
+            text.contains(r#"{phase="Other",reason="Other"} 100"#),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn a_migration_gone_leaves_no_series_of_its_own() {
+        let m = Metrics::default();
+        m.phase("ns/a", Some("Converting"));
+        m.phase("ns/a", None);
+        assert!(!m.render().contains("Converting"), "{}", m.render());
     }
 }
