@@ -180,6 +180,8 @@ fn update(what: &'static str, before: Value, after: Value, expect: &'static str)
     }
 }
 
+const PEM: &str = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n";
+
 fn invalid_cases() -> Vec<Invalid> {
     let p = provider;
     let m = migration;
@@ -517,6 +519,51 @@ fn invalid_cases() -> Vec<Invalid> {
                 json!("https://key:secret@store.example.com/ferry"),
             ),
             "staging url must not carry credentials",
+        ),
+        create(
+            "staging endpoint over plain http",
+            with(
+                m(),
+                "/spec/staging/endpoint",
+                json!("http://minio.storage:9000"),
+            ),
+            "staging over plain http:// sends the disks and the signed requests unencrypted",
+        ),
+        create(
+            "staging url over plain http",
+            with(
+                m(),
+                "/spec/staging/url",
+                json!("http://store.example.com/ferry"),
+            ),
+            "use https:// (with caBundle for a private CA), or set insecure: true",
+        ),
+        create(
+            "staging insecure false",
+            with(
+                with(
+                    m(),
+                    "/spec/staging/endpoint",
+                    json!("http://minio.storage:9000"),
+                ),
+                "/spec/staging/insecure",
+                json!(false),
+            ),
+            "staging insecure may only be set to true",
+        ),
+        create(
+            "staging caBundle not PEM",
+            with(m(), "/spec/staging/caBundle", json!("not a certificate")),
+            "staging caBundle must hold PEM certificates",
+        ),
+        create(
+            "staging caBundle and insecure",
+            with(
+                with(m(), "/spec/staging/caBundle", json!(PEM)),
+                "/spec/staging/insecure",
+                json!(true),
+            ),
+            "staging caBundle and insecure exclude each other",
         ),
         create(
             "qcow2 without staging",
@@ -885,6 +932,18 @@ async fn valid_manifests_are_accepted_with_their_defaults() {
             with(migration(), "/metadata/name", json!("direct")),
             "/spec/staging",
             Value::Null,
+        ),
+        with(
+            with(migration(), "/metadata/name", json!("staging-private-ca")),
+            "/spec/staging",
+            json!({"url": "s3://bucket/prefix", "secretRef": {"name": "staging-creds"},
+                   "endpoint": "https://minio.storage:9000", "caBundle": PEM}),
+        ),
+        with(
+            with(migration(), "/metadata/name", json!("staging-plain-http")),
+            "/spec/staging",
+            json!({"url": "s3://bucket/prefix", "secretRef": {"name": "staging-creds"},
+                   "endpoint": "http://minio.storage:9000", "insecure": true}),
         ),
         with(
             with(migration(), "/metadata/name", json!("windows")),

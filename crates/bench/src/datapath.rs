@@ -158,6 +158,7 @@ async fn run(
         credentials_dir: Some(minio.credentials_dir.clone()),
         endpoint: Some(minio.endpoint.clone()),
         region: None,
+        ca_bundle: None,
     };
 
     let credentials = work.join("vsphere-credentials");
@@ -171,6 +172,7 @@ async fn run(
             trust: SourceTrust::CaFile(endpoint.ca_file.clone()),
             datacenter: info.datacenter.clone(),
             vm_uuid: info.instance_uuid.clone().unwrap_or_default(),
+            instance_uuid: None,
         },
         disks: vec![DiskSpec {
             index: 0,

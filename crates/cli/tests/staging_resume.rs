@@ -44,6 +44,7 @@ async fn staging_folder(ns: &str, name: &str, uid: &str) -> (String, Staging) {
         credentials_dir: Some(staging.credentials_dir.clone()),
         endpoint: Some(staging.endpoint.clone()),
         region: None,
+        ca_bundle: staging.ca_bundle().unwrap(),
     })
     .unwrap();
     (prefix, store)

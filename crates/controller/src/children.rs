@@ -100,6 +100,11 @@ pub fn rewrite_job(vmm: &VirtualMachineMigration, attempt: i32) -> String {
     child_name(&vmm.name_any(), &format!("rewrite-{attempt}"))
 }
 
+/// The staging CA bundle CDI's importer trusts (`certConfigMap`): `<name>-staging-ca`.
+pub fn staging_ca(vmm: &VirtualMachineMigration) -> String {
+    child_name(&vmm.name_any(), "staging-ca")
+}
+
 /// One DataVolume per disk, whatever the attempt: `<name>-disk-<disk>`.
 pub fn data_volume(vmm: &VirtualMachineMigration, disk: i32) -> String {
     child_name(&vmm.name_any(), &format!("disk-{disk}"))

@@ -267,6 +267,7 @@ impl Context {
         let key = [
             bucket,
             spec.endpoint.as_deref().unwrap_or(""),
+            spec.ca_bundle.as_deref().unwrap_or(""),
             &access,
             &secret,
         ]

@@ -49,6 +49,7 @@ pub async fn open(ctx: &Context, vmm: &VirtualMachineMigration) -> Result<Stagin
         credentials_dir: None,
         endpoint: staging.endpoint.clone(),
         region: None,
+        ca_bundle: staging.ca_bundle.clone(),
     };
     ctx.staging_store(&spec, access, key)
 }
@@ -67,6 +68,7 @@ pub async fn converted(
     ctx: &Context,
     vmm: &VirtualMachineMigration,
     disks: &[DiskStatus],
+    vm_uuid: &str,
     report: JobReport,
     job: &str,
 ) -> Result<Vec<DiskResult>> {
@@ -99,13 +101,15 @@ pub async fn converted(
     disks
         .iter()
         .zip(manifests)
-        .map(|(disk, manifest)| disk_result(disk, manifest, &summary, job))
+        .map(|(disk, manifest)| disk_result(disk, vm_uuid, manifest, &summary, job))
         .collect()
 }
 
-/// Disk `disk`'s result from its manifest, which must describe that disk in the reported format. Pure.
+/// Disk `disk`'s result from its manifest, which must describe that disk of VM `vm_uuid` in the reported
+/// format. Pure.
 pub fn disk_result(
     disk: &DiskStatus,
+    vm_uuid: &str,
     manifest: Option<StagedObject>,
     summary: &StagedSummary,
     job: &str,
@@ -123,6 +127,15 @@ pub fn disk_result(
     let format = format!("{:?}", summary.format).to_lowercase();
     let capacity = disk.capacity_bytes.max(0) as u64;
     let source = &manifest.source;
+    if source.vm_uuid != vm_uuid {
+        return Err(Failure::permanent(
+            Reason::SourceIdentityChanged,
+            format!(
+                "the manifest of {name} describes a disk of VM {}, not of VM {vm_uuid} that this migration moves",
+                source.vm_uuid
+            ),
+        ));
+    }
     if source.disk_file != disk.source_file
         || source.capacity_bytes != capacity
         || manifest.format != format
@@ -188,21 +201,21 @@ mod tests {
     #[test]
     fn a_disk_reads_from_its_own_manifest() {
         let d = disk(7);
-        let found = disk_result(&d, Some(manifest(&d, "this")), &summary(), "j").unwrap();
+        let found = disk_result(&d, "u", Some(manifest(&d, "this")), &summary(), "j").unwrap();
         assert_eq!(
             (found.index, found.bytes_read, found.skipped),
             (7, 4 << 20, false)
         );
         assert_eq!(found.staged.url, "s3://b/p/disk-7.raw");
         // Staged by an earlier attempt, and found intact by this one: nothing was read for it.
-        let earlier = disk_result(&d, Some(manifest(&d, "earlier")), &summary(), "j").unwrap();
+        let earlier = disk_result(&d, "u", Some(manifest(&d, "earlier")), &summary(), "j").unwrap();
         assert_eq!((earlier.bytes_read, earlier.skipped), (0, true));
     }
 
     #[test]
     fn a_missing_or_foreign_manifest_is_not_a_result() {
         let d = disk(2);
-        let missing = disk_result(&d, None, &summary(), "j").unwrap_err();
+        let missing = disk_result(&d, "u", None, &summary(), "j").unwrap_err();
         assert_eq!(missing.reason, "DiskNotConverted");
         assert!(
             missing.message.contains("disk-2.raw has no manifest"),
@@ -210,15 +223,23 @@ mod tests {
             missing.message
         );
         let other = manifest(&disk(3), "this");
-        let foreign = disk_result(&d, Some(other), &summary(), "j").unwrap_err();
+        let foreign = disk_result(&d, "u", Some(other), &summary(), "j").unwrap_err();
         assert_eq!(foreign.reason, "DiskNotConverted");
         let qcow2 = StagedSummary {
             format: DiskFormat::Qcow2,
             ..summary()
         };
-        assert!(disk_result(&d, Some(manifest(&d, "this")), &qcow2, "j").is_err());
+        assert!(disk_result(&d, "u", Some(manifest(&d, "this")), &qcow2, "j").is_err());
+        let another_vm = disk_result(&d, "v", Some(manifest(&d, "this")), &summary(), "j");
+        let another_vm = another_vm.unwrap_err();
+        assert_eq!(another_vm.reason, "SourceIdentityChanged");
+        assert!(
+            another_vm.message.contains("a disk of VM u, not of VM v"),
+            "{}",
+            another_vm.message
+        );
         let mut resized = manifest(&d, "this");
         resized.source.capacity_bytes += 1;
-        assert!(disk_result(&d, Some(resized), &summary(), "j").is_err());
+        assert!(disk_result(&d, "u", Some(resized), &summary(), "j").is_err());
     }
 }

@@ -29,7 +29,7 @@ pub use crate::status::{disk_fraction, progress_bytes};
 pub mod build {
     pub use crate::build::adapt_job::adapt_spec;
     pub use crate::build::datavolume::data_volume;
-    pub use crate::build::job::{convert_job, verify_job};
+    pub use crate::build::job::{convert_job, source_vm_uuid, verify_job};
     pub use crate::build::vm::virtual_machine;
 }
 
@@ -91,10 +91,11 @@ impl Actions {
         &self,
         vmm: &VirtualMachineMigration,
         disks: &[DiskStatus],
+        vm_uuid: &str,
         report: JobReport,
         job: &str,
     ) -> Result<Vec<DiskResult>, Failure> {
-        crate::staging::converted(&self.ctx, vmm, disks, report, job).await
+        crate::staging::converted(&self.ctx, vmm, disks, vm_uuid, report, job).await
     }
 
     /// Deletes the migration's Job if it is present.

@@ -65,6 +65,7 @@ pub async fn convert_run(
     // The S3 client takes the process's TLS provider; ours is ring everywhere.
     let _ = rustls::crypto::ring::default_provider().install_default();
     let session = connect(spec).await?;
+    crate::source_check::confirm(&session, spec).await?;
     // Renews the SOAP session while disks stream; stops when this function returns, however it returns.
     let keepalive = spec
         .transfer

@@ -46,6 +46,7 @@ pub struct WrittenDisk {
 /// Writes every disk of `spec` into its volume, `spec.parallel` at a time.
 pub async fn write_all(spec: &ConvertSpec, progress: &Progress) -> Result<Vec<WrittenDisk>> {
     let session = crate::convert::connect(spec).await?;
+    crate::source_check::confirm(&session, spec).await?;
     let keepalive = spec
         .transfer
         .keepalive()

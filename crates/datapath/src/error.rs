@@ -57,6 +57,8 @@ pub enum Error {
         expected: String,
         actual: String,
     },
+    #[error("the source changed since discovery: {0}")]
+    SourceChanged(String),
     #[error("virt-v2v: {message}")]
     Adaptation {
         failure: ferry_adapt::failure::AdaptationFailure,
@@ -67,7 +69,9 @@ pub enum Error {
 impl Error {
     pub fn class(&self) -> ErrorClass {
         match self {
-            Error::Spec(_) | Error::TooLargeToStage { .. } => ErrorClass::Permanent,
+            Error::Spec(_) | Error::TooLargeToStage { .. } | Error::SourceChanged(_) => {
+                ErrorClass::Permanent
+            }
             Error::Source(e) => e.class(),
             Error::Staging { .. } | Error::UploadGone { .. } => ErrorClass::Transient,
             Error::ShortRead { .. } | Error::EmptyDisk { .. } | Error::ChecksumMismatch { .. } => {
@@ -100,6 +104,7 @@ impl Error {
             Error::DiskImageMissing { .. } => Reason::DiskImageMissing,
             Error::Volume { .. } => Reason::VolumeWriteFailed,
             Error::NotAsConverted { .. } => Reason::VolumeNotAsConverted,
+            Error::SourceChanged(_) => Reason::SourceIdentityChanged,
             Error::Adaptation { failure, .. } => {
                 use ferry_adapt::failure::AdaptationFailure as F;
                 match failure {

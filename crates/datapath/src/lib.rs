@@ -15,6 +15,7 @@ pub mod qcow2;
 mod qcow2_upload;
 mod read_back;
 pub mod report;
+pub mod source_check;
 pub mod spec;
 pub mod staging;
 mod upload;

@@ -47,6 +47,10 @@ pub struct SourceSpec {
     pub datacenter: String,
     /// The VM's identity, recorded with each staged disk.
     pub vm_uuid: String,
+    /// The VM's instance UUID as discovery recorded it: the Job finds the VM by it and copies nothing from a VM
+    /// that has another.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub instance_uuid: Option<String>,
 }
 
 /// How the conversion Job trusts the vSphere endpoint's certificate.
@@ -231,6 +235,9 @@ pub struct StagingSpec {
     pub endpoint: Option<String>,
     #[serde(default)]
     pub region: Option<String>,
+    /// PEM certificates of the CAs the endpoint's certificate is checked against, beside the system's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_bundle: Option<String>,
 }
 
 impl ConvertSpec {
@@ -376,6 +383,7 @@ mod tests {
                 trust,
                 datacenter: "DC0".into(),
                 vm_uuid: "u".into(),
+                instance_uuid: None,
             };
             let mut back = serde_json::to_value(&spec).unwrap();
             for key in ["url", "credentialsDir", "datacenter", "vmUuid"] {

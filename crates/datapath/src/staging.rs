@@ -8,11 +8,11 @@ use std::time::Duration;
 
 use ferry_types::DiskFormat;
 use futures::StreamExt;
-use object_store::ClientOptions;
 use object_store::aws::AmazonS3Builder;
 use object_store::local::LocalFileSystem;
 use object_store::multipart::{MultipartStore, PartId};
 use object_store::path::Path;
+use object_store::{Certificate, ClientOptions};
 use object_store::{MultipartId, ObjectStore, ObjectStoreExt, PutPayload, WriteMultipart};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
@@ -280,10 +280,14 @@ impl Staging {
                 .with_region(spec.region.clone().unwrap_or_else(|| "us-east-1".into()))
                 .with_virtual_hosted_style_request(false)
                 // Before `with_allow_http` below, which edits these options.
-                .with_client_options(match caller {
-                    Caller::Job => s3_client_options(),
-                    Caller::Controller => control_client_options(),
-                })
+                .with_client_options(trusting(
+                    match caller {
+                        Caller::Job => s3_client_options(),
+                        Caller::Controller => control_client_options(),
+                    },
+                    spec.ca_bundle.as_deref(),
+                    &fail,
+                )?)
                 // The manifest's sha256 already proves the content; signing each part would hash every byte again.
                 .with_unsigned_payload(true);
             if caller == Caller::Controller {
@@ -495,6 +499,23 @@ fn journal_name(name: &str) -> String {
     format!("{name}.upload.json")
 }
 
+/// `options` that also trust the CAs in `pem`, a private CA's bundle.
+fn trusting(
+    mut options: ClientOptions,
+    pem: Option<&str>,
+    fail: &dyn Fn(String) -> Error,
+) -> Result<ClientOptions> {
+    let Some(pem) = pem else {
+        return Ok(options);
+    };
+    let certs = Certificate::from_pem_bundle(pem.as_bytes())
+        .map_err(|e| fail(format!("caBundle does not parse: {e}")))?;
+    for cert in certs {
+        options = options.with_root_certificate(cert);
+    }
+    Ok(options)
+}
+
 #[cfg(test)]
 impl Staging {
     /// `file://` staging in `dir`.
@@ -504,6 +525,7 @@ impl Staging {
             credentials_dir: None,
             endpoint: None,
             region: None,
+            ca_bundle: None,
         })
         .expect("file:// staging opens")
     }
@@ -551,6 +573,7 @@ mod tests {
             credentials_dir: None,
             endpoint: Some("http://127.0.0.1:9".into()),
             region: None,
+            ca_bundle: None,
         };
         let root = Staging::open_with_keys(&spec, "a".into(), "b".into()).unwrap();
         let folder = root.within("s3://bucket/ns/vm-1/").unwrap();

@@ -229,6 +229,10 @@ impl LabFiles {
             ports.0[0],
             ports.0[1],
             compress,
+            Some(crate::minio::Tls {
+                serving: &self.serving,
+                ca: &self.ca,
+            }),
         )
     }
 

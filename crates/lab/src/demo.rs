@@ -181,5 +181,9 @@ pub fn staged_migration(state: &LabState, ns: &str, name: &str, vm: &str) -> Val
     let mut manifest = migration(state, ns, name, vm);
     manifest["spec"]["staging"] = json!({"url": staging.url("migrations"), "endpoint": staging.endpoint,
         "secretRef": {"name": STAGING_SECRET}});
+    match staging.ca_bundle().expect("the lab's CA is readable") {
+        Some(ca) => manifest["spec"]["staging"]["caBundle"] = json!(ca),
+        None => manifest["spec"]["staging"]["insecure"] = json!(true),
+    }
     manifest
 }

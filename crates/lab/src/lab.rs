@@ -230,7 +230,12 @@ async fn start_all(state: &mut LabState, options: &LabOptions) -> Result<()> {
         .rev()
         .nth(1)
         .context("minio has no port")?;
-    state.staging = Some(crate::minio::endpoint(&dir.join("staging"), minio_port));
+    let ca = Pki::ca_cert_path(&dir.join("pki"));
+    state.staging = Some(crate::minio::endpoint(
+        &dir.join("staging"),
+        minio_port,
+        Some(&ca),
+    ));
     state.save()?;
     if let Some(ferry) = &options.standins {
         for name in STANDINS {

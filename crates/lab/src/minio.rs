@@ -7,7 +7,7 @@ use anyhow::Result;
 use serde::{Deserialize, Serialize};
 
 use crate::components::Component;
-use crate::pki::write_private;
+use crate::pki::{CertFiles, write_private};
 use crate::probe::Probe;
 use crate::process::{self, Lifetime, ProcessRecord, ProcessSpec, free_port};
 
@@ -17,11 +17,14 @@ const ACCESS_KEY: &str = "ferry-staging";
 /// How clients reach a staging store.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
 pub struct StagingEndpoint {
-    /// `http://127.0.0.1:PORT`
+    /// `https://127.0.0.1:PORT`, or `http://` for a store started without TLS.
     pub endpoint: String,
     pub bucket: String,
     /// Holds `accessKeyId` and `secretKey`, as a mounted Secret would.
     pub credentials_dir: PathBuf,
+    /// The CA that signs an `https` endpoint's certificate (the lab's own).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_file: Option<PathBuf>,
 }
 
 impl StagingEndpoint {
@@ -41,6 +44,26 @@ impl StagingEndpoint {
         }
         Ok(data)
     }
+
+    /// The PEM bundle a migration's `spec.staging.caBundle` carries; None for plain http.
+    pub fn ca_bundle(&self) -> Result<Option<String>> {
+        Ok(match &self.ca_file {
+            Some(ca) => Some(std::fs::read_to_string(ca)?),
+            None => None,
+        })
+    }
+
+    /// An HTTP client that trusts the store's CA.
+    fn http(&self) -> Result<reqwest::Client> {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let mut builder = reqwest::Client::builder();
+        if let Some(pem) = self.ca_bundle()? {
+            for cert in reqwest::Certificate::from_pem_bundle(pem.as_bytes())? {
+                builder = builder.add_root_certificate(cert);
+            }
+        }
+        Ok(builder.build()?)
+    }
 }
 
 impl StagingEndpoint {
@@ -48,9 +71,16 @@ impl StagingEndpoint {
         // HTTP clients take the process's TLS provider, even for plain HTTP.
         let _ = rustls::crypto::ring::default_provider().install_default();
         let read = |key: &str| std::fs::read_to_string(self.credentials_dir.join(key));
+        let mut options = object_store::ClientOptions::new();
+        if let Some(pem) = self.ca_bundle()? {
+            for cert in object_store::Certificate::from_pem_bundle(pem.as_bytes())? {
+                options = options.with_root_certificate(cert);
+            }
+        }
         Ok(object_store::aws::AmazonS3Builder::new()
+            .with_client_options(options)
             .with_endpoint(&self.endpoint)
-            .with_allow_http(true)
+            .with_allow_http(self.endpoint.starts_with("http://"))
             .with_bucket_name(&self.bucket)
             .with_region("us-east-1")
             .with_virtual_hosted_style_request(false)
@@ -82,7 +112,8 @@ impl StagingEndpoint {
                 &options,
             )
             .await?;
-        let response = reqwest::get(url).await?.error_for_status()?.text().await?;
+        let response = self.http()?.get(url).send().await?;
+        let response = response.error_for_status()?.text().await?;
         Ok(xml_values(&response, "Key"))
     }
 
@@ -90,9 +121,9 @@ impl StagingEndpoint {
     /// started, from its Prometheus metrics. Version 3 of them: version 2's
     /// (`/minio/v2/metrics/cluster`, `minio_s3_requests_total`) are the same counters, but cached for 10 s.
     pub async fn s3_requests(&self, api: &str) -> Result<u64> {
-        let _ = rustls::crypto::ring::default_provider().install_default();
         let url = format!("{}/minio/metrics/v3/api/requests", self.endpoint);
-        let text = reqwest::get(url).await?.error_for_status()?.text().await?;
+        let text = self.http()?.get(url).send().await?;
+        let text = text.error_for_status()?.text().await?;
         Ok(counter(&text, "minio_api_requests_total", "name", api))
     }
 }
@@ -117,14 +148,21 @@ fn xml_values(xml: &str, tag: &str) -> Vec<String> {
         .collect()
 }
 
+/// How MinIO serves https: its certificate and key, and the CA that signs them.
+pub struct Tls<'a> {
+    pub serving: &'a CertFiles,
+    pub ca: &'a Path,
+}
+
 /// Prepares `dir` (data with the bucket, fresh credentials) and returns MinIO's process on `port`; with
-/// `compress`, MinIO compresses (S2) the staged raw images it stores.
+/// `compress`, MinIO compresses (S2) the staged raw images it stores; with `tls`, it serves https only.
 pub fn component(
     dir: &Path,
     tools: &Path,
     port: u16,
     console: u16,
     compress: bool,
+    tls: Option<Tls>,
 ) -> Result<Component> {
     let data = dir.join("data");
     // A top-level directory of a fresh single-drive MinIO is served as a bucket.
@@ -149,34 +187,53 @@ pub fn component(
         env.push(("MINIO_COMPRESSION_ENABLE".into(), "on".into()));
         env.push(("MINIO_COMPRESSION_EXTENSIONS".into(), ".raw".into()));
     }
+    let mut args = vec![
+        "server".into(),
+        data.display().to_string(),
+        format!("--address=127.0.0.1:{port}"),
+        format!("--console-address=127.0.0.1:{console}"),
+        "--quiet".into(),
+    ];
+    let probe = match &tls {
+        Some(tls) => {
+            // MinIO reads public.crt and private.key from its certs directory.
+            let certs = dir.join("certs");
+            std::fs::create_dir_all(&certs)?;
+            std::fs::copy(&tls.serving.cert, certs.join("public.crt"))?;
+            std::fs::copy(&tls.serving.key, certs.join("private.key"))?;
+            args.push(format!("--certs-dir={}", certs.display()));
+            Probe::HttpsOk {
+                url: format!("https://127.0.0.1:{port}/minio/health/live"),
+                ca: tls.ca.to_path_buf(),
+            }
+        }
+        None => Probe::HttpOk {
+            port,
+            path: "/minio/health/live".into(),
+        },
+    };
     Ok(Component {
         spec: ProcessSpec {
             name: "minio".into(),
             program: tools.join("minio"),
-            args: vec![
-                "server".into(),
-                data.display().to_string(),
-                format!("--address=127.0.0.1:{port}"),
-                format!("--console-address=127.0.0.1:{console}"),
-                "--quiet".into(),
-            ],
+            args,
             // MinIO takes its root credentials from the environment only; it is the lab's server, not Ferry.
             // Its Prometheus metrics are open (on loopback), so tests count the requests staging made.
             env,
         },
         ports: vec![port, console],
-        probe: Probe::HttpOk {
-            port,
-            path: "/minio/health/live".into(),
-        },
+        probe,
     })
 }
 
-pub fn endpoint(dir: &Path, port: u16) -> StagingEndpoint {
+/// The store in `dir` on `port`: https when `ca` signs its certificate, else plain http.
+pub fn endpoint(dir: &Path, port: u16, ca: Option<&Path>) -> StagingEndpoint {
+    let scheme = if ca.is_some() { "https" } else { "http" };
     StagingEndpoint {
-        endpoint: format!("http://127.0.0.1:{port}"),
+        endpoint: format!("{scheme}://127.0.0.1:{port}"),
         bucket: BUCKET.into(),
         credentials_dir: dir.join("credentials"),
+        ca_file: ca.map(Path::to_path_buf),
     }
 }
 
@@ -198,7 +255,7 @@ impl StandaloneMinio {
         let mut last_error = None;
         for _ in 0..START_ATTEMPTS {
             let (port, console) = (free_port()?, free_port()?);
-            let component = component(dir, tools, port, console, false)?;
+            let component = component(dir, tools, port, console, false, None)?;
             let log = dir.join("minio.log");
             let record = process::start(&component.spec, &log, lifetime)?;
             if let Err(e) = crate::probe::wait_ready(&component.probe, &record, dir).await {
@@ -206,7 +263,7 @@ impl StandaloneMinio {
                 last_error = Some(e);
                 continue;
             }
-            let endpoint = endpoint(dir, port);
+            let endpoint = endpoint(dir, port, None);
             return Ok(Self {
                 process: record,
                 endpoint: endpoint.endpoint,

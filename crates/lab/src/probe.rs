@@ -25,6 +25,8 @@ pub enum Probe {
     },
     /// A plain HTTP GET on loopback answers 200.
     HttpOk { port: u16, path: String },
+    /// An HTTPS GET of `url`, verified against the CA in `ca`, answers 200.
+    HttpsOk { url: String, ca: PathBuf },
     /// The process printed a line starting with `prefix`; the rest of the line is its URL.
     LogLine { prefix: String },
 }
@@ -105,6 +107,18 @@ async fn check(probe: &Probe, process: &ProcessRecord) -> Result<Option<Ready>> 
             let request = http::Request::get(path.as_str()).body(Vec::new())?;
             let body = client.request_text(request).await?;
             Ok((body.trim() == "ok").then(|| Ready {
+                url: Some(url.clone()),
+            }))
+        }
+        Probe::HttpsOk { url, ca } => {
+            let _ = rustls::crypto::ring::default_provider().install_default();
+            let pem = std::fs::read(ca)?;
+            let mut client = reqwest::Client::builder().timeout(std::time::Duration::from_secs(5));
+            for cert in reqwest::Certificate::from_pem_bundle(&pem)? {
+                client = client.add_root_certificate(cert);
+            }
+            let status = client.build()?.get(url).send().await?.status();
+            Ok(status.is_success().then(|| Ready {
                 url: Some(url.clone()),
             }))
         }

@@ -184,6 +184,7 @@ async fn an_s3_source_with_a_secret_imports_from_a_real_s3_server() {
         credentials_dir: Some(minio.credentials_dir().to_path_buf()),
         endpoint: Some(minio.endpoint().to_string()),
         region: None,
+        ca_bundle: None,
     })
     .unwrap();
     ferry_datapath::convert::upload_file(&staging, "source.qcow2", &qcow2)

@@ -67,6 +67,7 @@ impl Fixture {
                 trust: SourceTrust::CaFile(self.vcsim.endpoint().ca_file.clone()),
                 datacenter: "DC0".into(),
                 vm_uuid: self.vm_uuid.clone(),
+                instance_uuid: Some(self.vm_uuid.clone()),
             },
             disks: vec![DiskSpec {
                 index: 0,
@@ -79,6 +80,7 @@ impl Fixture {
                 credentials_dir: None,
                 endpoint: None,
                 region: None,
+                ca_bundle: None,
             }),
             volumes: vec![],
             parallel: 2,
@@ -227,6 +229,38 @@ async fn a_connection_cut_halfway_still_ends_byte_exact() {
 }
 
 #[tokio::test]
+async fn a_source_other_than_discovery_recorded_is_refused_before_a_byte_is_read() {
+    let f = fixture().await;
+    let quiet = Progress::new(true);
+    let mut replaced = f.spec(DiskFormat::Raw, None);
+    replaced.source.instance_uuid = Some("50ff0000-0000-4000-8000-0000000000aa".into());
+    let mut detached = f.spec(DiskFormat::Raw, None);
+    detached.disks[0].file = "[LocalDS_0] elsewhere/other.vmdk".into();
+    for (spec, says) in [
+        (
+            replaced,
+            "no VM has instance UUID 50ff0000-0000-4000-8000-0000000000aa any more",
+        ),
+        (
+            detached,
+            "[LocalDS_0] elsewhere/other.vmdk is no longer a disk of VM DC0_H0_VM0",
+        ),
+    ] {
+        let e = convert_all(&spec, &quiet).await.unwrap_err();
+        assert_eq!(
+            (e.class(), e.reason().as_str()),
+            (ErrorClass::Permanent, "SourceIdentityChanged"),
+            "{e}"
+        );
+        assert!(e.to_string().contains(says), "{e}");
+        assert!(
+            !f.staging_dir().join("disk-0.raw").exists(),
+            "nothing may be staged from a source that changed"
+        );
+    }
+}
+
+#[tokio::test]
 async fn a_short_source_is_an_error_and_nothing_is_staged() {
     let f = fixture().await;
     let mut spec = f.spec(DiskFormat::Raw, None);
@@ -260,6 +294,7 @@ async fn staging_to_a_real_s3_server_in_both_formats() {
             credentials_dir: Some(minio.credentials_dir().to_path_buf()),
             endpoint: Some(minio.endpoint().to_string()),
             region: None,
+            ca_bundle: None,
         });
         let result = &convert_all(&spec, &quiet).await.unwrap()[0];
         assert_eq!(result.staged.source_sha256, f.disk.sha256);

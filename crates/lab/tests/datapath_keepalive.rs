@@ -45,6 +45,7 @@ async fn the_session_is_kept_alive_while_a_disk_streams_and_no_longer_after() {
             trust: SourceTrust::CaFile(endpoint.ca_file.clone()),
             datacenter: info.datacenter.clone(),
             vm_uuid: info.instance_uuid.clone().unwrap(),
+            instance_uuid: None,
         },
         disks: vec![DiskSpec {
             index: 0,
@@ -57,6 +58,7 @@ async fn the_session_is_kept_alive_while_a_disk_streams_and_no_longer_after() {
             credentials_dir: None,
             endpoint: None,
             region: None,
+            ca_bundle: None,
         }),
         volumes: vec![],
         parallel: 1,

@@ -125,6 +125,7 @@ reasons! {
         Forbidden,
         NotFound,
         // The controller's checkpoints: their own findings, and what a person must fix.
+        ConfigMapExists,
         DataVolumeExists,
         DiskNotConverted,
         DiskNotStaged,

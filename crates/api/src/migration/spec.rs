@@ -371,7 +371,15 @@ impl VirtioWinSource {
 #[serde(rename_all = "camelCase")]
 #[x_kube(
     validation = Rule::new("!self.url.startsWith('s3://') || has(self.secretRef)")
-        .message("an s3:// staging URL needs secretRef naming a Secret with accessKeyId and secretKey")
+        .message("an s3:// staging URL needs secretRef naming a Secret with accessKeyId and secretKey"),
+    validation = Rule::new(
+        "!(self.url.startsWith('http://') || (has(self.endpoint) && self.endpoint.startsWith('http://'))) || (has(self.insecure) && self.insecure)"
+    )
+    .message(
+        "staging over plain http:// sends the disks and the signed requests unencrypted: use https:// (with caBundle for a private CA), or set insecure: true to accept that"
+    ),
+    validation = Rule::new("!has(self.caBundle) || !has(self.insecure)")
+        .message("staging caBundle and insecure exclude each other: a CA is for https, insecure for plain http")
 )]
 pub struct StagingSpec {
     /// `s3://bucket/prefix`, `http(s)://host/path` or `file:///path`.
@@ -394,6 +402,29 @@ pub struct StagingSpec {
     )]
     #[schemars(length(min = 8, max = 512))]
     pub endpoint: Option<String>,
+    /// PEM certificates of the CAs that sign the staging endpoint's certificate, when not a public CA: the
+    /// controller, the conversion Job and CDI's importer (through a ConfigMap Ferry creates) all trust them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self.contains('-----BEGIN CERTIFICATE-----')")
+        .message("staging caBundle must hold PEM certificates (-----BEGIN CERTIFICATE-----)"))]
+    #[schemars(length(max = 65536))]
+    pub ca_bundle: Option<String>,
+    /// Allow a plain `http://` endpoint. The migration then carries the condition `InsecureStaging`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self")
+        .message("staging insecure may only be set to true; leave it out to require https"))]
+    pub insecure: Option<bool>,
+}
+
+impl StagingSpec {
+    /// True when the staging endpoint is plain http (allowed only with `insecure: true`).
+    pub fn plain_http(&self) -> bool {
+        self.url.starts_with("http://")
+            || self
+                .endpoint
+                .as_deref()
+                .is_some_and(|e| e.starts_with("http://"))
+    }
 }
 
 #[derive(Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]

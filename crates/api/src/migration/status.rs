@@ -53,11 +53,13 @@ pub enum ConditionType {
     VmCreated,
     VmStarted,
     GuestReady,
+    /// A warning, True while the staging endpoint is plain http (`spec.staging.insecure`).
+    InsecureStaging,
     Ready,
 }
 
 impl ConditionType {
-    pub const ALL: [ConditionType; 9] = [
+    pub const ALL: [ConditionType; 10] = [
         ConditionType::SourceDiscovered,
         ConditionType::Validated,
         ConditionType::DiskConverted,
@@ -66,6 +68,7 @@ impl ConditionType {
         ConditionType::VmCreated,
         ConditionType::VmStarted,
         ConditionType::GuestReady,
+        ConditionType::InsecureStaging,
         ConditionType::Ready,
     ];
 
@@ -79,6 +82,7 @@ impl ConditionType {
             ConditionType::VmCreated => "VMCreated",
             ConditionType::VmStarted => "VMStarted",
             ConditionType::GuestReady => "GuestReady",
+            ConditionType::InsecureStaging => "InsecureStaging",
             ConditionType::Ready => "Ready",
         }
     }

@@ -83,7 +83,13 @@ impl Floor {
         let report = self.job_result(&vmm, &convert.name_any()).await?;
         let staged = self
             .actions
-            .converted_disks(&vmm, &status.disks, report, &convert.name_any())
+            .converted_disks(
+                &vmm,
+                &status.disks,
+                &build::source_vm_uuid(&source),
+                report,
+                &convert.name_any(),
+            )
             .await?;
         for (disk, found) in status.disks.iter_mut().zip(&staged) {
             disk.staged_url = Some(found.staged.url.clone());

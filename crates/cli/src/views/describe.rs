@@ -411,7 +411,12 @@ pub fn next_step(reason: &str, class: ErrorClass, phase: Option<Phase>, name: &s
         Some(Reason::SecretNotFound | Reason::ProviderSecretNotFound | Reason::SecretKeyMissing) => "create the Secret with the keys the message names".into(),
         Some(Reason::ProviderNotFound) => "create the Provider the migration names".into(),
         Some(Reason::InvalidVSphereResponse) => "check that the Provider's spec.url is a vCenter or ESXi SDK endpoint: its answers were not what vSphere sends (malformed, too large, nested too deep, or a listing without end)".into(),
-        Some(Reason::TargetVMExists | Reason::DataVolumeExists | Reason::JobExists) => "delete or rename the object in the way".into(),
+        Some(
+            Reason::TargetVMExists
+            | Reason::DataVolumeExists
+            | Reason::JobExists
+            | Reason::ConfigMapExists,
+        ) => "delete or rename the object in the way".into(),
         Some(Reason::SourceIdentityChanged) => "check the Provider's spec.url and the VM in vSphere; delete this migration and create a new one for the VM you mean".into(),
         Some(Reason::VolumeNotBound) => "look at the DataVolume's claim (kubectl describe pvc): a ResourceQuota, no capacity, or a StorageClass nobody provisions keeps it Pending".into(),
         Some(Reason::JobDeadlineExceeded) => "look at why the Job's pod made no progress (kubectl describe pod: image pull, scheduling, a stalled source); the attempt is retried".into(),

@@ -241,6 +241,7 @@ pub async fn staged_objects(ns: &str, name: &str, uid: &str, disks: usize) -> Ve
         credentials_dir: Some(staging.credentials_dir.clone()),
         endpoint: Some(staging.endpoint.clone()),
         region: None,
+        ca_bundle: staging.ca_bundle().unwrap(),
     })
     .unwrap();
     let mut found = Vec::new();

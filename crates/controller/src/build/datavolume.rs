@@ -3,7 +3,8 @@
 
 use ferry_api::foreign::DataVolumeStatus;
 use ferry_api::{DiskStatus, DiskStorage, VirtualMachineMigration, VolumeMode};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::api::core::v1::ConfigMap;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use kube::ResourceExt;
 use kube::api::DynamicObject;
 use serde_json::json;
@@ -28,6 +29,9 @@ pub fn data_volume(
     if let Some(secret) = &staging.secret_ref {
         source["secretRef"] = json!(secret.name);
     }
+    if staging.ca_bundle.is_some() {
+        source["certConfigMap"] = json!(children::staging_ca(vmm));
+    }
     let storage = storage(disk.capacity_bytes, placement);
     let object = json!({
         "apiVersion": "cdi.kubevirt.io/v1beta1",
@@ -43,6 +47,25 @@ pub fn data_volume(
         "spec": {"source": {"s3": source}, "storage": storage},
     });
     serde_json::from_value(object).ok()
+}
+
+/// The key CDI's importer finds the CA bundle under: it mounts the whole ConfigMap and trusts every file in it.
+pub const STAGING_CA_KEY: &str = "ca.pem";
+
+/// The ConfigMap holding `spec.staging.caBundle` for CDI's importer (`certConfigMap`); None without a bundle.
+pub fn staging_ca(vmm: &VirtualMachineMigration) -> Option<ConfigMap> {
+    let bundle = vmm.spec.staging.as_ref()?.ca_bundle.clone()?;
+    Some(ConfigMap {
+        metadata: ObjectMeta {
+            name: Some(children::staging_ca(vmm)),
+            namespace: vmm.namespace(),
+            labels: Some(children::labels(vmm, "import")),
+            owner_references: Some(vec![children::owner(vmm)]),
+            ..Default::default()
+        },
+        data: Some([(STAGING_CA_KEY.to_string(), bundle)].into()),
+        ..Default::default()
+    })
 }
 
 /// A blank DataVolume for disk `disk` of `capacity` bytes, which the conversion Job writes into. Sized through
@@ -192,6 +215,42 @@ mod tests {
             "https://s3.amazonaws.com/b/k"
         );
         assert!(s3_http_url("file:///x", None).is_none());
+    }
+
+    #[test]
+    fn a_private_staging_ca_reaches_cdi_through_a_config_map_of_ours() {
+        let pem = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n";
+        let spec = json!({"source": {"providerRef": {"name": "p"}, "vm": {"name": "x"}},
+                          "staging": {"url": "s3://b/p", "secretRef": {"name": "s"},
+                                      "endpoint": "https://minio:9000", "caBundle": pem}});
+        let mut vmm = VirtualMachineMigration::new("m", serde_json::from_value(spec).unwrap());
+        vmm.metadata.uid = Some("u".into());
+        vmm.metadata.namespace = Some("ns".into());
+        let disk = DiskStatus {
+            staged_url: Some("s3://b/p/ns/m-u/disk-0.raw".into()),
+            capacity_bytes: 1 << 30,
+            ..Default::default()
+        };
+        let dv = data_volume(&vmm, &disk, &DiskStorage::default()).unwrap();
+        let source = &dv.data["spec"]["source"]["s3"];
+        assert_eq!(source["certConfigMap"], json!(children::staging_ca(&vmm)));
+        assert_eq!(
+            source["url"],
+            json!("https://minio:9000/b/p/ns/m-u/disk-0.raw")
+        );
+        let ca = staging_ca(&vmm).unwrap();
+        assert_eq!(ca.metadata.name, Some(children::staging_ca(&vmm)));
+        assert!(children::is_ours(&ca, &vmm));
+        assert_eq!(ca.data.unwrap()[STAGING_CA_KEY], pem);
+        let mut without = vmm.clone();
+        without.spec.staging.as_mut().unwrap().ca_bundle = None;
+        assert!(staging_ca(&without).is_none());
+        let dv = data_volume(&without, &disk, &DiskStorage::default()).unwrap();
+        assert!(
+            dv.data["spec"]["source"]["s3"]
+                .get("certConfigMap")
+                .is_none()
+        );
     }
 
     #[test]

@@ -32,6 +32,15 @@ const DISKS_MOUNT: &str = "/disks";
 /// CDI's importer and virt-launcher's qemu run as this user and group; a blank `disk.img` is theirs, mode 0660.
 pub(super) const QEMU_ID: i64 = 107;
 
+/// The VM's identity a conversion records in each staged disk's manifest: its BIOS uuid, else its instance UUID.
+pub fn source_vm_uuid(source: &SourceVmStatus) -> String {
+    source
+        .uuid
+        .clone()
+        .or(source.instance_uuid.clone())
+        .unwrap_or_default()
+}
+
 /// What `ferry convert` runs with: every disk discovery found (`source`, from the working status), staged under
 /// the migration's own prefix, or written into its DataVolume's volume when the migration has no staging.
 pub fn convert_spec(
@@ -45,11 +54,8 @@ pub fn convert_spec(
             credentials_dir: SOURCE_CREDENTIALS.into(),
             trust: source_trust(&provider.spec.tls),
             datacenter: source.datacenter.clone().unwrap_or_default(),
-            vm_uuid: source
-                .uuid
-                .clone()
-                .or(source.instance_uuid.clone())
-                .unwrap_or_default(),
+            vm_uuid: source_vm_uuid(source),
+            instance_uuid: source.instance_uuid.clone(),
         },
         disks: source
             .disks
@@ -70,6 +76,7 @@ pub fn convert_spec(
                 .map(|_| STAGING_CREDENTIALS.into()),
             endpoint: staging.endpoint.clone(),
             region: None,
+            ca_bundle: staging.ca_bundle.clone(),
         }),
         volumes: match vmm.spec.staging {
             Some(_) => vec![],

@@ -75,8 +75,16 @@ pub(super) async fn create_job(step: &Step<'_>, ns: &str, attempt: i32) -> Resul
 const WAIT: Duration = Duration::from_secs(60);
 
 async fn record(step: &mut Step<'_>, job: &str, report: JobReport) -> Result<Next> {
-    let disks =
-        crate::staging::converted(step.ctx, step.vmm, &step.status.disks, report, job).await?;
+    let vm_uuid = build::job::source_vm_uuid(&super::source::recorded(step.status)?);
+    let disks = crate::staging::converted(
+        step.ctx,
+        step.vmm,
+        &step.status.disks,
+        &vm_uuid,
+        report,
+        job,
+    )
+    .await?;
     let mut moved = 0;
     for disk in &mut step.status.disks {
         let Some(found) = disks.iter().find(|d| d.index == disk.index as u32) else {

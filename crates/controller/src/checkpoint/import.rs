@@ -28,6 +28,7 @@ pub async fn run(step: &mut Step<'_>) -> Result<Next> {
     let dvs = Api::<DynamicObject>::namespaced_with(step.ctx.client.clone(), &ns, &dv_resource());
     let mut waiting = Vec::new();
     let mut wait = WATCHED_WAIT;
+    let mut ca_ready = false;
     for i in 0..step.status.disks.len() {
         let disk = step.status.disks[i].clone();
         if disk.verified {
@@ -80,6 +81,10 @@ pub async fn run(step: &mut Step<'_>) -> Result<Next> {
                     waiting.push(format!("the previous claim {name} is being removed"));
                     wait = CLAIM_WAIT;
                     continue;
+                }
+                if !ca_ready {
+                    volumes::ensure_staging_ca(step, &ns).await?;
+                    ca_ready = true;
                 }
                 let dv = build::datavolume::data_volume(
                     step.vmm,

@@ -5,8 +5,8 @@
 use std::collections::BTreeSet;
 
 use ferry_api::{
-    DiskStorage, GuestAdaptation, NetworkMap, NetworkMapSpec, NetworkMapping, Reason,
-    SourceVmStatus, StorageMap, StorageMapSpec, VirtualMachineMigration,
+    ConditionType, DiskStorage, GuestAdaptation, NetworkMap, NetworkMapSpec, NetworkMapping,
+    Reason, SourceVmStatus, StorageMap, StorageMapSpec, VirtualMachineMigration,
 };
 use ferry_datapath::staging::{PartPlan, too_large_message};
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
@@ -39,6 +39,7 @@ pub async fn run(step: &mut Step<'_>) -> Result<Next> {
     let route = if crate::staging::staged(step.vmm) {
         let staging = crate::staging::open(step.ctx, step.vmm).await?;
         staging.head("preflight").await?;
+        warn_if_plain_http(step);
         "staging reachable"
     } else {
         "each disk goes straight into its volume"
@@ -53,6 +54,31 @@ pub async fn run(step: &mut Step<'_>) -> Result<Next> {
             "{} disk(s) supported and readable, every NIC mapped, StorageClass {storage_class}, {route}",
             source.disks.len()
         ),
+    ))
+}
+
+/// The warning a plain-http staging endpoint (`insecure: true`) carries for as long as the migration lives.
+fn warn_if_plain_http(step: &mut Step<'_>) {
+    let Some(message) = plain_http_staging(step.vmm) else {
+        return;
+    };
+    let update = ferry_kube::conditions::ConditionUpdate {
+        type_: ConditionType::InsecureStaging.as_str(),
+        status: true,
+        reason: "PlainHTTP",
+        message,
+        observed_generation: step.vmm.metadata.generation,
+    };
+    ferry_kube::conditions::set_condition(&mut step.status.conditions, update, &step.now);
+}
+
+/// Why the migration's staging is insecure, if it is. Pure.
+fn plain_http_staging(vmm: &VirtualMachineMigration) -> Option<String> {
+    let staging = vmm.spec.staging.as_ref().filter(|s| s.plain_http())?;
+    let endpoint = staging.endpoint.as_deref().unwrap_or(&staging.url);
+    Some(format!(
+        "staging {endpoint} is plain http (insecure: true): the disks and the signed requests cross the network \
+         unencrypted; use https"
     ))
 }
 
@@ -689,5 +715,31 @@ mod tests {
             refused.message
         );
         assert!(refused.message.contains("43.9 TiB"), "{}", refused.message);
+    }
+
+    #[test]
+    fn plain_http_staging_is_named_and_https_is_not() {
+        let with_staging = |staging: serde_json::Value| {
+            VirtualMachineMigration::new(
+                "m",
+                serde_json::from_value(json!({
+                    "source": {"providerRef": {"name": "p"}, "vm": {"name": "x"}}, "staging": staging}))
+                .unwrap(),
+            )
+        };
+        let plain = with_staging(
+            json!({"url": "s3://b/p", "endpoint": "http://minio:9000", "insecure": true}),
+        );
+        let said = plain_http_staging(&plain).unwrap();
+        assert!(
+            said.contains("staging http://minio:9000 is plain http"),
+            "{said}"
+        );
+        let tls = with_staging(json!({"url": "s3://b/p", "endpoint": "https://minio:9000"}));
+        assert_eq!(plain_http_staging(&tls), None);
+        assert_eq!(
+            plain_http_staging(&with_staging(json!({"url": "s3://b/p"}))),
+            None
+        );
     }
 }

@@ -637,14 +637,18 @@ async fn open_source(
         let (bucket, key) = path
             .split_once('/')
             .ok_or_else(|| anyhow::anyhow!("s3 url {url} has no bucket and key"))?;
+        // As CDI's importer: a disk's download has no deadline, only a stall does.
+        let mut options = object_store::ClientOptions::new()
+            .with_timeout_disabled()
+            .with_read_timeout(Duration::from_secs(60));
+        for pem in trusted_pems(client, &ns, &source["s3"]).await? {
+            for cert in object_store::Certificate::from_pem_bundle(pem.as_bytes())? {
+                options = options.with_root_certificate(cert);
+            }
+        }
         let store = object_store::aws::AmazonS3Builder::new()
-            // As CDI's importer: a disk's download has no deadline, only a stall does. (First: it replaces
-            // the client options `with_allow_http` sets.)
-            .with_client_options(
-                object_store::ClientOptions::new()
-                    .with_timeout_disabled()
-                    .with_read_timeout(Duration::from_secs(60)),
-            )
+            // First: it replaces the client options `with_allow_http` sets.
+            .with_client_options(options)
             .with_endpoint(&endpoint)
             .with_allow_http(endpoint.starts_with("http://"))
             .with_bucket_name(bucket)
@@ -665,14 +669,9 @@ async fn open_source(
         .as_str()
         .ok_or_else(|| anyhow::anyhow!("the lab's CDI supports the http and s3 sources"))?;
     let mut builder = reqwest::Client::builder();
-    if let Some(cm) = http["certConfigMap"].as_str() {
-        let config = Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(client.clone(), &ns)
-            .get(cm)
-            .await?;
-        for pem in config.data.unwrap_or_default().values() {
-            for cert in reqwest::Certificate::from_pem_bundle(pem.as_bytes())? {
-                builder = builder.add_root_certificate(cert);
-            }
+    for pem in trusted_pems(client, &ns, http).await? {
+        for cert in reqwest::Certificate::from_pem_bundle(pem.as_bytes())? {
+            builder = builder.add_root_certificate(cert);
         }
     }
     let mut request = builder.build()?.get(url);
@@ -691,6 +690,22 @@ async fn open_source(
             .boxed(),
         total,
     ))
+}
+
+/// The PEM files of the source's `certConfigMap`: CDI mounts the whole ConfigMap into the importer and trusts
+/// every file in it. A ConfigMap not there (yet) fails the import, as the importer pod cannot start without it.
+async fn trusted_pems(
+    client: &Client,
+    ns: &str,
+    source: &serde_json::Value,
+) -> anyhow::Result<Vec<String>> {
+    let Some(name) = source["certConfigMap"].as_str() else {
+        return Ok(vec![]);
+    };
+    let config = Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(client.clone(), ns)
+        .get(name)
+        .await?;
+    Ok(config.data.unwrap_or_default().into_values().collect())
 }
 
 #[cfg(test)]
