@@ -52,6 +52,93 @@ pub struct ProviderSpec {
     pub tls: ProviderTls,
     #[serde(default)]
     pub limits: ProviderLimits,
+    /// Where in the inventory its migrations may take VMs from; unset, anywhere the account sees.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scope: Option<ProviderScope>,
+}
+
+/// Inventory paths below the root folder, as vSphere shows them (`DC0/vm/team-a`, `DC0/host/cluster-1`,
+/// `DC0/host/cluster-1/Resources/team-a`; a datacenter in a folder is `Europe/DC0/...`). A VM is in scope when
+/// its folder lies in one of `folders`, or its resource pool in one of `clusters` or `resourcePools`; discovery
+/// refuses any other with `SourceVMOutOfScope`, before anything touches it.
+#[derive(KubeSchema, Deserialize, Serialize, Clone, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(
+    validation = Rule::new("size(self.folders) + size(self.clusters) + size(self.resourcePools) > 0")
+        .message("scope needs at least one folder, cluster or resource pool; leave scope out for the whole inventory")
+)]
+pub struct ProviderScope {
+    #[serde(default)]
+    #[schemars(length(max = 64), inner(length(min = 1, max = 1024)))]
+    #[x_kube(validation = Rule::new(PATHS_RULE).message(PATHS_MESSAGE))]
+    pub folders: Vec<String>,
+    #[serde(default)]
+    #[schemars(length(max = 64), inner(length(min = 1, max = 1024)))]
+    #[x_kube(validation = Rule::new(PATHS_RULE).message(PATHS_MESSAGE))]
+    pub clusters: Vec<String>,
+    #[serde(default)]
+    #[schemars(length(max = 64), inner(length(min = 1, max = 1024)))]
+    #[x_kube(validation = Rule::new(PATHS_RULE).message(PATHS_MESSAGE))]
+    pub resource_pools: Vec<String>,
+}
+
+const PATHS_RULE: &str = "self.all(p, p.matches('^/?[^/]+(/[^/]+)*$'))";
+const PATHS_MESSAGE: &str = "a scope path is an inventory path such as DC0/vm/team-a (a leading / allowed), with no empty segment";
+
+impl ProviderScope {
+    /// True when a VM in `folder` (its parent folder's path) and `pool` (its resource pool's path) is in scope.
+    pub fn admits(&self, folder: &str, pool: Option<&str>) -> bool {
+        let within = |path: &str, roots: &[String]| {
+            roots.iter().any(|root| {
+                let root = root.trim_matches('/');
+                path == root
+                    || path
+                        .strip_prefix(root)
+                        .is_some_and(|rest| rest.starts_with('/'))
+            })
+        };
+        within(folder.trim_matches('/'), &self.folders)
+            || pool.is_some_and(|pool| {
+                let pool = pool.trim_matches('/');
+                within(pool, &self.clusters) || within(pool, &self.resource_pools)
+            })
+    }
+}
+
+#[cfg(test)]
+mod scope_tests {
+    use super::*;
+
+    fn scope(folders: &[&str], clusters: &[&str], pools: &[&str]) -> ProviderScope {
+        let paths = |p: &[&str]| p.iter().map(|s| s.to_string()).collect();
+        ProviderScope {
+            folders: paths(folders),
+            clusters: paths(clusters),
+            resource_pools: paths(pools),
+        }
+    }
+
+    #[test]
+    fn a_vm_is_in_scope_below_a_listed_folder_cluster_or_pool() {
+        let team = scope(
+            &["/DC0/vm/team-a"],
+            &["DC0/host/C1"],
+            &["DC0/host/C2/Resources/team-a"],
+        );
+        assert!(team.admits("DC0/vm/team-a", None));
+        assert!(team.admits("DC0/vm/team-a/web", None));
+        assert!(team.admits("DC0/vm", Some("DC0/host/C1/Resources")));
+        assert!(team.admits("DC0/vm", Some("DC0/host/C2/Resources/team-a/inner")));
+    }
+
+    #[test]
+    fn a_sibling_with_a_longer_name_or_another_branch_is_not() {
+        let team = scope(&["DC0/vm/team-a"], &["DC0/host/C1"], &[]);
+        assert!(!team.admits("DC0/vm/team-ab", None));
+        assert!(!team.admits("DC0/vm", Some("DC0/host/C10/Resources")));
+        assert!(!team.admits("DC0/vm", None));
+        assert!(!team.admits("DC1/vm/team-a", Some("DC0/host/C2/Resources")));
+    }
 }
 
 #[derive(Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]

@@ -238,6 +238,16 @@ fn invalid_cases() -> Vec<Invalid> {
             "tls needs exactly one of",
         ),
         create(
+            "provider scope empty",
+            with(p(), "/spec/scope", json!({})),
+            "scope needs at least one folder, cluster or resource pool",
+        ),
+        create(
+            "provider scope path with an empty segment",
+            with(p(), "/spec/scope", json!({"folders": ["DC0//team-a"]})),
+            "a scope path is an inventory path such as DC0/vm/team-a",
+        ),
+        create(
             "provider tls thumbprint and insecure",
             with(p(), "/spec/tls/insecureSkipVerify", json!(true)),
             "tls needs exactly one of",
@@ -907,6 +917,12 @@ async fn valid_manifests_are_accepted_with_their_defaults() {
             with(provider(), "/metadata/name", json!("insecure")),
             "/spec/tls",
             json!({"insecureSkipVerify": true}),
+        ),
+        with(
+            with(provider(), "/metadata/name", json!("scoped")),
+            "/spec/scope",
+            json!({"folders": ["/Europe/DC0/vm/team-a"], "clusters": ["Europe/DC0/host/cluster-1"],
+                   "resourcePools": ["Europe/DC0/host/cluster-2/Resources/team-a"]}),
         ),
         with(
             with(provider(), "/metadata/name", json!("ca")),

@@ -295,8 +295,16 @@ async fn permanent_errors_stop_before_any_side_effect_with_a_specific_reason() {
     )
     .await;
 
-    other_provider(&client, ns, "wrong-password", Some("not-the-password"), serde_json::json!({
-        "caBundle": std::fs::read_to_string(&lab().await.state().vcsim.clone().unwrap().ca_file).unwrap()})).await;
+    let ca = std::fs::read_to_string(&lab().await.state().vcsim.clone().unwrap().ca_file).unwrap();
+    other_provider(
+        &client,
+        ns,
+        "wrong-password",
+        Some("not-the-password"),
+        serde_json::json!({
+        "caBundle": ca}),
+    )
+    .await;
     stops_before_side_effects(
         &client,
         ns,
@@ -333,6 +341,47 @@ async fn permanent_errors_stop_before_any_side_effect_with_a_specific_reason() {
         "the message says what to fix: {message}"
     );
 
+    // A Provider lent for one folder and one cluster: a VM on a standalone host is outside it, and untouched.
+    let h0 = source_lock("DC0_H0_VM1").await;
+    set_source_power("DC0_H0_VM1", true).await;
+    other_provider(
+        &client,
+        ns,
+        "scoped",
+        None,
+        serde_json::json!({"caBundle": ca}),
+    )
+    .await;
+    let scope = serde_json::json!({"spec": {"scope": {
+        "folders": ["Folder1/DC0/vm/team-a"], "clusters": ["/Folder1/DC0/host/DC0_C0"]}}});
+    kube::Api::<ferry_api::Provider>::namespaced(client.clone(), ns)
+        .patch(
+            "scoped",
+            &Default::default(),
+            &kube::api::Patch::Merge(&scope),
+        )
+        .await
+        .unwrap();
+    let outside = stops_before_side_effects(
+        &client,
+        ns,
+        "out-of-scope",
+        "DC0_H0_VM1",
+        |m| m["spec"]["source"]["providerRef"]["name"] = "scoped".into(),
+        Phase::Failed,
+        "SourceVMOutOfScope",
+    )
+    .await;
+    let message = outside.status.unwrap().message.unwrap_or_default();
+    assert!(
+        message.contains(
+            "sits in folder Folder1/DC0/vm and resource pool Folder1/DC0/host/DC0_H0/Resources"
+        ),
+        "{message}"
+    );
+    assert_eq!(source_power("DC0_H0_VM1").await, PowerState::PoweredOn);
+    drop(h0);
+
     stops_before_side_effects(
         &client,
         ns,
@@ -349,6 +398,7 @@ async fn permanent_errors_stop_before_any_side_effect_with_a_specific_reason() {
         "not-found",
         "wrong-password",
         "wrong-thumbprint",
+        "out-of-scope",
         "unmapped",
     ] {
         ferry_testkit::eventually("the finalizer to go", Duration::from_secs(30), || async {

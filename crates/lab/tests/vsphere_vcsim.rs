@@ -82,6 +82,25 @@ async fn lists_and_describes_vms_in_the_vcenter_and_esxi_models() {
             "{nic:?}"
         );
 
+        // Where it sits: the paths a Provider's scope is written in.
+        let placed = inventory::placement(&session, &moref).await.unwrap();
+        assert_eq!(placed.folder, format!("{datacenter}/vm"), "{placed:?}");
+        let pool = placed.resource_pool.clone().unwrap();
+        assert!(
+            pool.starts_with(&format!("{datacenter}/host/")) && pool.ends_with("/Resources"),
+            "{placed:?}"
+        );
+        if !esx {
+            let in_cluster = VmSelector::Name("DC0_C0_RP0_VM0".into());
+            let in_cluster = inventory::find_vm(&session, &in_cluster).await.unwrap();
+            let placed = inventory::placement(&session, &in_cluster).await.unwrap();
+            assert_eq!(
+                placed.resource_pool.as_deref(),
+                Some("DC0/host/DC0_C0/Resources"),
+                "{placed:?}"
+            );
+        }
+
         // Every way of naming the VM finds the same one.
         let uuid = vm.uuid.clone().unwrap();
         let instance_uuid = vm.instance_uuid.clone().unwrap();

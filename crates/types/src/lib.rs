@@ -88,6 +88,7 @@ reasons! {
         VSphereTaskFailed,
         VSphereTaskTimeout,
         SourceVMNotFound,
+        SourceVMOutOfScope,
         SourceVMNameAmbiguous,
         SourceFolderNotFound,
         UnsupportedDisk,

@@ -665,6 +665,64 @@ async fn datacenter_of(session: &Session, start: Option<&Element>) -> Result<Str
     Ok(inventory_path(&names))
 }
 
+/// Where a VM sits in the inventory, as paths below the root folder: its folder (`DC0/vm/team-a`) and its
+/// resource pool (`DC0/host/cluster-1/Resources/team-a`; a cluster's own path is a prefix of its pools').
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Placement {
+    pub folder: String,
+    pub resource_pool: Option<String>,
+}
+
+/// The folder and resource pool `vm` sits in (a template has no pool).
+pub async fn placement(session: &Session, vm: &MoRef) -> Result<Placement> {
+    let found = props::retrieve(
+        session,
+        "VirtualMachine",
+        std::slice::from_ref(vm),
+        &["parent", "resourcePool"],
+    )
+    .await?;
+    let o = found.first().ok_or_else(|| Error::VmNotFound {
+        selector: vm.to_string(),
+    })?;
+    let folder = match o.prop("parent").and_then(MoRef::from_element) {
+        Some(parent) => path_of(session, parent).await?,
+        None => String::new(),
+    };
+    let resource_pool = match o.prop("resourcePool").and_then(MoRef::from_element) {
+        Some(pool) => Some(path_of(session, pool).await?),
+        None => None,
+    };
+    Ok(Placement {
+        folder,
+        resource_pool,
+    })
+}
+
+/// `object`'s inventory path: the names from it up to (not including) the root folder.
+async fn path_of(session: &Session, object: MoRef) -> Result<String> {
+    let root = &session.content().root_folder;
+    let mut current = Some(object);
+    let mut names: Vec<String> = Vec::new();
+    for _ in 0..64 {
+        let Some(obj) = current else { break };
+        if obj == *root {
+            break;
+        }
+        let found = props::retrieve(
+            session,
+            &obj.type_,
+            std::slice::from_ref(&obj),
+            &["name", "parent"],
+        )
+        .await?;
+        let Some(o) = found.first() else { break };
+        names.push(o.text("name").unwrap_or_default().to_string());
+        current = o.prop("parent").and_then(MoRef::from_element);
+    }
+    Ok(inventory_path(&names))
+}
+
 /// Names from an object up to (not including) the root folder, as the object's inventory path. vSphere hands
 /// out names with `/`, `\\` and `%` already escaped (`%2f`, `%5c`, `%25`), so they are joined as they are.
 fn inventory_path(upward: &[String]) -> String {

@@ -404,6 +404,7 @@ pub fn next_step(reason: &str, class: ErrorClass, phase: Option<Phase>, name: &s
         Some(Reason::ThumbprintMismatch) => "check the endpoint's certificate; if it was replaced on purpose, update the Provider's spec.tls.thumbprint".into(),
         Some(Reason::TLSVerificationFailed) => "set the Provider's spec.tls.caBundle to the CA that signs the endpoint, or pin its thumbprint".into(),
         Some(Reason::SourceVMNotFound | Reason::SourceVMNameAmbiguous) => "run `ferry inventory` to find the VM, and select it by uuid or moref".into(),
+        Some(Reason::SourceVMOutOfScope) => "migrate it through a Provider whose spec.scope covers it, or ask the Provider's owner to widen it".into(),
         Some(Reason::NetworkNotMapped | Reason::MultiplePodNetworkNICs) => "map every source network in spec.target.networks or the NetworkMap it names (pod, multus or ignored)".into(),
         Some(Reason::DatastoreNotMapped | Reason::VolumeModesDiffer) => "give every datastore of the VM one entry in the StorageMap".into(),
         Some(Reason::NetworkMapNotFound | Reason::StorageMapNotFound) => "create the map spec.target names".into(),

@@ -32,6 +32,7 @@ pub async fn run(step: &mut Step<'_>) -> Result<Next> {
         ));
     }
     let info = described?;
+    check_scope(&provider, &session, &moref, &info.name).await?;
     let source = source_status(&info, session.about().instance_uuid.clone());
     let message = format!(
         "found {} ({}): {} vCPU, {} MiB, {} disk(s), {} NIC(s), {:?}",
@@ -47,6 +48,36 @@ pub async fn run(step: &mut Step<'_>) -> Result<Next> {
     step.status.source = Some(source);
     step.status.target_vm = Some(children::vm_name(step.vmm));
     Ok(Next::advance("SourceFound", message))
+}
+
+/// A Provider with a scope lends only the VMs inside it: any other is refused before anything touches it.
+async fn check_scope(
+    provider: &ferry_api::Provider,
+    session: &ferry_vsphere::Session,
+    vm: &ferry_vsphere::MoRef,
+    name: &str,
+) -> Result<()> {
+    let Some(scope) = &provider.spec.scope else {
+        return Ok(());
+    };
+    let placed = ferry_vsphere::inventory::placement(session, vm).await?;
+    if scope.admits(&placed.folder, placed.resource_pool.as_deref()) {
+        return Ok(());
+    }
+    Err(Failure::permanent(
+        Reason::SourceVMOutOfScope,
+        format!(
+            "VM {name} ({}) sits in folder {} and resource pool {}, outside Provider {}'s scope (folders {:?}, \
+             clusters {:?}, resource pools {:?}); it was not touched",
+            vm.value,
+            placed.folder,
+            placed.resource_pool.as_deref().unwrap_or("none"),
+            provider.metadata.name.as_deref().unwrap_or_default(),
+            scope.folders,
+            scope.clusters,
+            scope.resource_pools
+        ),
+    ))
 }
 
 /// What discovery records, from the vSphere description and the endpoint's instance UUID.
