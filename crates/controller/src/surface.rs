@@ -28,7 +28,7 @@ pub use crate::status::{disk_fraction, progress_bytes};
 /// The pure builders of what a migration creates, as the checkpoints build them.
 pub mod build {
     pub use crate::build::adapt_job::adapt_spec;
-    pub use crate::build::datavolume::data_volume;
+    pub use crate::build::datavolume::{data_volume, staging_ca};
     pub use crate::build::job::{convert_job, source_vm_uuid, verify_job};
     pub use crate::build::vm::virtual_machine;
 }

@@ -101,6 +101,12 @@ impl Floor {
 
         let dvs =
             Api::<DynamicObject>::namespaced_with(self.client.clone(), &self.ns, &dv_resource());
+        // The staging CA the DataVolumes name, as the import checkpoint creates it.
+        if let Some(ca) = build::staging_ca(&vmm) {
+            Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(self.client.clone(), &self.ns)
+                .create(&PostParams::default(), &ca)
+                .await?;
+        }
         for disk in &mut status.disks {
             let dv =
                 build::data_volume(&vmm, disk, &Default::default()).context("a staged disk")?;
