@@ -606,9 +606,6 @@ fn count_snapshots(info: &Element) -> usize {
     info.children_named("rootSnapshotList").map(count).sum()
 }
 
-/// Walks `parent` up from `start` to the datacenter, then on up to the root folder: the datacenter's inventory
-/// path (`Folder1/DC0`), which `/folder` URLs take as `dcPath`. A bare name answers 404 on a real vCenter once
-/// the datacenter sits in a folder (govmomi `object/datastore.go` FindInventoryPath; govmomi issue 285).
 /// The host `runtime.host` names, with its name; none when the VM has no host (vCenter leaves it unset for a VM
 /// that is not registered on one).
 async fn host_of(session: &Session, host: Option<&Element>) -> Result<Option<HostRef>> {
@@ -633,36 +630,21 @@ async fn host_of(session: &Session, host: Option<&Element>) -> Result<Option<Hos
     }))
 }
 
+/// Walks `parent` up from `start` to the datacenter, then on up to the root folder: the datacenter's inventory
+/// path (`Folder1/DC0`), which `/folder` URLs take as `dcPath`. A bare name answers 404 on a real vCenter once
+/// the datacenter sits in a folder (govmomi `object/datastore.go` FindInventoryPath; govmomi issue 285).
 async fn datacenter_of(session: &Session, start: Option<&Element>) -> Result<String> {
-    let root = &session.content().root_folder;
-    let mut current = start.and_then(MoRef::from_element);
-    // Names from the datacenter upward; empty until the datacenter is reached.
-    let mut names: Vec<String> = Vec::new();
-    for _ in 0..64 {
-        let Some(obj) = current else { break };
-        if obj == *root {
-            break;
-        }
-        let found = props::retrieve(
-            session,
-            &obj.type_,
-            std::slice::from_ref(&obj),
-            &["name", "parent"],
-        )
-        .await?;
-        let Some(o) = found.first() else { break };
-        if obj.type_ == "Datacenter" || !names.is_empty() {
-            names.push(o.text("name").unwrap_or_default().to_string());
-        }
-        current = o.prop("parent").and_then(MoRef::from_element);
-    }
-    if names.is_empty() {
+    let upward = match start.and_then(MoRef::from_element) {
+        Some(start) => ancestry(session, start).await?,
+        None => Vec::new(),
+    };
+    let Some(datacenter) = upward.iter().position(|(type_, _)| type_ == "Datacenter") else {
         return Err(Error::InvalidResponse {
             method: "RetrievePropertiesEx".into(),
             detail: "no datacenter above the VM".into(),
         });
-    }
-    Ok(inventory_path(&names))
+    };
+    Ok(inventory_path(&names(&upward[datacenter..])))
 }
 
 /// Where a VM sits in the inventory, as paths below the root folder: its folder (`DC0/vm/team-a`) and its
@@ -701,9 +683,15 @@ pub async fn placement(session: &Session, vm: &MoRef) -> Result<Placement> {
 
 /// `object`'s inventory path: the names from it up to (not including) the root folder.
 async fn path_of(session: &Session, object: MoRef) -> Result<String> {
+    Ok(inventory_path(&names(&ancestry(session, object).await?)))
+}
+
+/// `object` and its ancestors up to (not including) the root folder, as (type, name), nearest first.
+async fn ancestry(session: &Session, object: MoRef) -> Result<Vec<(String, String)>> {
     let root = &session.content().root_folder;
     let mut current = Some(object);
-    let mut names: Vec<String> = Vec::new();
+    let mut upward = Vec::new();
+    // A bound, not a depth vSphere allows: a hostile endpoint may answer with a parent cycle.
     for _ in 0..64 {
         let Some(obj) = current else { break };
         if obj == *root {
@@ -717,10 +705,15 @@ async fn path_of(session: &Session, object: MoRef) -> Result<String> {
         )
         .await?;
         let Some(o) = found.first() else { break };
-        names.push(o.text("name").unwrap_or_default().to_string());
+        let name = o.text("name").unwrap_or_default().to_string();
         current = o.prop("parent").and_then(MoRef::from_element);
+        upward.push((obj.type_, name));
     }
-    Ok(inventory_path(&names))
+    Ok(upward)
+}
+
+fn names(upward: &[(String, String)]) -> Vec<String> {
+    upward.iter().map(|(_, name)| name.clone()).collect()
 }
 
 /// Names from an object up to (not including) the root folder, as the object's inventory path. vSphere hands
