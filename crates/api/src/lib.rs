@@ -26,7 +26,7 @@ pub use maps::*;
 pub use migration::*;
 pub use plan::*;
 pub use provider::*;
-pub use refs::{LocalObjectReference, SecretReference};
+pub use refs::{LocalObjectReference, ProviderReference, SecretReference};
 
 pub const GROUP: &str = keys::group!();
 pub const VERSION: &str = "v1alpha1";

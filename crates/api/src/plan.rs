@@ -10,8 +10,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::migration::spec::{AGENT_NEEDS_A_START, QCOW2_NEEDS_STAGING};
 use crate::{
-    ConversionSpec, GuestCheckSpec, LocalObjectReference, Phase, PowerOffSpec, PowerState,
-    RetrySpec, StagingSpec, TargetSpec, VmSelector,
+    ConversionSpec, GuestCheckSpec, Phase, PowerOffSpec, PowerState, ProviderReference, RetrySpec,
+    StagingSpec, TargetSpec, VmSelector,
 };
 
 /// Migrates many VMs of one Provider. VMs may be added while it runs; `cancel` stops those not finished.
@@ -46,9 +46,9 @@ use crate::{
         .message("spec.selector is resolved once, when the plan starts, and cannot change: add VMs to spec.vms instead")
 )]
 pub struct MigrationPlanSpec {
-    /// The Provider (same namespace) that holds every VM.
+    /// The Provider that holds every VM: in this namespace unless `namespace` names the one that lends it.
     #[x_kube(validation = Rule::new("self == oldSelf").message("spec.providerRef is immutable: create a new plan instead"))]
-    pub provider_ref: LocalObjectReference,
+    pub provider_ref: ProviderReference,
     /// The VMs, each found as a migration's `source.vm` is. More may be added while the plan runs; removing one
     /// does not cancel its migration (cancel that migration itself).
     #[serde(default)]

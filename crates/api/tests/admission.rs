@@ -343,6 +343,20 @@ fn invalid_cases() -> Vec<Invalid> {
             "spec.source.providerRef.name: Required value",
         ),
         create(
+            "providerRef namespace not a namespace name",
+            with(
+                m(),
+                "/spec/source/providerRef/namespace",
+                json!("Admins_NS"),
+            ),
+            "spec.source.providerRef.namespace in body should match",
+        ),
+        create(
+            "plan providerRef namespace not a namespace name",
+            with(plan(), "/spec/providerRef/namespace", json!("")),
+            "spec.providerRef.namespace in body should be at least 1 chars long",
+        ),
+        create(
             "power-off mode",
             with(m(), "/spec/source/powerOff/mode", json!("Hard")),
             r#"spec.source.powerOff.mode: Unsupported value: "Hard""#,

@@ -93,6 +93,10 @@ async fn the_controller_service_account_gets_what_it_needs_and_no_more() {
         ("watch", "kubevirt.io", "virtualmachineinstances", n),
         ("get", "", "pods", n),
         ("get", "", "secrets", n),
+        // The copies of lent Providers' credentials (ferry-admission.yaml admits no other Secret).
+        ("create", "", "secrets", n),
+        ("delete", "", "secrets", n),
+        ("use", "migration.platform.example", "providers", n),
         ("get", "storage.k8s.io", "storageclasses", ""),
         ("create", "events.k8s.io", "events", n),
         ("update", "coordination.k8s.io", "leases", "ferry-system"),
@@ -100,7 +104,7 @@ async fn the_controller_service_account_gets_what_it_needs_and_no_more() {
     let forbidden = [
         ("list", "", "secrets", n),
         ("watch", "", "secrets", n),
-        ("create", "", "secrets", n),
+        ("update", "", "secrets", n),
         ("create", "", "pods/exec", n),
         ("create", "", "pods", n),
         (
@@ -314,6 +318,125 @@ async fn the_controller_may_create_only_jobs_as_ferry_builds_them() {
     let admin = Api::<k8s_openapi::api::batch::v1::Job>::namespaced(lab.client().await, ns.name());
     if let Err(e) = admin.create(&dry_run, &another_image()).await {
         wrong.push(format!("a person's Job of another image: refused: {e}"));
+    }
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}
+
+/// A Secret as the controller copies a lent Provider's credentials (owned by migration `m`), changed by `edit`.
+fn credentials_copy(edit: impl FnOnce(&mut serde_json::Value)) -> Secret {
+    const UID: &str = "6f1c2a9e-0000-4000-8000-00000000000a";
+    let mut secret = serde_json::json!({
+        "metadata": {"name": "m-source-credentials",
+            "labels": {"migration.platform.example/uid": UID, "app.kubernetes.io/managed-by": "ferry"},
+            "ownerReferences": [{"apiVersion": "migration.platform.example/v1alpha1",
+                "kind": "VirtualMachineMigration", "name": "m", "uid": UID, "controller": true}]},
+        "stringData": {"user": "u", "password": "p"},
+    });
+    edit(&mut secret);
+    serde_json::from_value(secret).unwrap()
+}
+
+#[tokio::test]
+async fn the_controller_writes_only_its_copies_of_lent_credentials() {
+    let lab = TestLab::shared().await;
+    apply(lab, "ferry-rbac.yaml");
+    apply(lab, "ferry-admission.yaml");
+    let ns = lab.namespace("secrets-policy").await;
+    let as_controller = lab
+        .client_as_service_account("ferry-system", "ferry")
+        .await
+        .unwrap();
+    let secrets: Api<Secret> = Api::namespaced(as_controller, ns.name());
+    let admin: Api<Secret> = Api::namespaced(lab.client().await, ns.name());
+    let dry_run = PostParams {
+        dry_run: true,
+        ..PostParams::default()
+    };
+    let create = |secret: Secret| {
+        let (secrets, dry_run) = (secrets.clone(), dry_run.clone());
+        async move { secrets.create(&dry_run, &secret).await.err() }
+    };
+    ferry_testkit::eventually(
+        "the admission policy to be in force",
+        std::time::Duration::from_secs(60),
+        || {
+            create(credentials_copy(|s| {
+                s["metadata"]["name"] = "vcenter".into()
+            }))
+        },
+    )
+    .await;
+
+    let mut wrong = Vec::new();
+    if let Some(e) = create(credentials_copy(|_| {})).await {
+        wrong.push(format!("the controller's own copy: refused: {e}"));
+    }
+    let refused: [(&str, Edit); 4] = [
+        (
+            "another name",
+            Box::new(|s| s["metadata"]["name"] = "vcenter".into()),
+        ),
+        (
+            "no owner",
+            Box::new(|s| s["metadata"]["ownerReferences"] = serde_json::json!([])),
+        ),
+        (
+            "an owner other than its uid label names",
+            Box::new(|s| {
+                s["metadata"]["labels"]["migration.platform.example/uid"] = "another".into()
+            }),
+        ),
+        (
+            "no labels",
+            Box::new(|s| {
+                s["metadata"].as_object_mut().unwrap().remove("labels");
+            }),
+        ),
+    ];
+    for (what, edit) in refused {
+        match create(credentials_copy(edit)).await {
+            Some(kube::Error::Api(s)) if s.code == 403 && s.message.contains("lent Providers") => {}
+            other => wrong.push(format!("{what}: {other:?}")),
+        }
+    }
+    // A tenant's own Secret, even one under a copy's name, is neither changed nor deleted by the controller.
+    let tenants = serde_json::json!({"metadata": {"name": "t-source-credentials"}, "stringData": {"password": "theirs"}});
+    admin
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(tenants).unwrap(),
+        )
+        .await
+        .unwrap();
+    let disguise = serde_json::json!({"metadata": {
+        "labels": {"migration.platform.example/uid": "u"},
+        "ownerReferences": [{"apiVersion": "migration.platform.example/v1alpha1",
+            "kind": "VirtualMachineMigration", "name": "t", "uid": "u", "controller": true}]}});
+    let patch_params = kube::api::PatchParams {
+        dry_run: true,
+        ..Default::default()
+    };
+    match secrets
+        .patch(
+            "t-source-credentials",
+            &patch_params,
+            &kube::api::Patch::Merge(&disguise),
+        )
+        .await
+    {
+        Err(kube::Error::Api(s)) if s.code == 403 => {}
+        other => wrong.push(format!("a tenant's Secret, taken over: {other:?}")),
+    }
+    let delete = kube::api::DeleteParams {
+        dry_run: true,
+        ..Default::default()
+    };
+    match secrets.delete("t-source-credentials", &delete).await {
+        Err(kube::Error::Api(s)) if s.code == 403 => {}
+        other => wrong.push(format!(
+            "a tenant's Secret, deleted: {:?}",
+            other.map(|_| ())
+        )),
     }
     assert!(wrong.is_empty(), "{}", wrong.join("\n"));
 }

@@ -242,3 +242,63 @@ async fn a_wait_for_first_consumer_class_binds_the_volumes_where_the_conversion_
         "the guest booted from its first volume"
     );
 }
+
+#[tokio::test]
+async fn a_provider_lent_from_another_namespace_migrates_and_its_credentials_leave_with_the_conversion()
+ {
+    let vm = "ferry-direct-lent";
+    let (client, ns) = setup("direct-lent").await;
+    let lab = lab().await;
+    // The tenant holds no vCenter credentials of its own: the Provider and its Secret live in the lender's
+    // namespace.
+    let lender = lab.namespace("lender").await;
+    migration::create_provider(&client, lab, lender.name())
+        .await
+        .unwrap();
+    Api::<ferry_api::Provider>::namespaced(client.clone(), ns.name())
+        .delete(ferry_lab::demo::PROVIDER, &DeleteParams::default())
+        .await
+        .unwrap();
+    Api::<Secret>::namespaced(client.clone(), ns.name())
+        .delete(ferry_lab::demo::VSPHERE_SECRET, &DeleteParams::default())
+        .await
+        .unwrap();
+    let dir = lab.dir().join(vm);
+    std::fs::create_dir_all(&dir).unwrap();
+    let boot = dir.join(format!("{}.raw", disk_stem(vm, 0)));
+    let boot_sha =
+        ferry_lab::bootdisk::make_boot_disk(&boot, 4 * MIB, &ferry_lab::demo::marker(vm)).unwrap();
+    let disks = vec![raw_to_flat_vmdk(&boot, &disk_stem(vm, 0), boot_sha, 4 * MIB).unwrap()];
+    provision_seeded(vm, &disks).await;
+
+    let name = "direct-lent";
+    let mut manifest = direct_migration(lab, ns.name(), name, vm, "Filesystem");
+    manifest["spec"]["source"]["providerRef"] =
+        serde_json::json!({"name": ferry_lab::demo::PROVIDER, "namespace": lender.name()});
+    let done = migrate(&client, ns.name(), name, manifest).await;
+    let status = done.status.clone().unwrap();
+    assert_eq!(
+        status.disks[0].sha256.as_deref(),
+        Some(disks[0].sha256.as_str())
+    );
+
+    // The conversion Job read a copy made in the tenant's namespace, gone once the Job was done.
+    let copy = format!("{name}-source-credentials");
+    let secrets = lab.audit_requests_by("system:serviceaccount:ferry-system:ferry");
+    let copy_requests: Vec<_> = secrets
+        .iter()
+        .filter(|r| r.resource == "secrets" && r.namespace == ns.name() && r.name == copy)
+        .map(|r| (r.verb.as_str(), r.code))
+        .collect();
+    assert!(
+        copy_requests.contains(&("create", 201)) && copy_requests.contains(&("delete", 200)),
+        "{copy_requests:?}"
+    );
+    assert!(
+        Api::<Secret>::namespaced(client.clone(), ns.name())
+            .get_opt(&copy)
+            .await
+            .unwrap()
+            .is_none()
+    );
+}

@@ -105,6 +105,11 @@ pub fn staging_ca(vmm: &VirtualMachineMigration) -> String {
     child_name(&vmm.name_any(), "staging-ca")
 }
 
+/// A lent Provider's credentials, copied for the Jobs that read the source: `<name>-source-credentials`.
+pub fn source_credentials(vmm: &VirtualMachineMigration) -> String {
+    child_name(&vmm.name_any(), "source-credentials")
+}
+
 /// One DataVolume per disk, whatever the attempt: `<name>-disk-<disk>`.
 pub fn data_volume(vmm: &VirtualMachineMigration, disk: i32) -> String {
     child_name(&vmm.name_any(), &format!("disk-{disk}"))

@@ -189,7 +189,7 @@ fn in_line(vmm: &Vmm, status: &ferry_api::VirtualMachineMigrationStatus) -> bool
 }
 
 fn same_provider(a: &Vmm, b: &Vmm) -> bool {
-    a.metadata.namespace == b.metadata.namespace
+    a.provider_namespace() == b.provider_namespace()
         && a.spec.source.provider_ref.name == b.spec.source.provider_ref.name
 }
 
@@ -463,6 +463,26 @@ mod tests {
                        "source": {"moref": "vm-1", "name": name, "host": "esx-1", "hostMoref": "host-1",
                                   "cpus": 1, "coresPerSocket": 1, "memoryMib": 64}}}))
         .unwrap()
+    }
+
+    #[test]
+    fn a_lent_provider_shares_its_hosts_slots_across_the_namespaces_it_serves() {
+        let in_ns = |ns: &str, lent_from: Option<&str>| {
+            let mut vmm = waiter("m", "2026-01-01T00:00:00Z", WAITING);
+            vmm.metadata.namespace = Some(ns.into());
+            vmm.spec.source.provider_ref.namespace = lent_from.map(String::from);
+            vmm
+        };
+        let (a, b) = (
+            in_ns("team-a", Some("admins")),
+            in_ns("team-b", Some("admins")),
+        );
+        assert!(same_provider(&a, &b));
+        assert!(same_provider(&in_ns("admins", None), &a));
+        assert!(!same_provider(
+            &in_ns("team-a", None),
+            &in_ns("team-b", None)
+        ));
     }
 
     #[test]

@@ -19,6 +19,7 @@ const GROUPS: [&str; 3] = [
 ];
 const RBAC: &str = include_str!("../../../deploy/rbac/ferry-rbac.yaml");
 const ADMISSION: &str = include_str!("../../../deploy/rbac/ferry-admission.yaml");
+const PROVIDERS: &str = include_str!("../../../deploy/rbac/ferry-providers.yaml");
 
 /// Applies deploy/rbac (namespace ferry-system, ServiceAccount, ClusterRole, Lease Role, and the admission policy
 /// on the Jobs the ServiceAccount creates) with the lab's kubectl.
@@ -35,7 +36,7 @@ pub fn apply_rbac(tools: &Path, kubeconfig: &Path) -> Result<()> {
         .stdin
         .take()
         .context("kubectl stdin")?
-        .write_all(format!("{RBAC}\n---\n{ADMISSION}").as_bytes())?;
+        .write_all(format!("{RBAC}\n---\n{ADMISSION}\n---\n{PROVIDERS}").as_bytes())?;
     let out = kubectl.wait_with_output()?;
     anyhow::ensure!(
         out.status.success(),

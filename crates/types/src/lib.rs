@@ -127,6 +127,7 @@ reasons! {
         NotFound,
         // The controller's checkpoints: their own findings, and what a person must fix.
         ConfigMapExists,
+        SecretExists,
         DataVolumeExists,
         DiskNotConverted,
         DiskNotStaged,

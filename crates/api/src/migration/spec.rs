@@ -4,7 +4,10 @@ use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::{DiskFormat, LocalObjectReference, SecretReference, VirtualMachineMigrationStatus};
+use crate::{
+    DiskFormat, LocalObjectReference, ProviderReference, SecretReference,
+    VirtualMachineMigrationStatus,
+};
 
 /// A rule shared by the migration and the plan (whose spec carries the same fields): (CEL, message).
 pub(crate) const AGENT_NEEDS_A_START: (&str, &str) = (
@@ -69,8 +72,8 @@ pub struct VirtualMachineMigrationSpec {
 #[derive(KubeSchema, Deserialize, Serialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct SourceSpec {
-    /// The Provider (same namespace) that holds the VM.
-    pub provider_ref: LocalObjectReference,
+    /// The Provider that holds the VM: in this namespace unless `namespace` names the one that lends it.
+    pub provider_ref: ProviderReference,
     pub vm: VmSelector,
     #[serde(default)]
     pub power_off: PowerOffSpec,
@@ -115,6 +118,20 @@ pub struct PowerOffSpec {
     #[serde(default = "default_shutdown_timeout")]
     #[schemars(range(min = 10, max = 3600))]
     pub timeout_seconds: i32,
+}
+
+impl VirtualMachineMigration {
+    /// The namespace of the Provider the migration reads from (its own, unless the Provider is lent).
+    pub fn provider_namespace(&self) -> String {
+        let own = self.metadata.namespace.as_deref().unwrap_or_default();
+        self.spec.source.provider_ref.namespace_or(own).to_string()
+    }
+
+    /// Whether the migration reads from a Provider another namespace lends.
+    pub fn provider_is_lent(&self) -> bool {
+        let own = self.metadata.namespace.as_deref().unwrap_or_default();
+        self.spec.source.provider_ref.is_lent(own)
+    }
 }
 
 impl Default for PowerOffSpec {

@@ -87,7 +87,7 @@ pub fn render(vmm: &VirtualMachineMigration, events: &[Event], now: Timestamp) -
         "Source:",
         format!(
             "{selector} via Provider {} (power off: {:?}{}){}",
-            spec.source.provider_ref.name,
+            spec.source.provider_ref,
             spec.source.power_off.mode,
             if spec.source.restore_power_state {
                 ", restored if cancelled or failed"
@@ -416,7 +416,8 @@ pub fn next_step(reason: &str, class: ErrorClass, phase: Option<Phase>, name: &s
             Reason::TargetVMExists
             | Reason::DataVolumeExists
             | Reason::JobExists
-            | Reason::ConfigMapExists,
+            | Reason::ConfigMapExists
+            | Reason::SecretExists,
         ) => "delete or rename the object in the way".into(),
         Some(Reason::SourceIdentityChanged) => "check the Provider's spec.url and the VM in vSphere; delete this migration and create a new one for the VM you mean".into(),
         Some(Reason::VolumeNotBound) => "look at the DataVolume's claim (kubectl describe pvc): a ResourceQuota, no capacity, or a StorageClass nobody provisions keeps it Pending".into(),

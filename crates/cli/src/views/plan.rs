@@ -86,7 +86,7 @@ pub fn render(plan: &MigrationPlan, now: Timestamp) -> String {
         "Source:",
         format!(
             "Provider {}, {} VM(s) listed, at most {} at once{}",
-            plan.spec.provider_ref.name,
+            plan.spec.provider_ref,
             plan.spec.vms.len(),
             plan.spec.max_in_flight,
             if plan.spec.cancel { ", cancelled" } else { "" }

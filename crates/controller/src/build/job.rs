@@ -11,10 +11,11 @@ use ferry_datapath::spec::{
 use ferry_datapath::staging::PartPlan;
 use std::collections::BTreeMap;
 
+use k8s_openapi::ByteString;
 use k8s_openapi::api::batch::v1::{Job, JobSpec};
 use k8s_openapi::api::core::v1::{
     Capabilities, Container, KeyToPath, PersistentVolumeClaimVolumeSource, PodSecurityContext,
-    PodSpec, PodTemplateSpec, ResourceRequirements, SeccompProfile, SecretVolumeSource,
+    PodSpec, PodTemplateSpec, ResourceRequirements, SeccompProfile, Secret, SecretVolumeSource,
     SecurityContext, Volume, VolumeDevice, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
@@ -156,8 +157,8 @@ fn convert_work(
         ],
         volumes: vec![secret_volume(
             "source-credentials",
-            &provider.spec.secret_ref.name,
-            &["user", "password"],
+            &source_secret(vmm, provider),
+            &SOURCE_KEYS,
         )],
         mounts: vec![mount("source-credentials", SOURCE_CREDENTIALS, true)],
         devices: vec![],
@@ -355,6 +356,43 @@ pub(super) fn deadline_seconds(bytes: u64, passes: u64) -> i64 {
 /// The distroless image's unprivileged user.
 const NOBODY_ID: i64 = 65532;
 
+/// The keys of a Provider's Secret a Job reads.
+pub const SOURCE_KEYS: [&str; 2] = ["user", "password"];
+
+/// The Secret a Job reads the source's credentials from: the Provider's own, or, for a Provider lent from another
+/// namespace (a pod mounts Secrets of its own namespace only), the migration's copy of it.
+fn source_secret(vmm: &VirtualMachineMigration, provider: &Provider) -> String {
+    match vmm.provider_is_lent() {
+        true => children::source_credentials(vmm),
+        false => provider.spec.secret_ref.name.clone(),
+    }
+}
+
+/// The migration's copy of a lent Provider's credentials (`values` for [`SOURCE_KEYS`]), owned by the migration
+/// so that it goes with it at the latest; none when the Provider is the migration's own.
+pub fn lent_credentials(vmm: &VirtualMachineMigration, values: [String; 2]) -> Option<Secret> {
+    if !vmm.provider_is_lent() {
+        return None;
+    }
+    let data = SOURCE_KEYS
+        .iter()
+        .zip(values)
+        .map(|(key, value)| (key.to_string(), ByteString(value.into_bytes())));
+    Some(Secret {
+        metadata: ObjectMeta {
+            name: Some(children::source_credentials(vmm)),
+            namespace: vmm.namespace(),
+            labels: Some(children::labels(vmm, "convert")),
+            owner_references: Some(vec![children::owner(vmm)]),
+            ..Default::default()
+        },
+        data: Some(data.collect()),
+        immutable: None,
+        type_: Some("Opaque".into()),
+        ..Default::default()
+    })
+}
+
 fn secret_volume(name: &str, secret: &str, keys: &[&str]) -> Volume {
     let items = keys.iter().map(|key| KeyToPath {
         key: key.to_string(),
@@ -507,6 +545,47 @@ mod tests {
         assert_eq!(deadline_seconds(hundred_gib, 1), 1800 + 12_800);
         assert_eq!(deadline_seconds(hundred_gib, 2), 1800 + 25_600);
         assert!(deadline_seconds(u64::MAX, 2) > 0, "no overflow");
+    }
+
+    #[test]
+    fn a_lent_providers_credentials_reach_the_job_through_the_migrations_own_copy() {
+        let provider: Provider = serde_json::from_value(json!({
+            "apiVersion": "migration.platform.example/v1alpha1", "kind": "Provider",
+            "metadata": {"name": "p", "namespace": "admins"},
+            "spec": {"type": "vsphere", "url": "https://vc/sdk", "secretRef": {"name": "vc"},
+                     "tls": {"thumbprint": "AA"}}}))
+        .unwrap();
+        let source: SourceVmStatus = serde_json::from_value(json!({
+            "name": "x", "moref": "vm-1", "cpus": 1, "coresPerSocket": 1, "memoryMib": 64, "snapshots": 0,
+            "disks": [{"key": 1, "file": "[ds] x/x.vmdk", "capacityBytes": 1024}], "nics": []}))
+        .unwrap();
+        let secrets = |vmm: &VirtualMachineMigration| -> Vec<String> {
+            pod(&convert_job(vmm, &source, &provider, 1, "img"))
+                .volumes
+                .iter()
+                .flatten()
+                .filter_map(|v| v.secret.as_ref()?.secret_name.clone())
+                .collect()
+        };
+        let values = || ["u".to_string(), "p".to_string()];
+        let own = migration(false);
+        assert!(lent_credentials(&own, values()).is_none());
+        assert_eq!(secrets(&own), ["vc", "staging"]);
+
+        let mut lent = migration(false);
+        lent.spec.source.provider_ref.namespace = Some("admins".into());
+        assert_eq!(secrets(&lent), ["m-source-credentials", "staging"]);
+        let copy = lent_credentials(&lent, values()).unwrap();
+        assert_eq!(copy.metadata.name.as_deref(), Some("m-source-credentials"));
+        assert_eq!(copy.metadata.namespace.as_deref(), Some("ns"));
+        assert!(children::is_ours(&copy, &lent), "labelled and owned");
+        let keys: Vec<_> = copy.data.unwrap().into_keys().collect();
+        assert_eq!(keys, ["password", "user"]);
+
+        // Naming its own namespace is no loan.
+        let mut named = migration(false);
+        named.spec.source.provider_ref.namespace = Some("ns".into());
+        assert!(lent_credentials(&named, values()).is_none());
     }
 
     #[test]

@@ -108,6 +108,7 @@ async fn rewrite(step: &mut Step<'_>, ns: &str, attempt: i32) -> Result<Next> {
             if let Some(next) = crate::slots::acquire(step, &provider).await? {
                 return Ok(next);
             }
+            super::credentials::lend(step.ctx, step.vmm, &provider).await?;
             let source = super::source::recorded(step.status)?;
             let job = build::job::rewrite_job(
                 step.vmm,
@@ -125,7 +126,10 @@ async fn rewrite(step: &mut Step<'_>, ns: &str, attempt: i32) -> Result<Next> {
             WAIT,
         )),
         JobState::Running => Ok(rewriting(&name, attempt)),
-        JobState::Succeeded(JobReport::Written(summary)) => rewritten(step, &name, summary),
+        JobState::Succeeded(JobReport::Written(summary)) => {
+            super::credentials::take_back(step.ctx, step.vmm).await?;
+            rewritten(step, &name, summary)
+        }
         JobState::Succeeded(_) => Err(Failure::bounded(
             Reason::JobResultUnreadable,
             format!("Job {name} did not report the volumes it wrote"),

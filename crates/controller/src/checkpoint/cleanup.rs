@@ -43,6 +43,7 @@ pub async fn cleanup(step: &mut Step<'_>) -> Result<bool> {
         remaining += 1;
     }
     remaining += owned.delete_jobs().await?;
+    super::credentials::take_back(step.ctx, step.vmm).await?;
     remove_staged(step).await?;
     if remaining > 0 {
         return Ok(false);

@@ -47,7 +47,10 @@ pub async fn run(step: &mut Step<'_>) -> Result<Next> {
             format!("Job {name} (attempt {attempt}) converts the disks"),
             WAIT,
         )),
-        JobState::Succeeded(result) => record(step, &name, result).await,
+        JobState::Succeeded(result) => {
+            super::credentials::take_back(step.ctx, step.vmm).await?;
+            record(step, &name, result).await
+        }
         JobState::Failed(failure, uid) => {
             retry(step, Phase::Converting, &name, &uid, failure).await
         }
@@ -60,6 +63,7 @@ pub(super) async fn create_job(step: &Step<'_>, ns: &str, attempt: i32) -> Resul
     let provider = super::source::provider(step.ctx, step.vmm).await?;
     let session = super::source::session_for(step.ctx, &provider).await?;
     super::source::checked_source_vm(&session, step.status).await?;
+    super::credentials::lend(step.ctx, step.vmm, &provider).await?;
     let source = super::source::recorded(step.status)?;
     let job = build::job::convert_job(
         step.vmm,

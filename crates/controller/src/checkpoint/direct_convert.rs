@@ -62,7 +62,10 @@ pub async fn run(step: &mut Step<'_>) -> Result<Next> {
             WAIT,
         )),
         JobState::Running => Ok(writing(&name, attempt)),
-        JobState::Succeeded(JobReport::Written(summary)) => record(step, &name, summary),
+        JobState::Succeeded(JobReport::Written(summary)) => {
+            super::credentials::take_back(step.ctx, step.vmm).await?;
+            record(step, &name, summary)
+        }
         // A Job of another release, or another route's: nothing it says is about these volumes.
         JobState::Succeeded(_) => Err(Failure::bounded(
             Reason::JobResultUnreadable,

@@ -178,6 +178,7 @@ async fn hand_over(step: &Step<'_>) -> Result<()> {
     let owned = Owned::of(step.ctx, step.vmm);
     owned.release_kept_kinds().await?;
     owned.delete_jobs().await?;
+    super::credentials::take_back(step.ctx, step.vmm).await?;
     if crate::staging::staged(step.vmm) {
         let staging = crate::staging::open(step.ctx, step.vmm).await?;
         for object in crate::staging::object_names(step.status.disks.len()) {

@@ -9,6 +9,7 @@ mod adapt;
 mod allocate;
 mod cleanup;
 mod convert;
+mod credentials;
 mod direct_convert;
 mod direct_import;
 pub(crate) mod discover;

@@ -25,7 +25,7 @@ pub fn key(vmm: &VirtualMachineMigration, source: &SourceVmStatus) -> VmKey {
     let endpoint = source.vcenter_uuid.clone().unwrap_or_else(|| {
         format!(
             "{}/{}",
-            vmm.namespace().unwrap_or_default(),
+            vmm.provider_namespace(),
             vmm.spec.source.provider_ref.name
         )
     });

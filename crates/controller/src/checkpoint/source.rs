@@ -2,7 +2,7 @@
 
 use ferry_api::{Provider, Reason, VirtualMachineMigration, VirtualMachineMigrationStatus};
 use ferry_vsphere::{MoRef, Session, VmSelector};
-use kube::{Api, ResourceExt};
+use kube::Api;
 
 use crate::context::Context;
 use crate::error::{Failure, Result};
@@ -17,7 +17,7 @@ pub fn recorded(status: &VirtualMachineMigrationStatus) -> Result<ferry_api::Sou
 /// The migration's Provider: as the Provider controller's cache holds it (its watch lags the migrations' by a
 /// moment at most, and a migration waiting for a fixed Provider looks again), else read.
 pub async fn provider(ctx: &Context, vmm: &VirtualMachineMigration) -> Result<Provider> {
-    let ns = vmm.namespace().unwrap_or_default();
+    let ns = vmm.provider_namespace();
     provider_named(ctx, &ns, &vmm.spec.source.provider_ref.name).await
 }
 

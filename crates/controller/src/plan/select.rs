@@ -18,8 +18,9 @@ pub async fn resolve(
     plan: &MigrationPlan,
     selector: &PlanSelector,
 ) -> Result<Vec<SelectedVm>> {
-    let ns = plan.namespace().unwrap_or_default();
-    let provider = source::provider_named(ctx, &ns, &plan.spec.provider_ref.name).await?;
+    let own = plan.namespace().unwrap_or_default();
+    let ns = plan.spec.provider_ref.namespace_or(&own);
+    let provider = source::provider_named(ctx, ns, &plan.spec.provider_ref.name).await?;
     let session = source::session_for(ctx, &provider).await?;
     let listed = match &selector.folder {
         Some(folder) => inventory::list_vms_in_folder(&session, folder).await?,
