@@ -5,6 +5,7 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use clap::Args;
+use ferry_controller::watched::Watched;
 use ferry_controller::{Config, RunOptions};
 
 #[derive(Args)]
@@ -28,9 +29,10 @@ pub struct ControllerArgs {
     identity: Option<String>,
     #[arg(long, default_value_t = 15)]
     lease_seconds: u64,
-    /// Watch one namespace only.
-    #[arg(long)]
-    namespace: Option<String>,
+    /// Serve only these namespaces (repeat the flag, or separate them by commas); none serves every namespace.
+    /// With deploy/rbac/namespaced/, the controller holds rights in these namespaces only.
+    #[arg(long = "namespace", env = "FERRY_NAMESPACES", value_delimiter = ',')]
+    namespaces: Vec<String>,
     /// Reconciles in flight at once (memory and API load stay bounded however many migrations run).
     #[arg(long, default_value_t = 32)]
     max_concurrent_reconciles: u16,
@@ -70,7 +72,7 @@ pub async fn run(args: ControllerArgs) -> Result<()> {
         lease_name: args.lease_name,
         identity,
         lease_seconds: args.lease_seconds,
-        namespace: args.namespace,
+        watched: Watched::from_names(args.namespaces),
     };
     ferry_controller::run(client, options).await
 }

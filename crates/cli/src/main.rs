@@ -5,6 +5,7 @@ mod demo;
 mod inventory;
 mod lab;
 mod plan_create;
+mod rbac;
 mod views;
 mod worker;
 
@@ -29,6 +30,8 @@ enum Command {
     Lab(lab::LabArgs),
     /// Print every CustomResourceDefinition as YAML (`ferry crds | kubectl apply -f -`).
     Crds,
+    /// Print the controller's RBAC for chosen namespaces only (`ferry rbac --namespace a,b | kubectl apply -f -`).
+    Rbac(rbac::RbacArgs),
     /// Benchmarks that print ratios against baselines measured in the same run.
     Bench(ferry_bench::BenchArgs),
     /// Stream, convert, checksum and stage disks (the conversion Job's entrypoint).
@@ -86,6 +89,7 @@ async fn run() -> anyhow::Result<()> {
         Command::Verify(args) => worker::verify(args).await,
         Command::Adapt(args) => worker::adapt(args).await,
         Command::Bench(args) => ferry_bench::run(args).await,
+        Command::Rbac(args) => rbac::run(args),
         Command::Crds => {
             print!("{}", ferry_api::crds::to_yaml()?);
             Ok(())

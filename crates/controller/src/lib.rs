@@ -10,7 +10,7 @@
 //! - `status`: pure status edits (phases, conditions, retries, progress).
 //! - `reconcile`: one reconcile: finalizer, cancel, dispatch, status write, Events.
 //! - `runtime`: watches, leader election, metrics and health endpoints; `wake`: which child changes wake a
-//!   migration.
+//!   migration; `watched`: the namespaces served, one watch each merged into one stream.
 
 mod backoff;
 pub(crate) mod build;
@@ -38,6 +38,7 @@ pub(crate) mod staging;
 pub(crate) mod status;
 pub mod surface;
 pub(crate) mod wake;
+pub mod watched;
 
 pub use context::Config;
 pub use runtime::{RunOptions, run};

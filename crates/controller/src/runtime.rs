@@ -16,13 +16,14 @@ use kube::runtime::controller::{self, Controller};
 use kube::runtime::reflector::store::Writer;
 use kube::runtime::reflector::{self, ObjectRef, reflector};
 use kube::runtime::{WatchStreamExt, watcher};
-use kube::{Api, Client, ResourceExt};
+use kube::{Client, ResourceExt};
 use kube_lease_manager::LeaseManagerBuilder;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::build::{dv_resource, vm_resource, vmi_resource};
 use crate::context::{Config, Context};
 use crate::metrics::Metrics;
+use crate::watched::Watched;
 
 #[derive(Clone, Debug)]
 pub struct RunOptions {
@@ -34,8 +35,8 @@ pub struct RunOptions {
     /// Who holds the lease: the pod's name in a cluster.
     pub identity: String,
     pub lease_seconds: u64,
-    /// Watch one namespace instead of all.
-    pub namespace: Option<String>,
+    /// The namespaces served: all, or a chosen few.
+    pub watched: Watched,
 }
 
 pub async fn run(client: Client, options: RunOptions) -> Result<()> {
@@ -76,7 +77,7 @@ pub async fn run(client: Client, options: RunOptions) -> Result<()> {
             }
         }
     };
-    let stopped = run_controllers(client, ctx, options.namespace.as_deref());
+    let stopped = run_controllers(client, ctx, &options.watched);
     let lost_lease = tokio::select! {
         _ = lost => true,
         _ = stopped => false,
@@ -93,28 +94,6 @@ pub async fn run(client: Client, options: RunOptions) -> Result<()> {
     Ok(())
 }
 
-fn api<K>(client: &Client, namespace: Option<&str>) -> Api<K>
-where
-    K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>,
-    K::DynamicType: Default,
-{
-    match namespace {
-        Some(ns) => Api::namespaced(client.clone(), ns),
-        None => Api::all(client.clone()),
-    }
-}
-
-fn dynamic(
-    client: &Client,
-    namespace: Option<&str>,
-    resource: &kube::core::ApiResource,
-) -> Api<DynamicObject> {
-    match namespace {
-        Some(ns) => Api::namespaced_with(client.clone(), ns, resource),
-        None => Api::all_with(client.clone(), resource),
-    }
-}
-
 /// A cached migration keeps what the controller reads: not who wrote which field, nor annotations outside Ferry's
 /// group (kubectl's last-applied copy alone doubles a migration), however many migrations there are.
 fn trim_migration(vmm: &mut VirtualMachineMigration) {
@@ -129,16 +108,14 @@ fn forget_managed_fields<K: ResourceExt>(object: &mut K) {
     object.managed_fields_mut().clear();
 }
 
-async fn run_controllers(client: Client, ctx: Arc<Context>, namespace: Option<&str>) {
+async fn run_controllers(client: Client, ctx: Arc<Context>, watched: &Watched) {
     let config = watcher::Config::default().any_semantic();
     let (store, writer) = reflector::store::<VirtualMachineMigration>();
     let migration_events = reflector(
         writer,
-        watcher(
-            api::<VirtualMachineMigration>(&client, namespace),
-            config.clone(),
-        )
-        .modify(trim_migration),
+        watched
+            .events::<VirtualMachineMigration>(&client, &config)
+            .modify(trim_migration),
     )
     .applied_objects();
     let migrations = Controller::for_stream(migration_events, store.clone());
@@ -154,14 +131,17 @@ async fn run_controllers(client: Client, ctx: Arc<Context>, namespace: Option<&s
     let jobs = crate::wake::significant(
         reflector(
             job_cache,
-            watcher(api::<Job>(&client, namespace), config.clone()).modify(forget_managed_fields),
+            watched
+                .events::<Job>(&client, &config)
+                .modify(forget_managed_fields),
         ),
         crate::wake::job_summary,
     );
     let data_volumes = crate::wake::significant(
         reflector(
             dv_cache,
-            watcher(dynamic(&client, namespace, &dv_resource()), config.clone())
+            watched
+                .dynamic_events(&client, &dv_resource(), &config)
                 .modify(forget_managed_fields),
         ),
         crate::wake::data_volume_summary,
@@ -170,16 +150,17 @@ async fn run_controllers(client: Client, ctx: Arc<Context>, namespace: Option<&s
         .reconcile_on(woken)
         .owns_stream(jobs)
         .owns_stream_with(data_volumes, dv_resource())
-        .owns_with(
-            dynamic(&client, namespace, &vm_resource()),
+        .owns_stream_with(
+            watched
+                .dynamic_metadata_events(&client, &vm_resource(), &config)
+                .touched_objects(),
             vm_resource(),
-            config.clone(),
         )
         // VMIs belong to their VM, not to the migration: map them by the target name the migration recorded.
-        .watches_with(
-            dynamic(&client, namespace, &vmi_resource()),
-            vmi_resource(),
-            config.clone(),
+        .watches_stream_with(
+            watched
+                .dynamic_events(&client, &vmi_resource(), &config)
+                .touched_objects(),
             // Every VMI event looks at every migration: compare in place, allocate nothing per migration.
             move |vmi| {
                 let (ns, name) = (
@@ -197,10 +178,12 @@ async fn run_controllers(client: Client, ctx: Arc<Context>, namespace: Option<&s
                     .map(|m| ObjectRef::from_obj(&*m))
                     .collect::<Vec<_>>()
             },
+            vmi_resource(),
         )
-        .watches(
-            api::<Provider>(&client, namespace),
-            config.clone(),
+        .watches_stream(
+            watched
+                .events::<Provider>(&client, &config)
+                .touched_objects(),
             move |provider| {
                 let ns = provider.namespace();
                 by_provider
@@ -237,9 +220,10 @@ async fn run_controllers(client: Client, ctx: Arc<Context>, namespace: Option<&s
             ctx.clone(),
         )
         .for_each(|_| async {});
-    let providers = Controller::new(api::<Provider>(&client, namespace), config.clone());
-    ctx.attach_providers(providers.store());
-    let providers = providers
+    let (provider_store, writer) = reflector::store::<Provider>();
+    ctx.attach_providers(provider_store.clone());
+    let provider_events = reflector(writer, watched.events::<Provider>(&client, &config));
+    let providers = Controller::for_stream(provider_events.applied_objects(), provider_store)
         .shutdown_on_signal()
         .run(
             |provider, ctx| async move {
@@ -254,12 +238,12 @@ async fn run_controllers(client: Client, ctx: Arc<Context>, namespace: Option<&s
         )
         .for_each(|_| async {});
     // The plan needs to know that a migration changed, not its body: the migrations' cache above holds that.
-    let migration_changes = watcher(
-        api::<PartialObjectMeta<VirtualMachineMigration>>(&client, namespace),
-        config.clone(),
-    )
-    .touched_objects();
-    let plans = Controller::new(api::<MigrationPlan>(&client, namespace), config)
+    let migration_changes = watched
+        .events::<PartialObjectMeta<VirtualMachineMigration>>(&client, &config)
+        .touched_objects();
+    let (plan_store, writer) = reflector::store::<MigrationPlan>();
+    let plan_events = reflector(writer, watched.events::<MigrationPlan>(&client, &config));
+    let plans = Controller::for_stream(plan_events.applied_objects(), plan_store)
         .owns_stream(migration_changes)
         .shutdown_on_signal()
         .run(

@@ -25,6 +25,8 @@ pub struct ControllerProcess {
     /// be taken at once as the local port of any outgoing connection on the machine.
     pub metrics_port: u16,
     starts: u32,
+    /// Flags beyond the deploy/ defaults (the namespaces served, the Lease).
+    extra_args: Vec<String>,
 }
 
 /// Launches of one (re)start: a controller that exits before it leads (its port taken between choosing it and
@@ -43,6 +45,44 @@ impl ControllerProcess {
             log: lab.dir().join("ferry-controller.log"),
             metrics_port: 0,
             starts: 0,
+            extra_args: vec![],
+        };
+        controller.launch().await?;
+        Ok(controller)
+    }
+
+    /// `ferry controller` as ServiceAccount `namespace/name`, with whatever RBAC the caller gave it (none here),
+    /// its Lease in `namespace`, and `args` added.
+    pub async fn start_as(
+        lab: &TestLab,
+        ferry: &Path,
+        (namespace, name): (&str, &str),
+        args: &[&str],
+    ) -> Result<Self> {
+        let user = format!("system:serviceaccount:{namespace}:{name}");
+        let groups = [
+            "system:serviceaccounts",
+            &format!("system:serviceaccounts:{namespace}"),
+            "system:authenticated",
+        ];
+        let kubeconfig = ferry_lab::components::write_identity_kubeconfig(
+            lab.dir(),
+            &lab.state().api_url,
+            &user,
+            &groups,
+        )?;
+        let mut extra_args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+        extra_args.push(format!("--lease-namespace={namespace}"));
+        let mut controller = Self {
+            record: None,
+            ferry: ferry.to_path_buf(),
+            kubeconfig,
+            log: lab
+                .dir()
+                .join(format!("ferry-controller-{namespace}-{name}.log")),
+            metrics_port: 0,
+            starts: 0,
+            extra_args,
         };
         controller.launch().await?;
         Ok(controller)
@@ -67,13 +107,14 @@ impl ControllerProcess {
     async fn launch_once(&mut self) -> Result<bool> {
         self.starts += 1;
         self.metrics_port = process::free_port()?;
-        let spec = ferry_lab::controller_process::component(
+        let mut spec = ferry_lab::controller_process::component(
             &self.ferry,
             &self.kubeconfig,
             self.metrics_port,
             "ferry-test",
         )
         .spec;
+        spec.args.extend(self.extra_args.iter().cloned());
         let log = self.current_log();
         let record = process::start(&spec, &log, Lifetime::TiedToThisProcess)?;
         // Ready once it leads: /readyz answers 200.
