@@ -528,7 +528,25 @@ fn invalid_cases() -> Vec<Invalid> {
         create(
             "staging scheme",
             with(m(), "/spec/staging/url", json!("ftp://host/path")),
-            "staging url must start with s3://, http://, https:// or file://",
+            "staging url must be s3://bucket or s3://bucket/prefix",
+        ),
+        create(
+            "staging url over https, which no part of Ferry reads",
+            with(
+                m(),
+                "/spec/staging/url",
+                json!("https://store.example.com/ferry"),
+            ),
+            "staging url must be s3://bucket or s3://bucket/prefix",
+        ),
+        create(
+            "staging url on a local path, which CDI's importer cannot reach",
+            with(
+                m(),
+                "/spec/staging/url",
+                json!("file:///var/lib/ferry/staging"),
+            ),
+            "staging url must be s3://bucket or s3://bucket/prefix",
         ),
         create(
             "staging s3 without secret",
@@ -560,7 +578,7 @@ fn invalid_cases() -> Vec<Invalid> {
                 "/spec/staging/url",
                 json!("http://store.example.com/ferry"),
             ),
-            "use https:// (with caBundle for a private CA), or set insecure: true",
+            "staging url must be s3://bucket or s3://bucket/prefix",
         ),
         create(
             "staging insecure false",
@@ -1024,7 +1042,7 @@ async fn valid_manifests_are_accepted_with_their_defaults() {
                 json!("short"),
             ),
             "/spec/staging",
-            json!({"url": "file:///var/lib/ferry/staging"}),
+            json!({"url": "s3://ferry-staging", "secretRef": {"name": "staging-creds"}}),
         ),
     ];
     for doc in &valid {

@@ -387,10 +387,10 @@ impl VirtioWinSource {
 #[derive(KubeSchema, Deserialize, Serialize, Clone, Debug, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]
 #[x_kube(
-    validation = Rule::new("!self.url.startsWith('s3://') || has(self.secretRef)")
+    validation = Rule::new("has(self.secretRef)")
         .message("an s3:// staging URL needs secretRef naming a Secret with accessKeyId and secretKey"),
     validation = Rule::new(
-        "!(self.url.startsWith('http://') || (has(self.endpoint) && self.endpoint.startsWith('http://'))) || (has(self.insecure) && self.insecure)"
+        "!(has(self.endpoint) && self.endpoint.startsWith('http://')) || (has(self.insecure) && self.insecure)"
     )
     .message(
         "staging over plain http:// sends the disks and the signed requests unencrypted: use https:// (with caBundle for a private CA), or set insecure: true to accept that"
@@ -399,10 +399,11 @@ impl VirtioWinSource {
         .message("staging caBundle and insecure exclude each other: a CA is for https, insecure for plain http")
 )]
 pub struct StagingSpec {
-    /// `s3://bucket/prefix`, `http(s)://host/path` or `file:///path`.
+    /// `s3://bucket` or `s3://bucket/prefix`: the conversion Job, the controller and CDI's importer all reach
+    /// staging through the S3 API (`endpoint` names a store outside AWS).
     #[x_kube(
-        validation = Rule::new("self.matches('^(s3|https?|file)://[^ ]+$')")
-            .message("staging url must start with s3://, http://, https:// or file://"),
+        validation = Rule::new("self.matches('^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/[^ ]*)?$')")
+            .message("staging url must be s3://bucket or s3://bucket/prefix (the S3 API; set endpoint for MinIO, Ceph RGW or another store)"),
         validation = Rule::new("!self.matches('^[a-z0-9]+://[^/]*@')")
             .message("staging url must not carry credentials: put them in the Secret named by secretRef")
     )]
@@ -436,11 +437,9 @@ pub struct StagingSpec {
 impl StagingSpec {
     /// True when the staging endpoint is plain http (allowed only with `insecure: true`).
     pub fn plain_http(&self) -> bool {
-        self.url.starts_with("http://")
-            || self
-                .endpoint
-                .as_deref()
-                .is_some_and(|e| e.starts_with("http://"))
+        self.endpoint
+            .as_deref()
+            .is_some_and(|e| e.starts_with("http://"))
     }
 }
 
