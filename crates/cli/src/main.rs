@@ -52,10 +52,24 @@ enum Command {
     Plan(plan_create::PlanArgs),
 }
 
-#[tokio::main]
-async fn main() -> std::process::ExitCode {
+fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    // The controller waits on the API server far more than it computes (under a tenth of a core for 1,000
+    // migrations): one thread serves it, without the wake-ups across threads of a work-stealing pool, which cost
+    // about a tenth of its CPU in parking and switching (perf, `ferry bench controlplane`).
+    let mut runtime = match cli.command {
+        Command::Controller(_) => tokio::runtime::Builder::new_current_thread(),
+        _ => tokio::runtime::Builder::new_multi_thread(),
+    };
+    let runtime = match runtime.enable_all().build() {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("error: starting the async runtime: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
     // Errors print as a chain of causes, never as a Debug dump or a backtrace.
-    match run().await {
+    match runtime.block_on(run(cli)) {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e:#}");
@@ -64,8 +78,7 @@ async fn main() -> std::process::ExitCode {
     }
 }
 
-async fn run() -> anyhow::Result<()> {
-    let cli = Cli::parse();
+async fn run(cli: Cli) -> anyhow::Result<()> {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| "info,kube=warn,kube_client=off,kube_lease_manager=warn".into());
     let logs = tracing_subscriber::fmt()

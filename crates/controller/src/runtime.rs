@@ -192,7 +192,7 @@ async fn run_controllers(client: Client, ctx: Arc<Context>, watched: &Watched) {
                     // A finished migration needs nothing of its Provider: at the end of a big plan, a Provider's
                     // change would otherwise wake every migration it ever served.
                     .filter(|m| {
-                        ns.as_deref() == Some(m.provider_namespace().as_str())
+                        ns.as_deref() == Some(m.provider_namespace())
                             && m.spec.source.provider_ref.name == provider.name_any()
                             && (m.metadata.deletion_timestamp.is_some()
                                 || !m

@@ -122,9 +122,9 @@ pub struct PowerOffSpec {
 
 impl VirtualMachineMigration {
     /// The namespace of the Provider the migration reads from (its own, unless the Provider is lent).
-    pub fn provider_namespace(&self) -> String {
+    pub fn provider_namespace(&self) -> &str {
         let own = self.metadata.namespace.as_deref().unwrap_or_default();
-        self.spec.source.provider_ref.namespace_or(own).to_string()
+        self.spec.source.provider_ref.namespace_or(own)
     }
 
     /// Whether the migration reads from a Provider another namespace lends.

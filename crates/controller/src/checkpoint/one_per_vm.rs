@@ -18,22 +18,27 @@ const RECHECK: Duration = Duration::from_secs(30);
 
 /// Where the VM lives and which it is: the vCenter's and the VM's instance UUIDs when vSphere reported them,
 /// else the Provider and the moref.
+/// Borrowed: every waiting migration compares its key with every other migration's.
 #[derive(Debug, PartialEq, Eq)]
-pub struct VmKey(String, String);
+pub struct VmKey<'a> {
+    endpoint: Endpoint<'a>,
+    vm: &'a str,
+}
 
-pub fn key(vmm: &VirtualMachineMigration, source: &SourceVmStatus) -> VmKey {
-    let endpoint = source.vcenter_uuid.clone().unwrap_or_else(|| {
-        format!(
-            "{}/{}",
-            vmm.provider_namespace(),
-            vmm.spec.source.provider_ref.name
-        )
-    });
-    let vm = source
-        .instance_uuid
-        .clone()
-        .unwrap_or_else(|| source.moref.clone());
-    VmKey(endpoint, vm)
+#[derive(Debug, PartialEq, Eq)]
+enum Endpoint<'a> {
+    VCenter(&'a str),
+    /// The Provider's namespace and name.
+    Provider(&'a str, &'a str),
+}
+
+pub fn key<'a>(vmm: &'a VirtualMachineMigration, source: &'a SourceVmStatus) -> VmKey<'a> {
+    let endpoint = match source.vcenter_uuid.as_deref() {
+        Some(uuid) => Endpoint::VCenter(uuid),
+        None => Endpoint::Provider(vmm.provider_namespace(), &vmm.spec.source.provider_ref.name),
+    };
+    let vm = source.instance_uuid.as_deref().unwrap_or(&source.moref);
+    VmKey { endpoint, vm }
 }
 
 /// Whether `vmm` has touched its source (recorded its original power state) and not ended.
@@ -74,7 +79,7 @@ pub fn ahead<'a>(
     let mine = key(me, source);
     let mut first: Option<&VirtualMachineMigration> = None;
     for other in others {
-        if other.uid() == me.uid() {
+        if other.metadata.uid == me.metadata.uid {
             continue;
         }
         let Some(theirs) = contends(other) else {
@@ -212,6 +217,10 @@ mod tests {
         bare.instance_uuid = None;
         bare.vcenter_uuid = None;
         let a = migration("a", "a", 0, Phase::Validating, false);
-        assert_eq!(key(&a, &bare), VmKey("a/vc".into(), "vm-42".into()));
+        let expected = VmKey {
+            endpoint: Endpoint::Provider("a", "vc"),
+            vm: "vm-42",
+        };
+        assert_eq!(key(&a, &bare), expected);
     }
 }

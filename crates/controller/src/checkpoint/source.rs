@@ -18,7 +18,7 @@ pub fn recorded(status: &VirtualMachineMigrationStatus) -> Result<ferry_api::Sou
 /// moment at most, and a migration waiting for a fixed Provider looks again), else read.
 pub async fn provider(ctx: &Context, vmm: &VirtualMachineMigration) -> Result<Provider> {
     let ns = vmm.provider_namespace();
-    provider_named(ctx, &ns, &vmm.spec.source.provider_ref.name).await
+    provider_named(ctx, ns, &vmm.spec.source.provider_ref.name).await
 }
 
 /// The Provider `ns/name`, as [`provider`] finds it.
