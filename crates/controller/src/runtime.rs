@@ -11,7 +11,7 @@ use anyhow::{Context as _, Result};
 use ferry_api::{MigrationPlan, Phase, Provider, VirtualMachineMigration};
 use futures::StreamExt;
 use k8s_openapi::api::batch::v1::Job;
-use kube::api::{DynamicObject, PartialObjectMeta};
+use kube::api::DynamicObject;
 use kube::runtime::controller::{self, Controller};
 use kube::runtime::reflector::store::Writer;
 use kube::runtime::reflector::{self, ObjectRef, reflector};
@@ -111,12 +111,24 @@ fn forget_managed_fields<K: ResourceExt>(object: &mut K) {
 async fn run_controllers(client: Client, ctx: Arc<Context>, watched: &Watched) {
     let config = watcher::Config::default().any_semantic();
     let (store, writer) = reflector::store::<VirtualMachineMigration>();
+    // A plan learns of its migrations' changes from this one watch, after the cache has them: a second watch of
+    // every migration's metadata cost a decode of each write's managed fields.
+    let (plan_wake, plan_woken) = futures::channel::mpsc::unbounded();
     let migration_events = reflector(
         writer,
         watched
             .events::<VirtualMachineMigration>(&client, &config)
             .modify(trim_migration),
     )
+    .inspect(move |event| {
+        if let Ok(
+            watcher::Event::Apply(m) | watcher::Event::InitApply(m) | watcher::Event::Delete(m),
+        ) = event
+            && let Some(plan) = crate::plan::owner_of(m)
+        {
+            let _ = plan_wake.unbounded_send(plan);
+        }
+    })
     .applied_objects();
     let migrations = Controller::for_stream(migration_events, store.clone());
     let by_provider = store.clone();
@@ -237,14 +249,10 @@ async fn run_controllers(client: Client, ctx: Arc<Context>, watched: &Watched) {
             ctx.clone(),
         )
         .for_each(|_| async {});
-    // The plan needs to know that a migration changed, not its body: the migrations' cache above holds that.
-    let migration_changes = watched
-        .events::<PartialObjectMeta<VirtualMachineMigration>>(&client, &config)
-        .touched_objects();
     let (plan_store, writer) = reflector::store::<MigrationPlan>();
     let plan_events = reflector(writer, watched.events::<MigrationPlan>(&client, &config));
     let plans = Controller::for_stream(plan_events.applied_objects(), plan_store)
-        .owns_stream(migration_changes)
+        .reconcile_on(plan_woken)
         .shutdown_on_signal()
         .run(
             |plan, ctx| async move {

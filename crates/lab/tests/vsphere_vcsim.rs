@@ -169,6 +169,20 @@ async fn power_off_and_on_are_idempotent_and_task_faults_are_classed() {
         power::current_power_state(&session, &vm).await.unwrap(),
         PowerState::PoweredOn
     );
+    // The one read Preparing makes agrees with the three it replaced.
+    let view = power::power_view(&session, &vm).await.unwrap();
+    assert_eq!(
+        view,
+        power::PowerView {
+            instance_uuid: inventory::instance_uuid(&session, &vm).await.unwrap(),
+            state: PowerState::PoweredOn,
+            tools_running: power::tools_running(&session, &vm).await.unwrap(),
+        }
+    );
+    assert!(view.instance_uuid.is_some(), "{view:?}");
+    let gone = ferry_vsphere::MoRef::new("VirtualMachine", "vm-99999");
+    let e = power::power_view(&session, &gone).await.unwrap_err();
+    assert!(matches!(e, Error::VmNotFound { .. }), "{e}");
 
     // A guest shutdown ends powered off, gracefully or by force.
     let how = power::shutdown_guest(&session, &vm, Duration::from_secs(20))

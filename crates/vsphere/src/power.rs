@@ -102,6 +102,51 @@ pub async fn current_power_state(session: &Session, vm: &MoRef) -> Result<PowerS
         })
 }
 
+/// What powering a VM off looks at, in one property read: its instance UUID (to show it is still the VM meant),
+/// its power state, and whether VMware Tools run in it (so that it can be asked to shut down).
+#[derive(Clone, Debug, PartialEq)]
+pub struct PowerView {
+    pub instance_uuid: Option<String>,
+    pub state: PowerState,
+    pub tools_running: bool,
+}
+
+pub async fn power_view(session: &Session, vm: &MoRef) -> Result<PowerView> {
+    let found = props::retrieve(
+        session,
+        "VirtualMachine",
+        std::slice::from_ref(vm),
+        &[
+            "config.instanceUuid",
+            "runtime.powerState",
+            "guest.toolsRunningStatus",
+        ],
+    )
+    .await
+    .map_err(|e| match e.fault() {
+        Some("ManagedObjectNotFound") => Error::VmNotFound {
+            selector: crate::inventory::VmSelector::Moref(vm.value.clone()).to_string(),
+        },
+        _ => e,
+    })?;
+    let found = found.first();
+    let state = found
+        .and_then(|o| o.text("runtime.powerState"))
+        .and_then(power_state)
+        .ok_or_else(|| Error::InvalidResponse {
+            method: "RetrievePropertiesEx".into(),
+            detail: format!("{vm} has no power state"),
+        })?;
+    Ok(PowerView {
+        instance_uuid: found
+            .and_then(|o| o.text("config.instanceUuid"))
+            .map(String::from),
+        state,
+        tools_running: found.and_then(|o| o.text("guest.toolsRunningStatus"))
+            == Some("guestToolsRunning"),
+    })
+}
+
 /// True when VMware Tools run in the guest, so that it can be asked to shut down.
 pub async fn tools_running(session: &Session, vm: &MoRef) -> Result<bool> {
     let found = props::retrieve(

@@ -80,9 +80,9 @@ async fn remove_staged(step: &Step<'_>) -> Result<()> {
     }
     match crate::staging::open(step.ctx, step.vmm).await {
         Ok(staging) => {
-            for object in crate::staging::object_names(disks) {
-                staging.delete(&object).await?;
-            }
+            staging
+                .delete_all(&crate::staging::object_names(disks))
+                .await?;
             Ok(())
         }
         // Without its Secret (or with an unsupported URL) staging cannot be reached: nothing was staged by us

@@ -181,9 +181,9 @@ async fn hand_over(step: &Step<'_>) -> Result<()> {
     super::credentials::take_back(step.ctx, step.vmm).await?;
     if crate::staging::staged(step.vmm) {
         let staging = crate::staging::open(step.ctx, step.vmm).await?;
-        for object in crate::staging::object_names(step.status.disks.len()) {
-            staging.delete(&object).await?;
-        }
+        staging
+            .delete_all(&crate::staging::object_names(step.status.disks.len()))
+            .await?;
     }
     Ok(())
 }

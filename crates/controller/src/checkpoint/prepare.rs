@@ -1,6 +1,6 @@
 //! Preparing. Desired: the source powered off per `powerOff.mode`. Observed: its power state and the power task
 //! in flight. Action: first the source VM to itself ([`super::one_per_vm`]), a disk slot on the source's host
-//! ([`crate::slots`]) and the VM shown to be the one discovered ([`super::source::checked_source_vm`]), then record the original power
+//! ([`crate::slots`]) and the VM shown to be the one discovered ([`super::source::checked_power_view`]), then record the original power
 //! state (each a status write of its own), then ask the guest to shut down or power off, keeping the task's moref in status so a restarted controller follows it instead of
 //! repeating it. Recorded: the power state before and after.
 
@@ -67,8 +67,8 @@ pub async fn run(step: &mut Step<'_>) -> Result<Next> {
         return Ok(next);
     }
     let session = super::source::session_for(step.ctx, &provider).await?;
-    let vm = super::source::checked_source_vm(&session, step.status).await?;
-    let observed = power::current_power_state(&session, &vm).await?;
+    let (vm, view) = super::source::checked_power_view(&session, step.status).await?;
+    let observed = view.state;
     let spec = &step.vmm.spec.source.power_off;
     let mut recorded = step.status.power.clone().unwrap_or_default();
     let overdue = recorded.shutdown_requested.as_ref().is_some_and(|t| {
@@ -78,7 +78,7 @@ pub async fn run(step: &mut Step<'_>) -> Result<Next> {
         && recorded.original.is_some()
         && spec.mode == PowerOffMode::Graceful
         && recorded.shutdown_requested.is_none()
-        && power::tools_running(&session, &vm).await?;
+        && view.tools_running;
     recorded.current = Some(observed);
     let next = match plan(spec.mode, &recorded, observed, tools, overdue) {
         Plan::RecordOriginal(state) => {

@@ -1,6 +1,7 @@
 //! The source side: the Provider, a session to it, and the source VM's managed object.
 
 use ferry_api::{Provider, Reason, VirtualMachineMigration, VirtualMachineMigrationStatus};
+use ferry_vsphere::power::PowerView;
 use ferry_vsphere::{MoRef, Session, VmSelector};
 use kube::Api;
 
@@ -79,6 +80,26 @@ pub async fn checked_source_vm(
     match identity_changed(&recorded, endpoint.as_deref(), found.as_deref()) {
         Some(message) => Err(Failure::fixable(Reason::SourceIdentityChanged, message)),
         None => Ok(vm),
+    }
+}
+
+/// The source VM and its [`PowerView`], once shown to be the VM discovered as [`checked_source_vm`] shows it, in
+/// one property read.
+pub async fn checked_power_view(
+    session: &Session,
+    status: &VirtualMachineMigrationStatus,
+) -> Result<(MoRef, PowerView)> {
+    let recorded = recorded(status)?;
+    let vm = MoRef::new("VirtualMachine", recorded.moref.clone());
+    let view = ferry_vsphere::power::power_view(session, &vm).await?;
+    let endpoint = session.about().instance_uuid.clone();
+    let found = recorded
+        .instance_uuid
+        .as_ref()
+        .and(view.instance_uuid.as_deref());
+    match identity_changed(&recorded, endpoint.as_deref(), found) {
+        Some(message) => Err(Failure::fixable(Reason::SourceIdentityChanged, message)),
+        None => Ok((vm, view)),
     }
 }
 

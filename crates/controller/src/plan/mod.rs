@@ -18,6 +18,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{ListParams, Patch, PatchParams};
 use kube::runtime::controller::Action;
+use kube::runtime::reflector::ObjectRef;
 use kube::{Api, ResourceExt};
 use serde_json::json;
 
@@ -244,6 +245,16 @@ pub fn error_policy(plan: Arc<MigrationPlan>, error: &Failure, ctx: Arc<Context>
     Action::requeue(ctx.failed(&key(&plan)))
 }
 
+/// The plan that controls migration `m`, if a plan created it. Pure.
+pub fn owner_of(m: &VirtualMachineMigration) -> Option<ObjectRef<MigrationPlan>> {
+    let owner = m.owner_references().iter().find(|o| {
+        o.controller == Some(true)
+            && o.kind == "MigrationPlan"
+            && o.api_version == ferry_api::API_VERSION
+    })?;
+    Some(ObjectRef::new(&owner.name).within(m.metadata.namespace.as_deref()?))
+}
+
 /// Its own key in the backoff and the own-write record, apart from any migration's.
 fn key(plan: &MigrationPlan) -> String {
     format!(
@@ -265,6 +276,26 @@ mod tests {
             "wave",
             serde_json::from_value(json!({"providerRef": {"name": "vc"}, "vms": vms})).unwrap(),
         )
+    }
+
+    #[test]
+    fn a_migration_wakes_the_plan_that_controls_it_and_no_other() {
+        let owned = |kind: &str, controller: bool| -> VirtualMachineMigration {
+            serde_json::from_value(json!({
+                "apiVersion": ferry_api::API_VERSION, "kind": "VirtualMachineMigration",
+                "metadata": {"name": "wave-vm-1", "namespace": "team", "ownerReferences": [{
+                    "apiVersion": ferry_api::API_VERSION, "kind": kind, "name": "wave", "uid": "u",
+                    "controller": controller}]},
+                "spec": {"source": {"providerRef": {"name": "vc"}, "vm": {"name": "x"}}, "target": {}},
+            }))
+            .unwrap()
+        };
+        assert_eq!(
+            owner_of(&owned("MigrationPlan", true)),
+            Some(ObjectRef::new("wave").within("team"))
+        );
+        assert_eq!(owner_of(&owned("MigrationPlan", false)), None);
+        assert_eq!(owner_of(&owned("ConfigMap", true)), None);
     }
 
     #[test]
