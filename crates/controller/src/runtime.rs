@@ -103,6 +103,15 @@ fn trim_migration(vmm: &mut VirtualMachineMigration) {
         .retain(|key, _| key.starts_with(&ours));
 }
 
+/// A cached Job keeps its metadata, status and deadline, which is all the checkpoints read: its pod template (args,
+/// env, volumes) was most of its size, held for every conversion in flight.
+fn trim_job(job: &mut Job) {
+    job.managed_fields_mut().clear();
+    if let Some(spec) = job.spec.as_mut() {
+        spec.template = Default::default();
+    }
+}
+
 /// A cached child keeps what the checkpoints read, not who wrote which field.
 fn forget_managed_fields<K: ResourceExt>(object: &mut K) {
     object.managed_fields_mut().clear();
@@ -143,9 +152,7 @@ async fn run_controllers(client: Client, ctx: Arc<Context>, watched: &Watched) {
     let jobs = crate::wake::significant(
         reflector(
             job_cache,
-            watched
-                .events::<Job>(&client, &config)
-                .modify(forget_managed_fields),
+            watched.events::<Job>(&client, &config).modify(trim_job),
         ),
         crate::wake::job_summary,
     );
@@ -330,5 +337,24 @@ mod tests {
             [ferry_api::keys::HOLD_ANNOTATION]
         );
         assert_eq!(vmm.labels()["team"], "a");
+    }
+
+    #[test]
+    fn a_cached_job_keeps_its_status_and_deadline_but_not_its_pod_template() {
+        let mut job: Job = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "j", "namespace": "ns", "labels": {"app": "ferry"},
+                "managedFields": [{"manager": "ferry", "operation": "Apply"}]},
+            "spec": {"activeDeadlineSeconds": 1900, "template": {"spec": {"containers": [
+                {"name": "convert", "image": "ferry", "args": ["convert", "--disk", "0"]}]}}},
+            "status": {"conditions": [{"type": "Complete", "status": "True"}]},
+        }))
+        .unwrap();
+        trim_job(&mut job);
+        assert!(job.managed_fields().is_empty());
+        let spec = job.spec.as_ref().unwrap();
+        assert_eq!(spec.active_deadline_seconds, Some(1900));
+        assert_eq!(spec.template, Default::default());
+        assert_eq!(job.labels()["app"], "ferry");
+        assert_eq!(job.status.unwrap().conditions.unwrap()[0].type_, "Complete");
     }
 }
