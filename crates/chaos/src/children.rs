@@ -26,6 +26,10 @@ pub struct Children {
     migrations: Api<VirtualMachineMigration>,
 }
 
+fn disk_count(m: &VirtualMachineMigration) -> usize {
+    m.status.as_ref().map_or(0, |s| s.disks.len())
+}
+
 impl Children {
     pub fn new(client: &Client, ns: &str) -> Self {
         let dynamic = |r| Api::<DynamicObject>::namespaced_with(client.clone(), ns, &r);
@@ -41,8 +45,11 @@ impl Children {
         }
     }
 
-    /// Notes the Jobs and DataVolumes seen; at most one DataVolume per disk may exist at any time.
-    pub async fn observe(&self, record: &mut Record, uid: &str, disks: usize) -> Result<()> {
+    /// Notes the Jobs and DataVolumes seen; at most one DataVolume per disk of the migration `m` may exist at any
+    /// time.
+    pub async fn observe(&self, record: &mut Record, m: &VirtualMachineMigration) -> Result<()> {
+        let uid = m.uid().unwrap_or_default();
+        let uid = uid.as_str();
         let lp = ListParams::default();
         for job in self.jobs.list(&lp).await? {
             if !record.jobs_seen.contains(&job.name_any()) {
@@ -53,6 +60,16 @@ impl Children {
             .data_volumes
             .list(&ListParams::default().labels(&uid_selector(uid)))
             .await?;
+        let disks = if dvs.items.len() > disk_count(m).max(1) {
+            // `m` was read before the list: disks recorded since, and their volumes, were not in it yet. A volume
+            // is created only for a disk on record, so the count that bounds the list is one read after it.
+            match self.migrations.get_opt(&m.name_any()).await? {
+                Some(now) => disk_count(&now),
+                None => disk_count(m),
+            }
+        } else {
+            disk_count(m)
+        };
         if dvs.items.len() > disks.max(1) {
             let names: Vec<String> = dvs.items.iter().map(|d| d.name_any()).collect();
             record.violations.push(format!(

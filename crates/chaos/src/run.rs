@@ -143,9 +143,7 @@ impl Run {
         {
             phases.push(p);
         }
-        self.children
-            .observe(&mut self.record, &uid, status.disks.len())
-            .await?;
+        self.children.observe(&mut self.record, m).await?;
         if self.children.target_running(m).await?
             && self.source_power(m).await? == Some(PowerState::PoweredOn)
         {
