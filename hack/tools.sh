@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Builds the lab's Go tools (kube-apiserver, kube-controller-manager, kubectl, etcd, vcsim) from the pinned modules
+# Builds the lab's Go tools (kube-apiserver, kube-controller-manager, kubectl, etcd, vcsim, MinIO, KubeVirt's
+# admission) from the pinned modules
 # under tools/, once, into a cache outside the repo. Prints the bin directory on stdout.
 # A second run finds the stamp and returns in well under a second.
 set -euo pipefail
@@ -10,7 +11,11 @@ export GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS=-trimpath
 K8S=1.37.2
 
 # build TOOL OUTPUTS... : builds each package into $cache/TOOL-<hash>/bin when its stamp is missing.
-key() { (cd "$root/tools/$1" && cat go.mod go.sum ./*.go 2>/dev/null; go version) | sha256sum | cut -c1-16; }
+key() {
+  (cd "$root/tools/$1" && cat go.mod go.sum ./*.go 2>/dev/null
+    [ ! -d standin ] || find standin -type f | LC_ALL=C sort | xargs cat
+    go version) | sha256sum | cut -c1-16
+}
 
 build_kube() {
   local out=$1 ld="-s -w" p
@@ -25,20 +30,25 @@ build_etcd() { (cd "$root/tools/etcd" && go build -ldflags "-s -w" -o "$1/etcd" 
 build_vcsim() { (cd "$root/tools/vcsim" && go build -ldflags "-s -w" -o "$1/vcsim" .); }
 # MinIO: the real S3-compatible server that staging tests write to.
 build_minio() { (cd "$root/tools/minio" && go build -ldflags "-s -w" -o "$1/minio" github.com/minio/minio); }
+# virt-api's VM and VMI admission webhooks, from KubeVirt's own module.
+build_kubevirt_admission() {
+  (cd "$root/tools/kubevirt-admission" && go build -ldflags "-s -w" -o "$1/kubevirt-admission" .)
+}
 
 # Concurrent callers (parallel test binaries, a lab and a test run) wait for one builder.
 mkdir -p "$cache"
 exec 9>"$cache/.lock"
 flock 9
 
-bin="$cache/bin-$( (key kube; key etcd; key vcsim; key minio) | sha256sum | cut -c1-16)"
-for tool in etcd vcsim minio kube; do
+tools=(etcd vcsim minio kube kubevirt-admission)
+bin="$cache/bin-$(for tool in "${tools[@]}"; do key "$tool"; done | sha256sum | cut -c1-16)"
+for tool in "${tools[@]}"; do
   dir="$cache/$tool-$(key "$tool")"
   if [ ! -f "$dir/.done" ]; then
     echo "building $tool into $dir (cold builds of kube and minio take minutes on 2 cores)" >&2
     start=$(date +%s)
     rm -rf "$dir.tmp" && mkdir -p "$dir.tmp"
-    "build_$tool" "$dir.tmp"
+    "build_${tool//-/_}" "$dir.tmp"
     rm -rf "$dir" && mv "$dir.tmp" "$dir" && touch "$dir/.done"
     echo "built $tool in $(( $(date +%s) - start ))s" >&2
   fi

@@ -25,6 +25,7 @@ import (
 
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	extv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	k8serrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -43,6 +44,7 @@ import (
 	validating "kubevirt.io/kubevirt/pkg/virt-api/webhooks/validating-webhook"
 	virtconfig "kubevirt.io/kubevirt/pkg/virt-config"
 	"kubevirt.io/kubevirt/pkg/virt-operator/resource/generate/components"
+	"kubevirt.io/kubevirt/pkg/virt-operator/resource/generate/rbac"
 )
 
 // The namespace a default install puts KubeVirt in; its ServiceAccounts are the ones the webhooks trust.
@@ -83,6 +85,9 @@ func run(kubeconfig, listen, certFile, keyFile, caFile string) error {
 		return err
 	}
 	if err := installAsOperatorWould(ctx, virtCli); err != nil {
+		return err
+	}
+	if err := installRBAC(ctx, virtCli); err != nil {
 		return err
 	}
 
@@ -261,22 +266,13 @@ func register(ctx context.Context, virtCli kubecli.KubevirtClient, base string, 
 	}
 
 	mutatingCfg := components.NewVirtAPIMutatingWebhookConfiguration(installNamespace)
-	kept := mutatingCfg.Webhooks[:0]
-	for _, w := range mutatingCfg.Webhooks {
-		if pointAt(&w.ClientConfig) {
-			kept = append(kept, w)
-		}
-	}
-	mutatingCfg.Webhooks = kept
-
+	mutatingCfg.Webhooks = keepServed(mutatingCfg.Webhooks,
+		func(w *admissionregistrationv1.MutatingWebhook) *admissionregistrationv1.WebhookClientConfig { return &w.ClientConfig },
+		pointAt)
 	validatingCfg := components.NewVirtAPIValidatingWebhookConfiguration(installNamespace)
-	keptV := validatingCfg.Webhooks[:0]
-	for _, w := range validatingCfg.Webhooks {
-		if pointAt(&w.ClientConfig) {
-			keptV = append(keptV, w)
-		}
-	}
-	validatingCfg.Webhooks = keptV
+	validatingCfg.Webhooks = keepServed(validatingCfg.Webhooks,
+		func(w *admissionregistrationv1.ValidatingWebhook) *admissionregistrationv1.WebhookClientConfig { return &w.ClientConfig },
+		pointAt)
 
 	if len(mutatingCfg.Webhooks) != 2 || len(validatingCfg.Webhooks) != 3 {
 		return fmt.Errorf("expected 2 mutating and 3 validating webhooks for VMs and VMIs, found %d and %d",
@@ -284,22 +280,70 @@ func register(ctx context.Context, virtCli kubecli.KubevirtClient, base string, 
 	}
 
 	adm := virtCli.AdmissionregistrationV1()
-	if existing, err := adm.MutatingWebhookConfigurations().Get(ctx, mutatingCfg.Name, metav1.GetOptions{}); err == nil {
-		mutatingCfg.ResourceVersion = existing.ResourceVersion
-		_, err = adm.MutatingWebhookConfigurations().Update(ctx, mutatingCfg, metav1.UpdateOptions{})
-		if err != nil {
-			return err
+	if err := upsert(ctx, adm.MutatingWebhookConfigurations(), mutatingCfg); err != nil {
+		return err
+	}
+	return upsert(ctx, adm.ValidatingWebhookConfigurations(), validatingCfg)
+}
+
+// keepServed keeps the webhooks this process serves, each pointed at it.
+func keepServed[W any](webhooks []W, clientConfig func(*W) *admissionregistrationv1.WebhookClientConfig, pointAt func(*admissionregistrationv1.WebhookClientConfig) bool) []W {
+	kept := webhooks[:0]
+	for i := range webhooks {
+		if pointAt(clientConfig(&webhooks[i])) {
+			kept = append(kept, webhooks[i])
 		}
-	} else if _, err := adm.MutatingWebhookConfigurations().Create(ctx, mutatingCfg, metav1.CreateOptions{}); err != nil {
+	}
+	return kept
+}
+
+// typedClient is what client-go's typed clients offer for one kind.
+type typedClient[T any] interface {
+	Get(context.Context, string, metav1.GetOptions) (T, error)
+	Create(context.Context, T, metav1.CreateOptions) (T, error)
+	Update(context.Context, T, metav1.UpdateOptions) (T, error)
+}
+
+// upsert makes obj exist as given: created, or replaced over what a previous run left.
+func upsert[T metav1.Object](ctx context.Context, c typedClient[T], obj T) error {
+	existing, err := c.Get(ctx, obj.GetName(), metav1.GetOptions{})
+	if k8serrors.IsNotFound(err) {
+		_, err = c.Create(ctx, obj, metav1.CreateOptions{})
 		return err
 	}
-	if existing, err := adm.ValidatingWebhookConfigurations().Get(ctx, validatingCfg.Name, metav1.GetOptions{}); err == nil {
-		validatingCfg.ResourceVersion = existing.ResourceVersion
-		_, err = adm.ValidatingWebhookConfigurations().Update(ctx, validatingCfg, metav1.UpdateOptions{})
+	if err != nil {
 		return err
 	}
-	_, err := adm.ValidatingWebhookConfigurations().Create(ctx, validatingCfg, metav1.CreateOptions{})
+	obj.SetResourceVersion(existing.GetResourceVersion())
+	_, err = c.Update(ctx, obj, metav1.UpdateOptions{})
 	return err
+}
+
+// installRBAC gives virt-controller's and virt-handler's ServiceAccounts their roles, as virt-operator does: the
+// lab's KubeVirt stand-in acts as them, and what those roles do not allow is refused to it as to KubeVirt.
+func installRBAC(ctx context.Context, virtCli kubecli.KubevirtClient) error {
+	objects := append(rbac.GetAllController(installNamespace, false), rbac.GetAllHandler(installNamespace)...)
+	for _, object := range objects {
+		var err error
+		switch o := object.(type) {
+		case *corev1.ServiceAccount:
+			err = upsert(ctx, virtCli.CoreV1().ServiceAccounts(o.Namespace), o)
+		case *rbacv1.Role:
+			err = upsert(ctx, virtCli.RbacV1().Roles(o.Namespace), o)
+		case *rbacv1.RoleBinding:
+			err = upsert(ctx, virtCli.RbacV1().RoleBindings(o.Namespace), o)
+		case *rbacv1.ClusterRole:
+			err = upsert(ctx, virtCli.RbacV1().ClusterRoles(), o)
+		case *rbacv1.ClusterRoleBinding:
+			err = upsert(ctx, virtCli.RbacV1().ClusterRoleBindings(), o)
+		default:
+			err = fmt.Errorf("unexpected %T", object)
+		}
+		if err != nil {
+			return fmt.Errorf("installing KubeVirt's RBAC: %w", err)
+		}
+	}
+	return nil
 }
 
 // kubevirtVersion is the version of KubeVirt's module compiled in.

@@ -80,11 +80,22 @@ pub struct VmStatus {
     /// For example `Running`, `Stopped`, `CrashLoopBackOff`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub printable_status: Option<String>,
+    /// virt-controller's `Failure` (a VMI it could not create, `FailedCreate`) among them.
+    #[serde(default)]
+    pub conditions: Vec<ForeignCondition>,
 }
 
 impl VmStatus {
     pub fn of(vm: &DynamicObject) -> Self {
         part(vm, "status")
+    }
+
+    /// Why virt-controller cannot create the VM's instance, as it says it; None when nothing stops it.
+    pub fn start_refused(&self) -> Option<&str> {
+        self.conditions
+            .iter()
+            .find(|c| c.type_ == "Failure" && c.status == "True")
+            .map(|c| c.message.as_deref().unwrap_or("no message"))
     }
 }
 
@@ -186,6 +197,27 @@ impl DataVolumeStatus {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_vm_says_why_its_instance_cannot_be_created() {
+        let vm = |conditions: serde_json::Value| -> DynamicObject {
+            serde_json::from_value(serde_json::json!({
+                "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine", "metadata": {"name": "v"},
+                "status": {"printableStatus": "Stopped", "conditions": conditions},
+            }))
+            .unwrap()
+        };
+        let refused = vm(
+            serde_json::json!([{"type": "Failure", "status": "True", "reason": "FailedCreate",
+            "message": "Failure while starting VMI: admission webhook denied the request"}]),
+        );
+        assert_eq!(
+            VmStatus::of(&refused).start_refused(),
+            Some("Failure while starting VMI: admission webhook denied the request")
+        );
+        let ready = vm(serde_json::json!([{"type": "Ready", "status": "True"}]));
+        assert_eq!(VmStatus::of(&ready).start_refused(), None);
+    }
 
     #[test]
     fn statuses_read_what_kubevirt_and_cdi_write() {

@@ -78,7 +78,7 @@ pub async fn run(args: LabArgs) -> Result<()> {
             };
             let state = outcome.state();
             println!("lab {verb} in {:.1}s", started.elapsed().as_secs_f64());
-            print_summary(state);
+            print_summary(state).await;
             println!(
                 "\nuse it:  . {}/env && kubectl get --raw /readyz",
                 state.dir.display()
@@ -111,7 +111,7 @@ pub async fn run(args: LabArgs) -> Result<()> {
             match LabState::load(&dir.canonicalize().unwrap_or(dir.clone()))? {
                 Some(state) if state.all_alive() => {
                     println!("lab running");
-                    print_summary(&state);
+                    print_summary(&state).await;
                 }
                 Some(_) => println!(
                     "lab in {} is partly down: run `ferry lab up` again",
@@ -142,7 +142,7 @@ pub fn options(dir: PathBuf) -> Result<LabOptions> {
     })
 }
 
-pub fn print_summary(state: &LabState) {
+pub async fn print_summary(state: &LabState) {
     println!("  dir                      {}", state.dir.display());
     println!("  kube-apiserver           {}", state.api_url);
     if let Some(v) = &state.vcsim {
@@ -162,9 +162,59 @@ pub fn print_summary(state: &LabState) {
             s.endpoint, s.bucket
         );
     }
+    match admission_webhooks(state).await {
+        Ok(hooks) if hooks.is_empty() => println!("  admission webhooks       none registered"),
+        Ok(hooks) => {
+            for (i, hook) in hooks.iter().enumerate() {
+                let label = if i == 0 { "admission webhooks" } else { "" };
+                println!("  {label:<24} {hook}");
+            }
+        }
+        Err(e) => println!("  admission webhooks       unknown: {e:#}"),
+    }
     for p in &state.processes {
         println!("  {:<24} pid {:<8} log {}", p.name, p.pid, p.log.display());
     }
+}
+
+/// The webhooks the API server calls, as it has them registered: `configuration/webhook -> url`.
+async fn admission_webhooks(state: &LabState) -> Result<Vec<String>> {
+    use k8s_openapi::api::admissionregistration::v1::{
+        MutatingWebhookConfiguration, ValidatingWebhookConfiguration, WebhookClientConfig,
+    };
+    use kube::api::{Api, ListParams};
+    let client = state.client().await?;
+    let line = |config: &str, webhook: &str, to: &WebhookClientConfig| {
+        let url = to.url.clone().unwrap_or_else(|| "(a Service)".into());
+        format!("{config}/{webhook} -> {url}")
+    };
+    let mut lines = Vec::new();
+    let list = ListParams::default();
+    for config in Api::<MutatingWebhookConfiguration>::all(client.clone())
+        .list(&list)
+        .await?
+    {
+        for hook in config.webhooks.iter().flatten() {
+            lines.push(line(
+                &config.metadata.name.clone().unwrap_or_default(),
+                &hook.name,
+                &hook.client_config,
+            ));
+        }
+    }
+    for config in Api::<ValidatingWebhookConfiguration>::all(client)
+        .list(&list)
+        .await?
+    {
+        for hook in config.webhooks.iter().flatten() {
+            lines.push(line(
+                &config.metadata.name.clone().unwrap_or_default(),
+                &hook.name,
+                &hook.client_config,
+            ));
+        }
+    }
+    Ok(lines)
 }
 
 async fn standin(name: &str, dir: &std::path::Path, no_boot: bool) -> Result<()> {
@@ -197,7 +247,8 @@ async fn standin(name: &str, dir: &std::path::Path, no_boot: bool) -> Result<()>
             } else {
                 kubevirt::Boot::Qemu
             };
-            kubevirt::run(client, None, &state_dir, boot, shutdown).await
+            let identities = kubevirt::Identities::impersonated(&state.kubeconfig).await?;
+            kubevirt::run(client, identities, None, &state_dir, boot, shutdown).await
         }
     }
 }

@@ -236,6 +236,32 @@ impl LabFiles {
         )
     }
 
+    /// virt-api's VM and VMI admission webhooks (`tools/kubevirt-admission`, from KubeVirt's module). It installs
+    /// what virt-operator would (CRDs, the `KubeVirt` CR, virt-controller's and virt-handler's roles) and is
+    /// ready once the API server has its webhook registrations.
+    pub fn kubevirt_admission(&self, ports: &Ports) -> Component {
+        let port = ports.0[0];
+        Component {
+            spec: ProcessSpec {
+                name: "kubevirt-admission".into(),
+                program: self.tool("kubevirt-admission"),
+                args: vec![
+                    format!("--kubeconfig={}", self.path("kubeconfig")),
+                    format!("--listen=127.0.0.1:{port}"),
+                    format!("--tls-cert={}", self.serving.cert.display()),
+                    format!("--tls-key={}", self.serving.key.display()),
+                    format!("--ca-bundle={}", self.ca.display()),
+                ],
+                env: vec![],
+            },
+            ports: vec![port],
+            probe: Probe::HttpsOk {
+                url: format!("https://127.0.0.1:{port}/readyz"),
+                ca: self.ca.clone(),
+            },
+        }
+    }
+
     pub fn vcsim(&self, vms: usize) -> Component {
         crate::vcsim::component(&self.dir, &self.tools, &self.serving, false, vms)
     }

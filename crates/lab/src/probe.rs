@@ -137,6 +137,32 @@ async fn check(probe: &Probe, process: &ProcessRecord) -> Result<Option<Ready>> 
 
 /// A client from `kubeconfig`, optionally pointed at another server signed by the same CA.
 pub async fn client_for(kubeconfig: &Path, server: Option<&str>) -> Result<kube::Client> {
+    Ok(kube::Client::try_from(
+        config_for(kubeconfig, server).await?,
+    )?)
+}
+
+/// A client of `kubeconfig`'s identity that acts as `user` (impersonation), with the extra attributes a bound
+/// ServiceAccount token would carry: how the stand-ins act as KubeVirt's and CDI's own ServiceAccounts.
+pub async fn client_impersonating(
+    kubeconfig: &Path,
+    user: &str,
+    extra: &[(&str, &str)],
+) -> Result<kube::Client> {
+    let mut config = config_for(kubeconfig, None).await?;
+    config.auth_info.impersonate = Some(user.to_string());
+    if !extra.is_empty() {
+        config.auth_info.impersonate_user_extra = Some(
+            extra
+                .iter()
+                .map(|(k, v)| (k.to_string(), vec![v.to_string()]))
+                .collect(),
+        );
+    }
+    Ok(kube::Client::try_from(config)?)
+}
+
+async fn config_for(kubeconfig: &Path, server: Option<&str>) -> Result<kube::Config> {
     let mut config = Kubeconfig::read_from(kubeconfig)
         .with_context(|| format!("reading {}", kubeconfig.display()))?;
     if let Some(server) = server {
@@ -146,9 +172,7 @@ pub async fn client_for(kubeconfig: &Path, server: Option<&str>) -> Result<kube:
             }
         }
     }
-    let config =
-        kube::Config::from_custom_kubeconfig(config, &KubeConfigOptions::default()).await?;
-    Ok(kube::Client::try_from(config)?)
+    Ok(kube::Config::from_custom_kubeconfig(config, &KubeConfigOptions::default()).await?)
 }
 
 /// A plain HTTP/1.0 GET to a loopback port; enough for etcd's health endpoint.

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use ferry_api::foreign::{VmSpec, VmiStatus};
+use ferry_api::foreign::{VmSpec, VmStatus, VmiStatus};
 use ferry_api::{Reason, RunStrategy};
 use kube::api::{DynamicObject, Patch, PatchParams};
 use kube::{Api, ResourceExt};
@@ -47,6 +47,16 @@ pub async fn run(step: &mut Step<'_>) -> Result<Next> {
         .await?
         .and_then(|vmi| VmiStatus::of(&vmi).phase)
         .unwrap_or_else(|| "Absent".into());
+    if phase == "Absent"
+        && let Some(refused) = VmStatus::of(&vm).start_refused()
+    {
+        // KubeVirt keeps trying; until it can, the migration says what it is told.
+        return Ok(Next::wait(
+            "VMICreateRefused",
+            format!("KubeVirt cannot create VirtualMachineInstance {name}: {refused}"),
+            Duration::from_secs(30),
+        ));
+    }
     match phase.as_str() {
         "Running" => Ok(Next::advance(
             "VMIRunning",

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{DynamicObject, Patch, PatchParams};
+use kube::api::{DynamicObject, PostParams};
 use kube::runtime::controller::Action;
 use kube::runtime::finalizer::{Event, finalizer};
 use kube::{Api, ResourceExt};
@@ -48,7 +48,7 @@ pub(super) async fn reconcile_vmi(
     let vmis = Api::<DynamicObject>::namespaced_with(ctx.client.clone(), &ns, &vmi_resource());
     finalizer(&vmis, FINALIZER, vmi, |event| async {
         match event {
-            Event::Apply(vmi) => run_guest(&vmi, &ctx, &vmis).await,
+            Event::Apply(vmi) => run_guest(&vmi, &ctx).await,
             Event::Cleanup(vmi) => {
                 ctx.guests
                     .stop(&guest_key(&vmi))
@@ -91,11 +91,7 @@ impl Phase {
     }
 }
 
-async fn run_guest(
-    vmi: &DynamicObject,
-    ctx: &KubeVirt,
-    vmis: &Api<DynamicObject>,
-) -> Result<Action, Error> {
+async fn run_guest(vmi: &DynamicObject, ctx: &KubeVirt) -> Result<Action, Error> {
     let key = guest_key(vmi);
     let current = vmi.data["status"]["phase"].as_str().unwrap_or("");
     if matches!(current, "Succeeded" | "Failed") {
@@ -161,21 +157,23 @@ async fn run_guest(
         annotations.insert(MARKER_ANNOTATION.to_string(), line);
     }
     if vmi.data["status"] != status || vmi.annotations() != &annotations {
-        // A merge patch: fields of the old status that are gone are written as null.
-        let mut patch_status = status.clone();
-        if let (Some(old), Some(new)) =
-            (vmi.data["status"].as_object(), patch_status.as_object_mut())
-        {
-            for key in old.keys() {
-                new.entry(key.clone()).or_insert(Value::Null);
-            }
-        }
-        let patch = json!({"metadata": {"annotations": annotations}, "status": patch_status});
-        vmis.patch(
-            &vmi.name_any(),
-            &PatchParams::default(),
-            &Patch::Merge(&patch),
+        // Until the VMI is on this node it is virt-controller's to schedule; from then on virt-handler's. Both
+        // write with an update, the one verb virt-handler's role has on VMIs: a stale copy is refused (409) and
+        // retried.
+        let writer = if vmi.data["status"]["nodeName"] == NODE {
+            &ctx.identities.handler
+        } else {
+            &ctx.identities.controller
+        };
+        let mut updated = vmi.clone();
+        updated.metadata.annotations = Some(annotations);
+        updated.data["status"] = status;
+        Api::<DynamicObject>::namespaced_with(
+            writer.clone(),
+            &vmi.namespace().unwrap_or_default(),
+            &vmi_resource(),
         )
+        .replace(&vmi.name_any(), &PostParams::default(), &updated)
         .await?;
     }
     Ok(match phase {

@@ -53,9 +53,38 @@ pub enum Boot {
 /// The condition reason a VMI gets in `Boot::ReportReadyWithoutBooting`.
 pub const NO_BOOT_REASON: &str = "NoBootBenchmark";
 
+/// The identities the stand-in writes as, so KubeVirt's admission treats its writes as it treats KubeVirt's own:
+/// virt-controller creates and schedules VMIs, virt-handler updates those on its node.
+#[derive(Clone)]
+pub struct Identities {
+    pub controller: Client,
+    pub handler: Client,
+}
+
+/// virt-controller's and virt-handler's ServiceAccounts in a default install (namespace `kubevirt`).
+pub const CONTROLLER_USER: &str = "system:serviceaccount:kubevirt:kubevirt-controller";
+pub const HANDLER_USER: &str = "system:serviceaccount:kubevirt:kubevirt-handler";
+/// What a node-bound ServiceAccount token carries, and KubeVirt's node restriction reads.
+pub const NODE_NAME_EXTRA: &str = "authentication.kubernetes.io/node-name";
+
+impl Identities {
+    /// `kubeconfig`'s identity impersonating virt-controller, and virt-handler on the lab's node. The roles they
+    /// need are KubeVirt's own, installed with its admission (`tools/kubevirt-admission`).
+    pub async fn impersonated(kubeconfig: &std::path::Path) -> anyhow::Result<Self> {
+        use crate::probe::client_impersonating;
+        Ok(Self {
+            controller: client_impersonating(kubeconfig, CONTROLLER_USER, &[]).await?,
+            handler: client_impersonating(kubeconfig, HANDLER_USER, &[(NODE_NAME_EXTRA, NODE)])
+                .await?,
+        })
+    }
+}
+
 /// What the KubeVirt stand-in's reconciles share.
 pub(super) struct KubeVirt {
+    /// Watches and finalizers; writes go as `identities` say.
     pub(super) client: Client,
+    pub(super) identities: Identities,
     pub(super) guests: Guests,
     pub(super) boot: Boot,
     pub(super) state_dir: std::path::PathBuf,
@@ -64,6 +93,7 @@ pub(super) struct KubeVirt {
 /// Runs both controllers until `shutdown` resolves. `namespace: None` serves every namespace.
 pub async fn run(
     client: Client,
+    identities: Identities,
     namespace: Option<&str>,
     state_dir: &std::path::Path,
     boot: Boot,
@@ -72,6 +102,7 @@ pub async fn run(
     let guests = Guests::new(state_dir)?;
     let ctx = Arc::new(KubeVirt {
         client: client.clone(),
+        identities,
         state_dir: state_dir.canonicalize()?,
         guests,
         boot,
@@ -309,6 +340,20 @@ pub fn printable_status(
     }
 }
 
+/// virt-controller's `Failure` condition for a VMI it could not create; its transition time stays while the
+/// message does.
+fn failure_condition(vm: &DynamicObject, message: String, now: Timestamp) -> Value {
+    let earlier = vm.data["status"]["conditions"]
+        .as_array()
+        .and_then(|cs| cs.iter().find(|c| c["type"] == "Failure"))
+        .filter(|c| c["message"] == message.as_str());
+    let since = earlier
+        .map(|c| c["lastTransitionTime"].clone())
+        .unwrap_or_else(|| json!(now.to_string()));
+    json!({"type": "Failure", "status": "True", "reason": "FailedCreate", "message": message,
+        "lastProbeTime": null, "lastTransitionTime": since})
+}
+
 /// The VMI virt-controller creates from the VM's template.
 fn new_vmi(vm: &DynamicObject) -> DynamicObject {
     let owner = vm
@@ -329,8 +374,9 @@ fn new_vmi(vm: &DynamicObject) -> DynamicObject {
 async fn reconcile_vm(vm: Arc<DynamicObject>, ctx: Arc<KubeVirt>) -> Result<Action, Error> {
     let ns = vm.namespace().unwrap_or_default();
     let name = vm.name_any();
-    let vmis = Api::<DynamicObject>::namespaced_with(ctx.client.clone(), &ns, &vmi_resource());
-    let vms = Api::<DynamicObject>::namespaced_with(ctx.client.clone(), &ns, &vm_resource());
+    let controller = ctx.identities.controller.clone();
+    let vmis = Api::<DynamicObject>::namespaced_with(controller.clone(), &ns, &vmi_resource());
+    let vms = Api::<DynamicObject>::namespaced_with(controller, &ns, &vm_resource());
     let strategy = run_strategy(&vm);
     let vm_deleting = vm.metadata.deletion_timestamp.is_some();
     let mut vmi = vmis.get_opt(&name).await?;
@@ -363,12 +409,22 @@ async fn reconcile_vm(vm: Arc<DynamicObject>, ctx: Arc<KubeVirt>) -> Result<Acti
     };
     let mut creating = false;
     let mut requeue = Duration::from_secs(30);
+    // virt-controller's sync error, kept on the VM as its `Failure` condition until a sync succeeds.
+    let mut sync_failure = None;
     match &step {
-        Step::Create => {
-            vmi = Some(vmis.create(&PostParams::default(), &new_vmi(&vm)).await?);
-            start_requested = false;
-            creating = true;
-        }
+        Step::Create => match vmis.create(&PostParams::default(), &new_vmi(&vm)).await {
+            Ok(created) => {
+                vmi = Some(created);
+                start_requested = false;
+                creating = true;
+            }
+            // Refused (admission, quota): said on the VM, and tried again as virt-controller does.
+            Err(kube::Error::Api(refused)) if refused.code < 500 => {
+                sync_failure = Some(format!("Failure while starting VMI: {}", refused.message));
+                requeue = Duration::from_secs(10);
+            }
+            Err(e) => return Err(e.into()),
+        },
         Step::Delete { restart } => {
             vmis.delete(&name, &DeleteParams::default()).await?;
             start_requested |= *restart;
@@ -393,6 +449,9 @@ async fn reconcile_vm(vm: Arc<DynamicObject>, ctx: Arc<KubeVirt>) -> Result<Acti
     });
     if let Some(failure) = &start_failure {
         new_status["startFailure"] = failure.to_json();
+    }
+    if let Some(message) = sync_failure {
+        new_status["conditions"] = json!([failure_condition(&vm, message, now)]);
     }
     if start_requested {
         new_status["stateChangeRequests"] = json!([{"action": "Start"}]);
