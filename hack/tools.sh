@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds the lab's Go tools (kube-apiserver, kube-controller-manager, kubectl, etcd, vcsim, MinIO, KubeVirt's
-# admission) from the pinned modules
+# and CDI's admission) from the pinned modules
 # under tools/, once, into a cache outside the repo. Prints the bin directory on stdout.
 # A second run finds the stamp and returns in well under a second.
 set -euo pipefail
@@ -30,17 +30,18 @@ build_etcd() { (cd "$root/tools/etcd" && go build -ldflags "-s -w" -o "$1/etcd" 
 build_vcsim() { (cd "$root/tools/vcsim" && go build -ldflags "-s -w" -o "$1/vcsim" .); }
 # MinIO: the real S3-compatible server that staging tests write to.
 build_minio() { (cd "$root/tools/minio" && go build -ldflags "-s -w" -o "$1/minio" github.com/minio/minio); }
-# virt-api's VM and VMI admission webhooks, from KubeVirt's own module.
+# virt-api's VM and VMI admission webhooks, from KubeVirt's own module; cdi-apiserver's DataVolume ones, from CDI's.
 build_kubevirt_admission() {
   (cd "$root/tools/kubevirt-admission" && go build -ldflags "-s -w" -o "$1/kubevirt-admission" .)
 }
+build_cdi_admission() { (cd "$root/tools/cdi-admission" && go build -ldflags "-s -w" -o "$1/cdi-admission" .); }
 
 # Concurrent callers (parallel test binaries, a lab and a test run) wait for one builder.
 mkdir -p "$cache"
 exec 9>"$cache/.lock"
 flock 9
 
-tools=(etcd vcsim minio kube kubevirt-admission)
+tools=(etcd vcsim minio kube kubevirt-admission cdi-admission)
 bin="$cache/bin-$(for tool in "${tools[@]}"; do key "$tool"; done | sha256sum | cut -c1-16)"
 for tool in "${tools[@]}"; do
   dir="$cache/$tool-$(key "$tool")"

@@ -240,11 +240,22 @@ impl LabFiles {
     /// what virt-operator would (CRDs, the `KubeVirt` CR, virt-controller's and virt-handler's roles) and is
     /// ready once the API server has its webhook registrations.
     pub fn kubevirt_admission(&self, ports: &Ports) -> Component {
+        self.admission("kubevirt-admission", ports)
+    }
+
+    /// cdi-apiserver's DataVolume admission webhooks (`tools/cdi-admission`, from CDI's module). It installs the
+    /// CDI kinds they read and is ready once the API server has its webhook registrations.
+    pub fn cdi_admission(&self, ports: &Ports) -> Component {
+        self.admission("cdi-admission", ports)
+    }
+
+    /// A webhook server of the lab's tools: the same flags, and ready once it has registered itself.
+    fn admission(&self, name: &str, ports: &Ports) -> Component {
         let port = ports.0[0];
         Component {
             spec: ProcessSpec {
-                name: "kubevirt-admission".into(),
-                program: self.tool("kubevirt-admission"),
+                name: name.into(),
+                program: self.tool(name),
                 args: vec![
                     format!("--kubeconfig={}", self.path("kubeconfig")),
                     format!("--listen=127.0.0.1:{port}"),

@@ -206,6 +206,7 @@ async fn start_all(state: &mut LabState, options: &LabOptions) -> Result<()> {
     start_component(state, lifetime, |ports| ctx.kube_controller_manager(ports)).await?;
     // Before anything writes a VM: from here on the API server admits what virt-api admits.
     start_component(state, lifetime, |ports| Ok(ctx.kubevirt_admission(ports))).await?;
+    start_component(state, lifetime, |ports| Ok(ctx.cdi_admission(ports))).await?;
     let vcsim = start_component(state, lifetime, |_| {
         let mut vcsim = ctx.vcsim(options.vcsim_vms);
         vcsim.spec.args.extend(options.vcsim_realism.args());

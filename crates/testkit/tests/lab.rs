@@ -109,6 +109,7 @@ async fn up_twice_starts_no_second_copy_and_down_leaves_nothing() {
         [
             "minio",
             "vcsim",
+            "cdi-admission",
             "kubevirt-admission",
             "kube-controller-manager",
             "kube-apiserver",

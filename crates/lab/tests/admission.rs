@@ -1,6 +1,7 @@
-//! The lab's API server admits VirtualMachines and their instances as a cluster with KubeVirt v1.9.0 does: through
-//! virt-api's own webhooks (`tools/kubevirt-admission`). Each spec below is one a cluster refuses; each is refused
-//! here, with KubeVirt's message, and the valid one they all start from is admitted.
+//! The lab's API server admits VirtualMachines and their instances as a cluster with KubeVirt v1.9.0 does, through
+//! virt-api's own webhooks (`tools/kubevirt-admission`), and DataVolumes as one with CDI v1.65.0 does, through
+//! cdi-apiserver's (`tools/cdi-admission`). Each spec below is one a cluster refuses; each is refused here, with
+//! KubeVirt's or CDI's message, and the valid one they all start from is admitted.
 
 use std::time::Duration;
 
@@ -170,4 +171,77 @@ async fn a_vm_with_no_memory_is_admitted_but_its_instance_is_refused() {
     let vmis = Api::<DynamicObject>::namespaced_with(client, ns.name(), &kubevirt::vmi_resource());
     assert!(vmis.get_opt("no-memory").await.unwrap().is_none());
     standin.stop().await;
+}
+
+fn data_volume(name: &str, edit: impl FnOnce(&mut Value)) -> DynamicObject {
+    let mut spec = json!({
+        "source": {"blank": {}},
+        "storage": {"resources": {"requests": {"storage": "64Mi"}}},
+    });
+    edit(&mut spec);
+    serde_json::from_value(json!({
+        "apiVersion": "cdi.kubevirt.io/v1beta1", "kind": "DataVolume", "metadata": {"name": name},
+        "spec": spec,
+    }))
+    .unwrap()
+}
+
+#[tokio::test]
+async fn cdis_own_webhook_refuses_what_a_cluster_refuses() {
+    let lab = TestLab::shared().await;
+    let ns = lab.namespace("cdi-admission").await;
+    let dvs = Api::<DynamicObject>::namespaced_with(
+        lab.client().await,
+        ns.name(),
+        &ferry_api::foreign::dv_resource(),
+    );
+    let post = PostParams::default();
+    let valid = dvs
+        .create(&post, &data_volume("valid", |_| {}))
+        .await
+        .expect("the valid DataVolume is admitted");
+
+    let refused: [(&str, DynamicObject, &str); 3] = [
+        (
+            "both storage and pvc",
+            data_volume("two-targets", |s| {
+                s["pvc"] = json!({"accessModes": ["ReadWriteOnce"],
+                    "resources": {"requests": {"storage": "64Mi"}}})
+            }),
+            "Duplicate storage definition, both target storage and target pvc defined",
+        ),
+        (
+            "a blank source of archive content",
+            data_volume("blank-archive", |s| s["contentType"] = json!("archive")),
+            "SourceType cannot be blank and the contentType be archive",
+        ),
+        (
+            "no source",
+            data_volume("no-source", |s| {
+                s.as_object_mut().unwrap().remove("source");
+            }),
+            "Data volume should have either Source or SourceRef, or be externally populated",
+        ),
+    ];
+    for (what, object, message) in refused {
+        match dvs.create(&post, &object).await {
+            Err(kube::Error::Api(status)) => assert!(
+                status.message.contains("admission webhook") && status.message.contains(message),
+                "{what}: CDI's message {message:?} in {:?}",
+                status.message
+            ),
+            other => panic!("{what} was admitted, or failed otherwise: {other:?}"),
+        }
+    }
+
+    // A DataVolume's spec never changes once created.
+    let mut changed = valid.clone();
+    changed.data["spec"]["storage"]["resources"]["requests"]["storage"] = json!("128Mi");
+    match dvs.replace("valid", &post, &changed).await {
+        Err(kube::Error::Api(status)) => assert!(
+            status.message.contains("Cannot update DataVolume Spec"),
+            "{status:?}"
+        ),
+        other => panic!("a DataVolume's spec was changed: {other:?}"),
+    }
 }
