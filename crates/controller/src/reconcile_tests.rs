@@ -556,3 +556,89 @@ mod the_script {
         let _ = ApiServer::new().reconcile(vmm, script).await;
     }
 }
+
+/// `apps/web` at CreatingVM with its disk imported, and the VirtualMachine it builds, as stored with `memory`.
+fn creating_vm(memory: &str) -> (VirtualMachineMigration, Value) {
+    let vmm = vmm(migration(
+        json!({
+            "phase": "CreatingVM", "observedGeneration": 1, "reason": "DisksImportedAndVerified",
+            "message": "1 disk(s) in their volumes", "targetVM": "web", "source": discovered(),
+            "disks": [{"index": 0, "sourceFile": "[ds1] web-vm/web-vm.vmdk", "capacityBytes": 1073741824,
+                "dataVolume": "web-disk-0", "verified": true}],
+        }),
+        json!({}),
+    ));
+    let source = serde_json::from_value(discovered()).expect("a source");
+    let mut vm = serde_json::to_value(crate::build::vm::virtual_machine(&vmm, &source)).unwrap();
+    vm["metadata"]["uid"] = json!("vm-uid");
+    let domain = &mut vm["spec"]["template"]["spec"]["domain"];
+    domain["memory"]["guest"] = json!(memory);
+    domain["resources"]["requests"]["memory"] = json!(memory);
+    (vmm, vm)
+}
+
+const VM_PATH: &str = "/apis/kubevirt.io/v1/namespaces/apps/virtualmachines/web";
+
+#[tokio::test]
+async fn a_vm_someone_changed_is_brought_back_to_the_source_shape() {
+    let (vmm, edited) = creating_vm("8Gi");
+    let script = vec![
+        Exchange::get(VM_PATH).reply(edited.clone()),
+        Exchange::new(http::Method::PATCH, format!("{VM_PATH}?"))
+            .content_type("application/merge-patch+json")
+            .check(|patch| {
+                assert_eq!(
+                    patch["spec"]["template"]["spec"]["domain"]["memory"]["guest"],
+                    "2Gi"
+                )
+            })
+            .reply_with(move |patch| {
+                let mut stored = edited;
+                stored["spec"]["template"] = patch["spec"]["template"].clone();
+                stored
+            }),
+        Exchange::status_write(&vmm, "101", |status| {
+            assert_eq!(status["phase"], "CreatingVM", "{status:#}");
+            assert_eq!(status["reason"], "VMUpdated", "{status:#}");
+        }),
+    ];
+    ApiServer::new()
+        .reconcile(vmm, script)
+        .await
+        .expect("the VM patched");
+}
+
+#[tokio::test]
+async fn a_vm_admission_rewrites_is_kept_as_admitted_not_patched_forever() {
+    // A mutating webhook (here: a policy that sets every VM's memory) undoes the patch as it is written.
+    let (vmm, rewritten) = creating_vm("8Gi");
+    let script = vec![
+        Exchange::get(VM_PATH).reply(rewritten.clone()),
+        Exchange::new(http::Method::PATCH, format!("{VM_PATH}?"))
+            .content_type("application/merge-patch+json")
+            .reply(rewritten.clone()),
+        // On to Starting in the same reconcile: the VM as admitted, no VMI yet.
+        Exchange::get(VM_PATH).reply(rewritten),
+        Exchange::get("/apis/kubevirt.io/v1/namespaces/apps/virtualmachineinstances/web")
+            .not_found("virtualmachineinstances.kubevirt.io", "web"),
+        Exchange::event(&vmm, "Normal", "VMCreated", |note| {
+            assert!(note.contains("kept as the cluster admitted it"), "{note}")
+        }),
+        Exchange::status_write(&vmm, "101", |status| {
+            assert_eq!(status["phase"], "Starting", "{status:#}");
+            let created = condition(status, "VMCreated");
+            assert_eq!(created["status"], "True");
+            assert!(
+                created["message"]
+                    .as_str()
+                    .unwrap()
+                    .contains("admission rewrites spec.template.spec.domain.memory.guest"),
+                "{created:#}"
+            );
+        }),
+    ];
+    ApiServer::new()
+        .reconcile(vmm, script)
+        .await
+        .expect("advanced");
+}

@@ -51,17 +51,26 @@ where
 /// True when every field set in `desired` has the same value in `observed`. Fields the server added (defaults,
 /// status, managed fields) are ignored; lists must match element by element.
 pub fn is_subset(desired: &Value, observed: &Value) -> bool {
+    first_difference(desired, observed).is_none()
+}
+
+/// The path of the first field of `desired` that `observed` lacks or holds another value for (`.a.b[2].c`), as
+/// [`is_subset`] judges it; None when there is none.
+pub fn first_difference(desired: &Value, observed: &Value) -> Option<String> {
     match (desired, observed) {
-        (Value::Object(want), Value::Object(have)) => {
-            want.iter().all(|(key, value)| match have.get(key) {
-                Some(found) => is_subset(value, found),
-                None => is_empty(value),
-            })
-        }
-        (Value::Array(want), Value::Array(have)) => {
-            want.len() == have.len() && want.iter().zip(have).all(|(w, h)| is_subset(w, h))
-        }
-        (want, have) => want == have,
+        (Value::Object(want), Value::Object(have)) => want.iter().find_map(|(key, value)| {
+            let found = match have.get(key) {
+                Some(found) => first_difference(value, found),
+                None => (!is_empty(value)).then(String::new),
+            };
+            found.map(|rest| format!(".{key}{rest}"))
+        }),
+        (Value::Array(want), Value::Array(have)) if want.len() == have.len() => want
+            .iter()
+            .zip(have)
+            .enumerate()
+            .find_map(|(i, (w, h))| first_difference(w, h).map(|rest| format!("[{i}]{rest}"))),
+        (want, have) => (want != have).then(String::new),
     }
 }
 
@@ -96,5 +105,25 @@ mod tests {
         assert!(!is_subset(&json!({"spec": {"replicas": 3}}), &observed));
         assert!(!is_subset(&json!({"spec": {"items": [1]}}), &observed));
         assert!(!is_subset(&json!({"spec": {"missing": "x"}}), &observed));
+    }
+
+    #[test]
+    fn the_first_difference_is_named_by_its_path() {
+        let observed = json!({"spec": {"items": [{"a": 1}, {"memory": "1Gi"}], "n": 2}});
+        assert_eq!(
+            first_difference(
+                &json!({"spec": {"items": [{"a": 1}, {"memory": "1024Mi"}]}}),
+                &observed
+            ),
+            Some(".spec.items[1].memory".into())
+        );
+        assert_eq!(
+            first_difference(&json!({"spec": {"items": [{}]}}), &observed),
+            Some(".spec.items".into())
+        );
+        assert_eq!(
+            first_difference(&json!({"spec": {"n": 2, "x": {}}}), &observed),
+            None
+        );
     }
 }

@@ -136,6 +136,22 @@ pub fn as_adapted(
     source
 }
 
+/// `mib` MiB as Kubernetes writes a binary quantity back: in the largest unit that divides it (1024Mi is `1Gi`).
+/// KubeVirt's webhooks return the VM in that form, so a VM built with any other would differ from its stored
+/// self forever.
+pub fn memory_quantity(mib: i64) -> String {
+    if mib == 0 {
+        return "0".into();
+    }
+    let (mut value, mut unit) = (mib, 0);
+    const UNITS: [&str; 5] = ["Mi", "Gi", "Ti", "Pi", "Ei"];
+    while value % 1024 == 0 && unit + 1 < UNITS.len() {
+        value /= 1024;
+        unit += 1;
+    }
+    format!("{value}{}", UNITS[unit])
+}
+
 pub fn run_strategy(strategy: RunStrategy) -> &'static str {
     match strategy {
         RunStrategy::Always => "Always",
@@ -207,8 +223,8 @@ pub fn virtual_machine(vmm: &VirtualMachineMigration, source: &SourceVmStatus) -
                 "spec": {
                     "domain": {
                         "cpu": {"sockets": sockets, "cores": cores, "threads": 1},
-                        "memory": {"guest": format!("{}Mi", source.memory_mib)},
-                        "resources": {"requests": {"memory": format!("{}Mi", source.memory_mib)}},
+                        "memory": {"guest": memory_quantity(source.memory_mib)},
+                        "resources": {"requests": {"memory": memory_quantity(source.memory_mib)}},
                         "firmware": {"bootloader": bootloader},
                         "features": features,
                         "devices": {"disks": disks, "interfaces": interfaces},
@@ -285,7 +301,7 @@ mod tests {
             spec["domain"]["cpu"],
             json!({"sockets": 2, "cores": 2, "threads": 1})
         );
-        assert_eq!(spec["domain"]["memory"]["guest"], "2048Mi");
+        assert_eq!(spec["domain"]["memory"]["guest"], "2Gi");
         assert!(spec["domain"]["firmware"]["bootloader"]["efi"].is_object());
         assert_eq!(
             spec["domain"]["devices"]["disks"][0],
@@ -474,6 +490,16 @@ mod tests {
                     .all(|c| c.is_ascii_alphanumeric() || "_.+-".contains(c))
             );
         }
+    }
+
+    #[test]
+    fn memory_is_written_as_kubernetes_writes_it_back() {
+        assert_eq!(memory_quantity(32), "32Mi");
+        assert_eq!(memory_quantity(1024), "1Gi");
+        assert_eq!(memory_quantity(1536), "1536Mi");
+        assert_eq!(memory_quantity(4096), "4Gi");
+        assert_eq!(memory_quantity(1024 * 1024), "1Ti");
+        assert_eq!(memory_quantity(0), "0");
     }
 
     #[test]

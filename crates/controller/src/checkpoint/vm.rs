@@ -37,8 +37,22 @@ pub async fn run(step: &mut Step<'_>) -> Result<Next> {
     }
     if !ferry_kube::apply::is_subset(build::vm::shape(&desired), build::vm::shape(&observed)) {
         let patch = serde_json::json!({"spec": {"template": build::vm::shape(&desired)}});
-        vms.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+        let stored = vms
+            .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
             .await?;
+        // The cluster's admission rewrote what was just written (a mutating webhook, a normalised value):
+        // writing it again would loop forever, so the VM is kept as admitted, and the message says where.
+        if let Some(path) = ferry_kube::apply::first_difference(
+            build::vm::shape(&desired),
+            build::vm::shape(&stored),
+        ) {
+            return Ok(Next::advance(
+                "VMCreated",
+                format!(
+                    "VirtualMachine {name} kept as the cluster admitted it: admission rewrites spec.template{path}"
+                ),
+            ));
+        }
         return Ok(Next::persist(
             "VMUpdated",
             format!("VirtualMachine {name} brought back to the source's shape"),

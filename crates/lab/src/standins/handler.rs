@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{DynamicObject, PostParams};
+use kube::api::{DynamicObject, Patch, PatchParams, PostParams};
 use kube::runtime::controller::Action;
 use kube::runtime::finalizer::{Event, finalizer};
 use kube::{Api, ResourceExt};
@@ -46,6 +46,17 @@ pub(super) async fn reconcile_vmi(
 ) -> Result<Action, Error> {
     let ns = vmi.namespace().unwrap_or_default();
     let vmis = Api::<DynamicObject>::namespaced_with(ctx.client.clone(), &ns, &vmi_resource());
+    // Deleted: the domain stops, KubeVirt's finalizer goes first, and the change brings the VMI back here for the
+    // stand-in's own (removing both at once would race the finalizer helper's index-based patch).
+    if vmi.metadata.deletion_timestamp.is_some()
+        && vmi.finalizers().iter().any(|f| f == KUBEVIRT_VMI_FINALIZER)
+    {
+        ctx.guests
+            .stop(&guest_key(&vmi))
+            .map_err(|e| Error::Guest(format!("{e:#}")))?;
+        release_kubevirt_finalizer(&vmi, &ctx).await?;
+        return Ok(Action::await_change());
+    }
     finalizer(&vmis, FINALIZER, vmi, |event| async {
         match event {
             Event::Apply(vmi) => run_guest(&vmi, &ctx).await,
@@ -63,6 +74,37 @@ pub(super) async fn reconcile_vmi(
         | kube::runtime::finalizer::Error::CleanupFailed(e) => e,
         other => Error::Guest(other.to_string()),
     })
+}
+
+/// KubeVirt's VMI mutator adds this to every VMI it admits; virt-controller removes it once the VMI's launcher
+/// pod is gone, so a VMI is never deleted while its domain may still run.
+pub(super) const KUBEVIRT_VMI_FINALIZER: &str = "kubevirt.io/foregroundDeleteVirtualMachine";
+
+/// The domain is stopped: as virt-controller does once the launcher pod is gone, drop KubeVirt's finalizer. A
+/// merge patch carrying the resourceVersion, so a stale copy is refused (409) and tried again.
+async fn release_kubevirt_finalizer(vmi: &DynamicObject, ctx: &KubeVirt) -> Result<(), Error> {
+    let finalizers = vmi.finalizers();
+    if !finalizers.iter().any(|f| f == KUBEVIRT_VMI_FINALIZER) {
+        return Ok(());
+    }
+    let kept: Vec<&String> = finalizers
+        .iter()
+        .filter(|f| *f != KUBEVIRT_VMI_FINALIZER)
+        .collect();
+    let patch =
+        json!({"metadata": {"resourceVersion": vmi.resource_version(), "finalizers": kept}});
+    Api::<DynamicObject>::namespaced_with(
+        ctx.identities.controller.clone(),
+        &vmi.namespace().unwrap_or_default(),
+        &vmi_resource(),
+    )
+    .patch(
+        &vmi.name_any(),
+        &PatchParams::default(),
+        &Patch::Merge(&patch),
+    )
+    .await?;
+    Ok(())
 }
 
 /// Where a VMI is, as virt-handler reports it.
