@@ -126,7 +126,7 @@ pub async fn wait_ready(
                     "-fsS",
                     "--max-time",
                     "2",
-                    &format!("http://127.0.0.1:{port}/readyz"),
+                    &format!("http://127.0.0.1:{port}/readyz/leader"),
                 ])
                 .output()
                 .is_ok_and(|o| o.status.success())

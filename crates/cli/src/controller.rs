@@ -13,7 +13,7 @@ pub struct ControllerArgs {
     /// A kubeconfig; without it, $KUBECONFIG, ~/.kube/config or the pod's ServiceAccount.
     #[arg(long)]
     kubeconfig: Option<PathBuf>,
-    /// Serve /metrics, /healthz and /readyz here.
+    /// Serve /metrics, /healthz, /readyz and /readyz/leader here.
     #[arg(long, default_value = "127.0.0.1:8080")]
     metrics_addr: Option<SocketAddr>,
     /// The image conversion and verification Jobs run; its entrypoint must be `ferry`.

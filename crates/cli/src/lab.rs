@@ -154,7 +154,7 @@ pub async fn print_summary(state: &LabState) {
         );
     }
     if let Some(url) = &state.controller {
-        println!("  ferry controller         {url}/metrics, /healthz, /readyz");
+        println!("  ferry controller         {url}/metrics, /healthz, /readyz, /readyz/leader");
     }
     if let Some(s) = &state.staging {
         println!(

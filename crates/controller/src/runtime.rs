@@ -1,10 +1,10 @@
 //! The running controller: leader election on a Lease, watches on migrations, Providers and every child kind,
-//! and an HTTP port with `/metrics`, `/healthz` and `/readyz`. It exits when it loses the lease, so that a
-//! restarted process starts again from what it observes.
+//! and an HTTP port with `/metrics`, `/healthz`, `/readyz` and `/readyz/leader`. It exits when it loses the lease,
+//! so that a restarted process starts again from what it observes.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::Duration;
 
 use anyhow::{Context as _, Result};
@@ -40,7 +40,7 @@ pub struct RunOptions {
 }
 
 pub async fn run(client: Client, options: RunOptions) -> Result<()> {
-    let ready = Arc::new(AtomicBool::new(false));
+    let role = Arc::new(AtomicU8::new(Role::Starting as u8));
     let ctx = Arc::new(Context::new(
         client.clone(),
         options.config.clone(),
@@ -50,8 +50,8 @@ pub async fn run(client: Client, options: RunOptions) -> Result<()> {
         let listener = tokio::net::TcpListener::bind(addr)
             .await
             .with_context(|| format!("binding the metrics port {addr}"))?;
-        tracing::info!(%addr, "serving /metrics, /healthz and /readyz");
-        tokio::spawn(serve(listener, ctx.clone(), ready.clone()));
+        tracing::info!(%addr, "serving /metrics, /healthz, /readyz and /readyz/leader");
+        tokio::spawn(serve(listener, ctx.clone(), role.clone()));
     }
 
     let lease = LeaseManagerBuilder::new(client.clone(), &options.lease_name)
@@ -63,12 +63,13 @@ pub async fn run(client: Client, options: RunOptions) -> Result<()> {
         .await
         .context("setting up leader election")?;
     let (mut leading, lease_task) = lease.watch().await;
+    role.store(Role::Standby as u8, Ordering::Relaxed);
     tracing::info!(lease = %options.lease_name, identity = %options.identity, "waiting to lead");
     while !*leading.borrow_and_update() {
         leading.changed().await.context("leader election stopped")?;
     }
     tracing::info!("leading: reconciling migrations");
-    ready.store(true, Ordering::Relaxed);
+    role.store(Role::Leading as u8, Ordering::Relaxed);
 
     let lost = async move {
         loop {
@@ -82,7 +83,7 @@ pub async fn run(client: Client, options: RunOptions) -> Result<()> {
         _ = lost => true,
         _ = stopped => false,
     };
-    ready.store(false, Ordering::Relaxed);
+    role.store(Role::Stopping as u8, Ordering::Relaxed);
     if lost_lease {
         lease_task.abort();
         anyhow::bail!(
@@ -276,14 +277,57 @@ async fn run_controllers(client: Client, ctx: Arc<Context>, watched: &Watched) {
     futures::future::join3(migrations, providers, plans).await;
 }
 
-/// A minimal HTTP/1.1 responder: three read-only paths need no framework.
-async fn serve(listener: tokio::net::TcpListener, ctx: Arc<Context>, ready: Arc<AtomicBool>) {
+/// What this process is doing, as its HTTP port reports it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+enum Role {
+    /// Setting up leader election: not yet talking to the API server.
+    Starting,
+    /// Another replica leads; this one would take over when the lease frees.
+    Standby,
+    Leading,
+    /// Lost the lease or shutting down: about to exit.
+    Stopping,
+}
+
+impl Role {
+    fn from_u8(value: u8) -> Self {
+        [Self::Starting, Self::Standby, Self::Leading, Self::Stopping]
+            .into_iter()
+            .find(|role| *role as u8 == value)
+            .unwrap_or(Self::Stopping)
+    }
+}
+
+/// The answer to a health path. A standby is ready: it serves and would take over, and a Deployment of two
+/// replicas must reach 2/2 available for a rolling update to proceed (as controller-runtime's managers report).
+/// `/readyz/leader` tells the leader apart, for whoever must wait until a replica reconciles.
+fn health(path: &str, role: Role) -> Option<(&'static str, &'static str)> {
+    const OK: &str = "200 OK";
+    const UNAVAILABLE: &str = "503 Service Unavailable";
+    Some(match (path, role) {
+        ("/healthz", _) => (OK, "ok\n"),
+        ("/readyz" | "/readyz/leader", Role::Leading) => (OK, "ok: leading\n"),
+        ("/readyz", Role::Standby) => (OK, "ok: standby, waiting for the leader lease\n"),
+        ("/readyz/leader", Role::Standby) => {
+            (UNAVAILABLE, "standby: waiting for the leader lease\n")
+        }
+        ("/readyz" | "/readyz/leader", Role::Starting) => {
+            (UNAVAILABLE, "starting: setting up leader election\n")
+        }
+        ("/readyz" | "/readyz/leader", Role::Stopping) => (UNAVAILABLE, "stopping\n"),
+        _ => return None,
+    })
+}
+
+/// A minimal HTTP/1.1 responder: four read-only paths need no framework.
+async fn serve(listener: tokio::net::TcpListener, ctx: Arc<Context>, role: Arc<AtomicU8>) {
     loop {
         let Ok((mut stream, _)) = listener.accept().await else {
             tokio::time::sleep(Duration::from_millis(100)).await;
             continue;
         };
-        let (ctx, ready) = (ctx.clone(), ready.clone());
+        let (ctx, role) = (ctx.clone(), role.clone());
         tokio::spawn(async move {
             let mut buf = [0u8; 2048];
             let n = match tokio::time::timeout(Duration::from_secs(5), stream.read(&mut buf)).await
@@ -293,17 +337,11 @@ async fn serve(listener: tokio::net::TcpListener, ctx: Arc<Context>, ready: Arc<
             };
             let request = String::from_utf8_lossy(&buf[..n]);
             let path = request.split_whitespace().nth(1).unwrap_or("/");
-            let (code, body) = match path {
-                "/metrics" => ("200 OK", ctx.metrics.render() + &ctx.fairness.render()),
-                "/healthz" => ("200 OK", "ok\n".to_string()),
-                "/readyz" if ready.load(Ordering::Relaxed) => {
-                    ("200 OK", "ok: leading\n".to_string())
-                }
-                "/readyz" => (
-                    "503 Service Unavailable",
-                    "waiting for the leader lease\n".to_string(),
-                ),
-                _ => ("404 Not Found", "not found\n".to_string()),
+            let role = Role::from_u8(role.load(Ordering::Relaxed));
+            let (code, body) = match (path, health(path, role)) {
+                ("/metrics", _) => ("200 OK", ctx.metrics.render() + &ctx.fairness.render()),
+                (_, Some((code, body))) => (code, body.to_string()),
+                (_, None) => ("404 Not Found", "not found\n".to_string()),
             };
             let response = format!(
                 "HTTP/1.1 {code}\r\ncontent-type: text/plain; version=0.0.4\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
@@ -317,6 +355,30 @@ async fn serve(listener: tokio::net::TcpListener, ctx: Arc<Context>, ready: Arc<
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_standby_is_ready_but_only_the_leader_answers_readyz_leader() {
+        let code = |path, role| health(path, role).map(|(code, _)| code);
+        assert_eq!(code("/readyz", Role::Standby), Some("200 OK"));
+        assert_eq!(
+            code("/readyz/leader", Role::Standby),
+            Some("503 Service Unavailable")
+        );
+        assert_eq!(code("/readyz", Role::Leading), Some("200 OK"));
+        assert_eq!(code("/readyz/leader", Role::Leading), Some("200 OK"));
+        for role in [Role::Starting, Role::Stopping] {
+            assert_eq!(code("/readyz", role), Some("503 Service Unavailable"));
+            assert_eq!(
+                code("/readyz/leader", role),
+                Some("503 Service Unavailable")
+            );
+            assert_eq!(code("/healthz", role), Some("200 OK"));
+        }
+        assert_eq!(code("/nope", Role::Leading), None);
+        for role in [Role::Starting, Role::Standby, Role::Leading, Role::Stopping] {
+            assert_eq!(Role::from_u8(role as u8), role);
+        }
+    }
 
     #[test]
     fn a_cached_migration_keeps_only_what_ferry_reads() {

@@ -51,7 +51,7 @@ pub fn kubeconfig(lab_dir: &Path, api_url: &str) -> Result<PathBuf> {
     crate::components::write_identity_kubeconfig(lab_dir, api_url, SERVICE_ACCOUNT, &GROUPS)
 }
 
-/// The controller process, ready once `/readyz` answers 200 (it leads).
+/// The controller process, ready once `/readyz/leader` answers 200 (it leads).
 pub fn component(ferry: &Path, kubeconfig: &Path, metrics_port: u16, identity: &str) -> Component {
     Component {
         spec: ProcessSpec {
@@ -79,7 +79,7 @@ pub fn component(ferry: &Path, kubeconfig: &Path, metrics_port: u16, identity: &
         ports: vec![metrics_port],
         probe: Probe::HttpOk {
             port: metrics_port,
-            path: "/readyz".into(),
+            path: "/readyz/leader".into(),
         },
     }
 }

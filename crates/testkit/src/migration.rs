@@ -117,8 +117,8 @@ impl ControllerProcess {
         spec.args.extend(self.extra_args.iter().cloned());
         let log = self.current_log();
         let record = process::start(&spec, &log, Lifetime::TiedToThisProcess)?;
-        // Ready once it leads: /readyz answers 200.
-        let url = format!("http://127.0.0.1:{}/readyz", self.metrics_port);
+        // Ready once it leads: /readyz/leader answers 200.
+        let url = format!("http://127.0.0.1:{}/readyz/leader", self.metrics_port);
         let what = format!("the controller to lead (its log: {})", log.display());
         let ferry = self.ferry.clone();
         let led = crate::eventually(&what, Duration::from_secs(60), || async {
