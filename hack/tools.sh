@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds the lab's Go tools (kube-apiserver, kube-controller-manager, kubectl, etcd, vcsim, MinIO, KubeVirt's
 # and CDI's admission) from the pinned modules
-# under tools/, once, into a cache outside the repo. Prints the bin directory on stdout.
+# under tools/, once, into a cache outside the repo. Prints the bin directory on stdout. With --node, the tools of a
+# real node (kubelet, kube-scheduler, containerd, CNI plugins) into a bin directory of their own.
 # A second run finds the stamp and returns in well under a second.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -35,13 +36,37 @@ build_kubevirt_admission() {
   (cd "$root/tools/kubevirt-admission" && go build -ldflags "-s -w" -o "$1/kubevirt-admission" .)
 }
 build_cdi_admission() { (cd "$root/tools/cdi-admission" && go build -ldflags "-s -w" -o "$1/cdi-admission" .); }
+# A real node (`ferry lab up --node real`): the kubelet and kube-scheduler of the same Kubernetes release, built with
+# the same flags; containerd with its runc shim and `ctr`, and the CNI plugins the lab's bridge network uses (in cni/).
+build_node_kube() {
+  local out=$1 ld="-s -w" p
+  for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+    ld+=" -X '$p.gitVersion=v$K8S' -X '$p.gitMajor=1' -X '$p.gitMinor=37' -X '$p.gitTreeState=clean'"
+    ld+=" -X '$p.buildDate=1970-01-01T00:00:00Z'"
+  done
+  (cd "$root/tools/node-kube" && go build -ldflags "$ld" -o "$out/" k8s.io/kubernetes/cmd/kubelet \
+    k8s.io/kubernetes/cmd/kube-scheduler)
+}
+build_containerd() {
+  local out=$1 c=github.com/containerd/containerd/v2/cmd n=github.com/containernetworking/plugins/plugins
+  (cd "$root/tools/containerd" &&
+    go build -tags "no_btrfs no_devmapper no_zfs" -ldflags "-s -w" -o "$out/" \
+      "$c/containerd" "$c/containerd-shim-runc-v2" "$c/ctr" &&
+    mkdir -p "$out/cni" &&
+    go build -ldflags "-s -w" -o "$out/cni/" "$n/main/bridge" "$n/main/loopback" "$n/ipam/host-local")
+}
 
 # Concurrent callers (parallel test binaries, a lab and a test run) wait for one builder.
 mkdir -p "$cache"
 exec 9>"$cache/.lock"
 flock 9
 
-tools=(etcd vcsim minio kube kubevirt-admission cdi-admission)
+# The lab's tools; with --node, those of a real node instead (built only when a real node is asked for).
+case ${1:-} in
+  --node) tools=(node-kube containerd) ;;
+  "") tools=(etcd vcsim minio kube kubevirt-admission cdi-admission) ;;
+  *) echo "usage: hack/tools.sh [--node]" >&2; exit 2 ;;
+esac
 bin="$cache/bin-$(for tool in "${tools[@]}"; do key "$tool"; done | sha256sum | cut -c1-16)"
 for tool in "${tools[@]}"; do
   dir="$cache/$tool-$(key "$tool")"
@@ -54,6 +79,6 @@ for tool in "${tools[@]}"; do
     echo "built $tool in $(( $(date +%s) - start ))s" >&2
   fi
   mkdir -p "$bin"
-  for f in "$dir"/*; do ln -sf "$f" "$bin/$(basename "$f")"; done
+  for f in "$dir"/*; do ln -sfn "$f" "$bin/$(basename "$f")"; done
 done
 echo "$bin"
