@@ -18,13 +18,19 @@ key() {
     go version) | sha256sum | cut -c1-16
 }
 
-build_kube() {
-  local out=$1 ld="-s -w" p
+# The version a Kubernetes binary reports, as a release build stamps it.
+kube_ldflags() {
+  local ld="-s -w" p
   for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
     ld+=" -X '$p.gitVersion=v$K8S' -X '$p.gitMajor=1' -X '$p.gitMinor=37' -X '$p.gitTreeState=clean'"
     ld+=" -X '$p.buildDate=1970-01-01T00:00:00Z'"
   done
-  (cd "$root/tools/kube" && go build -ldflags "$ld" -o "$out/" \
+  echo "$ld"
+}
+
+build_kube() {
+  local out=$1
+  (cd "$root/tools/kube" && go build -ldflags "$(kube_ldflags)" -o "$out/" \
     k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager k8s.io/kubernetes/cmd/kubectl)
 }
 build_etcd() { (cd "$root/tools/etcd" && go build -ldflags "-s -w" -o "$1/etcd" go.etcd.io/etcd/server/v3); }
@@ -39,12 +45,8 @@ build_cdi_admission() { (cd "$root/tools/cdi-admission" && go build -ldflags "-s
 # A real node (`ferry lab up --node real`): the kubelet and kube-scheduler of the same Kubernetes release, built with
 # the same flags; containerd with its runc shim and `ctr`, and the CNI plugins the lab's bridge network uses (in cni/).
 build_node_kube() {
-  local out=$1 ld="-s -w" p
-  for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
-    ld+=" -X '$p.gitVersion=v$K8S' -X '$p.gitMajor=1' -X '$p.gitMinor=37' -X '$p.gitTreeState=clean'"
-    ld+=" -X '$p.buildDate=1970-01-01T00:00:00Z'"
-  done
-  (cd "$root/tools/node-kube" && go build -ldflags "$ld" -o "$out/" k8s.io/kubernetes/cmd/kubelet \
+  local out=$1
+  (cd "$root/tools/node-kube" && go build -ldflags "$(kube_ldflags)" -o "$out/" k8s.io/kubernetes/cmd/kubelet \
     k8s.io/kubernetes/cmd/kube-scheduler)
 }
 build_containerd() {

@@ -184,35 +184,28 @@ async fn admission_webhooks(state: &LabState) -> Result<Vec<String>> {
     };
     use kube::api::{Api, ListParams};
     let client = state.client().await?;
-    let line = |config: &str, webhook: &str, to: &WebhookClientConfig| {
+    let line = |config: &Option<String>, webhook: &str, to: &WebhookClientConfig| {
         let url = to.url.clone().unwrap_or_else(|| "(a Service)".into());
-        format!("{config}/{webhook} -> {url}")
+        format!(
+            "{}/{webhook} -> {url}",
+            config.as_deref().unwrap_or_default()
+        )
     };
-    let mut lines = Vec::new();
     let list = ListParams::default();
+    let mut lines = Vec::new();
     for config in Api::<MutatingWebhookConfiguration>::all(client.clone())
         .list(&list)
         .await?
     {
-        for hook in config.webhooks.iter().flatten() {
-            lines.push(line(
-                &config.metadata.name.clone().unwrap_or_default(),
-                &hook.name,
-                &hook.client_config,
-            ));
-        }
+        let hooks = config.webhooks.iter().flatten();
+        lines.extend(hooks.map(|h| line(&config.metadata.name, &h.name, &h.client_config)));
     }
     for config in Api::<ValidatingWebhookConfiguration>::all(client)
         .list(&list)
         .await?
     {
-        for hook in config.webhooks.iter().flatten() {
-            lines.push(line(
-                &config.metadata.name.clone().unwrap_or_default(),
-                &hook.name,
-                &hook.client_config,
-            ));
-        }
+        let hooks = config.webhooks.iter().flatten();
+        lines.extend(hooks.map(|h| line(&config.metadata.name, &h.name, &h.client_config)));
     }
     Ok(lines)
 }
