@@ -14,6 +14,7 @@ pub mod minio;
 pub mod pki;
 pub mod probe;
 pub mod process;
+pub mod real_node;
 pub mod standins;
 pub mod tools;
 pub mod vcsim;

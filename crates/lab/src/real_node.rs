@@ -1,0 +1,186 @@
+//! A real node beside the lab (`ferry lab up --node real`, issue 25): containerd, the CNI bridge, the kubelet and
+//! kube-scheduler, configured as `../shared/design/facts/real-node.md` found works on a machine whose root lacks
+//! CAP_SYS_RESOURCE and still runs cgroup v1. Pure builders of the configuration and the host checks; the
+//! components that run them come next.
+
+use std::path::Path;
+
+use serde_json::{Value, json};
+
+/// The bridge pods attach to: a private subnet with no gateway and no route, so nothing leaves the machine.
+pub const BRIDGE: &str = "labbr0";
+pub const BRIDGE_ADDRESS: &str = "10.88.0.1/24";
+pub const POD_SUBNET: &str = "10.88.0.0/24";
+/// The sandbox image, built here and imported into containerd (there is no registry).
+pub const PAUSE_IMAGE: &str = "localhost/pause:local";
+/// The runc Debian installs; containerd runs it for every container.
+pub const RUNC: &str = "/usr/sbin/runc";
+/// One real node per machine: the kubelet's port, its fixed paths and `/kubepods` are the machine's.
+pub const LOCK_FILE: &str = "/run/ferry-real-node.lock";
+
+/// Why this machine cannot host a real node now, in words a user can act on; None when it can.
+pub fn refusal(euid: u32, runc_present: bool, lock_holder: Option<&str>) -> Option<String> {
+    if euid != 0 {
+        return Some(
+            "a real node needs root (it creates a bridge, cgroups and mounts); run as root or use the default node agent"
+                .into(),
+        );
+    }
+    if !runc_present {
+        return Some(format!(
+            "a real node needs runc at {RUNC}: apt-get install runc"
+        ));
+    }
+    lock_holder.map(|holder| {
+        format!("a real node already runs on this machine (lab {holder}); stop it with `ferry lab down --dir {holder}`")
+    })
+}
+
+/// containerd's configuration (version 3), everything under `state` (root, state, socket): the runc shim with
+/// cgroupfs, the sandbox image pinned to the one imported here, and OOM scores clamped to containerd's own, since
+/// without CAP_SYS_RESOURCE runc cannot lower a container's (every sandbox failed with "can't get final child's PID
+/// from pipe").
+pub fn containerd_config(state: &Path, cni_bin: &Path, cni_conf: &Path) -> String {
+    let s = state.display();
+    format!(
+        r#"version = 3
+root = "{s}/root"
+state = "{s}/state"
+
+[grpc]
+  address = "{s}/containerd.sock"
+
+[plugins."io.containerd.cri.v1.images".pinned_images]
+  sandbox = "{PAUSE_IMAGE}"
+
+[plugins."io.containerd.cri.v1.runtime"]
+  restrict_oom_score_adj = true
+
+[plugins."io.containerd.cri.v1.runtime".cni]
+  bin_dirs = ["{}"]
+  conf_dir = "{}"
+
+[plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc]
+  runtime_type = "io.containerd.runc.v2"
+
+[plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc.options]
+  BinaryName = "{RUNC}"
+  SystemdCgroup = false
+"#,
+        cni_bin.display(),
+        cni_conf.display()
+    )
+}
+
+/// The CNI network: the bridge with host-local addresses, no gateway (the bridge plugin would turn on forwarding),
+/// no masquerade and no routes.
+pub fn cni_conflist() -> Value {
+    json!({
+        "cniVersion": "1.0.0",
+        "name": "ferry-lab",
+        "plugins": [
+            {"type": "bridge", "bridge": BRIDGE, "isGateway": false, "ipMasq": false,
+             "ipam": {"type": "host-local", "ranges": [[{"subnet": POD_SUBNET}]], "routes": []}},
+            {"type": "loopback"},
+        ],
+    })
+}
+
+/// The kubelet's configuration (JSON, which `--config` reads as YAML): cgroupfs from the CRI, cgroup v1 allowed,
+/// OOM score 0 (see [`containerd_config`]), listeners on loopback only, the lab CA for client certificates, images
+/// never collected (there is no registry to pull them back from), and the paths that can move under `dir`.
+pub fn kubelet_config(dir: &Path, ca: &Path, runtime_socket: &Path) -> Value {
+    let under = |p: &str| dir.join(p).display().to_string();
+    json!({
+        "apiVersion": "kubelet.config.k8s.io/v1beta1",
+        "kind": "KubeletConfiguration",
+        "cgroupDriver": "cgroupfs",
+        "failCgroupV1": false,
+        "failSwapOn": false,
+        "oomScoreAdj": 0,
+        "address": "127.0.0.1",
+        "healthzBindAddress": "127.0.0.1",
+        "readOnlyPort": 0,
+        "authentication": {
+            "anonymous": {"enabled": true},
+            "webhook": {"enabled": false},
+            "x509": {"clientCAFile": ca.display().to_string()},
+        },
+        "authorization": {"mode": "AlwaysAllow"},
+        "containerRuntimeEndpoint": format!("unix://{}", runtime_socket.display()),
+        "resolvConf": "",
+        "imageGCHighThresholdPercent": 100,
+        "imageGCLowThresholdPercent": 99,
+        "evictionHard": {"memory.available": "100Mi", "nodefs.available": "1%", "imagefs.available": "1%"},
+        "podLogsDir": under("pod-logs"),
+        "volumePluginDir": under("volume-plugins"),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_host_is_refused_with_what_to_do() {
+        assert!(refusal(1000, true, None).unwrap().contains("needs root"));
+        assert!(
+            refusal(0, false, None)
+                .unwrap()
+                .contains("apt-get install runc")
+        );
+        assert!(
+            refusal(0, true, Some("/tmp/lab"))
+                .unwrap()
+                .contains("ferry lab down --dir /tmp/lab")
+        );
+        assert_eq!(refusal(0, true, None), None);
+    }
+
+    #[test]
+    fn containerd_never_sets_an_oom_score_and_runs_runc_with_cgroupfs() {
+        let config = containerd_config(
+            Path::new("/lab/node"),
+            Path::new("/tools/cni"),
+            Path::new("/lab/node/cni"),
+        );
+        for line in [
+            "version = 3",
+            "restrict_oom_score_adj = true",
+            "sandbox = \"localhost/pause:local\"",
+            "BinaryName = \"/usr/sbin/runc\"",
+            "SystemdCgroup = false",
+            "address = \"/lab/node/containerd.sock\"",
+            "bin_dirs = [\"/tools/cni\"]",
+        ] {
+            assert!(config.contains(line), "{line} in {config}");
+        }
+    }
+
+    #[test]
+    fn pods_get_no_gateway_no_masquerade_and_no_route() {
+        let bridge = &cni_conflist()["plugins"][0];
+        assert_eq!(bridge["isGateway"], false);
+        assert_eq!(bridge["ipMasq"], false);
+        assert_eq!(bridge["ipam"]["routes"], json!([]));
+        assert_eq!(bridge["ipam"]["ranges"][0][0]["subnet"], POD_SUBNET);
+    }
+
+    #[test]
+    fn the_kubelet_listens_on_loopback_and_leaves_oom_scores_alone() {
+        let config = kubelet_config(
+            Path::new("/lab/node"),
+            Path::new("/lab/pki/ca.crt"),
+            Path::new("/lab/node/containerd.sock"),
+        );
+        assert_eq!(config["oomScoreAdj"], 0);
+        assert_eq!(config["address"], "127.0.0.1");
+        assert_eq!(config["readOnlyPort"], 0);
+        assert_eq!(config["failCgroupV1"], false);
+        assert_eq!(
+            config["containerRuntimeEndpoint"],
+            "unix:///lab/node/containerd.sock"
+        );
+        assert_eq!(config["podLogsDir"], "/lab/node/pod-logs");
+    }
+}
