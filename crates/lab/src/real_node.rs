@@ -36,16 +36,18 @@ pub fn refusal(euid: u32, runc_present: bool, lock_holder: Option<&str>) -> Opti
     })
 }
 
-/// containerd's configuration (version 3), everything under `state` (root, state, socket): the runc shim with
+/// containerd's configuration (version 4, containerd 2.4's; a version 3 file is migrated with a warning), everything
+/// under `state` (root, state, socket) and no host file imported: the runc shim with
 /// cgroupfs, the sandbox image pinned to the one imported here, and OOM scores clamped to containerd's own, since
 /// without CAP_SYS_RESOURCE runc cannot lower a container's (every sandbox failed with "can't get final child's PID
 /// from pipe").
 pub fn containerd_config(state: &Path, cni_bin: &Path, cni_conf: &Path) -> String {
     let s = state.display();
     format!(
-        r#"version = 3
+        r#"version = 4
 root = "{s}/root"
 state = "{s}/state"
+imports = []
 
 [grpc]
   address = "{s}/containerd.sock"
@@ -145,7 +147,8 @@ mod tests {
             Path::new("/lab/node/cni"),
         );
         for line in [
-            "version = 3",
+            "version = 4",
+            "imports = []",
             "restrict_oom_score_adj = true",
             "sandbox = \"localhost/pause:local\"",
             "BinaryName = \"/usr/sbin/runc\"",
