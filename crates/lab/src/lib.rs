@@ -11,6 +11,7 @@ pub mod guest_image;
 pub mod lab;
 pub mod linux_vms;
 pub mod minio;
+pub mod oci;
 pub mod pki;
 pub mod probe;
 pub mod process;

@@ -36,8 +36,9 @@ pub fn refusal(euid: u32, runc_present: bool, lock_holder: Option<&str>) -> Opti
     })
 }
 
-/// containerd's configuration (version 4, containerd 2.4's; a version 3 file is migrated with a warning), everything
-/// under `state` (root, state, socket) and no host file imported: the runc shim with
+/// containerd's configuration (version 4, containerd 2.4's: a version 3 file is migrated with a warning, and its servers
+/// are plugins), everything under `state` (root, state, sockets, imports; an empty `imports` means the host's
+/// `/etc/containerd/conf.d`): the runc shim with
 /// cgroupfs, the sandbox image pinned to the one imported here, and OOM scores clamped to containerd's own, since
 /// without CAP_SYS_RESOURCE runc cannot lower a container's (every sandbox failed with "can't get final child's PID
 /// from pipe").
@@ -47,10 +48,13 @@ pub fn containerd_config(state: &Path, cni_bin: &Path, cni_conf: &Path) -> Strin
         r#"version = 4
 root = "{s}/root"
 state = "{s}/state"
-imports = []
+imports = ["{s}/conf.d/*.toml"]
 
-[grpc]
+[plugins."io.containerd.server.v1.grpc"]
   address = "{s}/containerd.sock"
+
+[plugins."io.containerd.server.v1.ttrpc"]
+  address = "{s}/containerd.sock.ttrpc"
 
 [plugins."io.containerd.cri.v1.images".pinned_images]
   sandbox = "{PAUSE_IMAGE}"
@@ -148,7 +152,7 @@ mod tests {
         );
         for line in [
             "version = 4",
-            "imports = []",
+            "imports = [\"/lab/node/conf.d/*.toml\"]",
             "restrict_oom_score_adj = true",
             "sandbox = \"localhost/pause:local\"",
             "BinaryName = \"/usr/sbin/runc\"",
