@@ -5,7 +5,10 @@
 
 use std::path::Path;
 
+use anyhow::{Context, Result};
 use serde_json::{Value, json};
+
+use crate::oci::{self, ImageConfig};
 
 /// The bridge pods attach to: a private subnet with no gateway and no route, so nothing leaves the machine.
 pub const BRIDGE: &str = "labbr0";
@@ -123,6 +126,39 @@ pub fn kubelet_config(dir: &Path, ca: &Path, runtime_socket: &Path) -> Value {
     })
 }
 
+/// The sandbox process's source, kept with the tools (`tools/pause/pause.c`).
+const PAUSE_SOURCE: &str = include_str!("../../../tools/pause/pause.c");
+
+/// Builds [`PAUSE_IMAGE`] under `dir`: the pause process compiled static with the machine's C compiler (682 KB),
+/// alone in a one-layer image, run as nobody as Kubernetes' own pause image is. Returns the archive's path, for
+/// `ctr image import`.
+pub fn build_pause_image(dir: &Path) -> Result<std::path::PathBuf> {
+    let rootfs = dir.join("pause-rootfs");
+    std::fs::create_dir_all(&rootfs)?;
+    let source = dir.join("pause.c");
+    std::fs::write(&source, PAUSE_SOURCE)?;
+    let out = std::process::Command::new("gcc")
+        .args(["-static", "-Os", "-s", "-o"])
+        .arg(rootfs.join("pause"))
+        .arg(&source)
+        .output()
+        .context("running gcc (apt-get install gcc libc6-dev)")?;
+    anyhow::ensure!(
+        out.status.success(),
+        "compiling the pause process: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let archive = dir.join("pause.oci.tar");
+    let image = ImageConfig {
+        name: PAUSE_IMAGE.into(),
+        user: "65535:65535".into(),
+        entrypoint: vec!["/pause".into()],
+        env: vec![],
+    };
+    oci::write_archive(&rootfs, &image, &archive)?;
+    Ok(archive)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -189,5 +225,22 @@ mod tests {
             "unix:///lab/node/containerd.sock"
         );
         assert_eq!(config["podLogsDir"], "/lab/node/pod-logs");
+    }
+
+    #[test]
+    fn the_pause_image_holds_a_static_pause_that_exits_on_sigterm() {
+        let dir = tempfile::tempdir().unwrap();
+        let archive = build_pause_image(dir.path()).unwrap();
+        assert!(archive.exists());
+        let pause = dir.path().join("pause-rootfs/pause");
+        let mut child = std::process::Command::new(&pause).spawn().unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        assert!(child.try_wait().unwrap().is_none(), "it waits");
+        rustix::process::kill_process(
+            rustix::process::Pid::from_child(&child),
+            rustix::process::Signal::TERM,
+        )
+        .unwrap();
+        assert!(child.wait().unwrap().success(), "SIGTERM ends it with 0");
     }
 }
