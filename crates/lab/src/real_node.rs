@@ -126,6 +126,55 @@ pub fn kubelet_config(dir: &Path, ca: &Path, runtime_socket: &Path) -> Value {
     })
 }
 
+/// Who holds the machine's real node: the lab and the process (its containerd) that lives as long as the node.
+/// `ferry lab up` exits while the lab runs on, so the claim is a file, not a lock held by it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Holder {
+    pub pid: i32,
+    pub lab_dir: std::path::PathBuf,
+}
+
+/// The live holder recorded in `lock`; None when there is none, or its process is gone or is not that lab's.
+pub fn holder(lock: &Path) -> Option<Holder> {
+    let text = std::fs::read_to_string(lock).ok()?;
+    let (pid, dir) = text.trim_end().split_once(' ')?;
+    let holder = Holder {
+        pid: pid.parse().ok()?,
+        lab_dir: dir.into(),
+    };
+    // A reused PID is not the holder: the process must still name the lab dir on its command line.
+    let cmdline = std::fs::read(format!("/proc/{}/cmdline", holder.pid)).ok()?;
+    String::from_utf8_lossy(&cmdline)
+        .contains(&*holder.lab_dir.to_string_lossy())
+        .then_some(holder)
+}
+
+/// Claims the machine's real node for `lab_dir`, held by process `pid`: refused, naming the holder, while another
+/// live lab holds it; a claim left by a lab that is gone is taken over.
+pub fn claim(lock: &Path, lab_dir: &Path, pid: i32) -> Result<()> {
+    if let Some(other) = holder(lock).filter(|h| h.lab_dir != lab_dir) {
+        anyhow::bail!(
+            "a real node already runs on this machine (lab {}); stop it with `ferry lab down --dir {}`",
+            other.lab_dir.display(),
+            other.lab_dir.display()
+        );
+    }
+    let staged = lock.with_extension(format!("{pid}.tmp"));
+    std::fs::write(&staged, format!("{pid} {}\n", lab_dir.display()))?;
+    std::fs::rename(&staged, lock).with_context(|| format!("claiming {}", lock.display()))?;
+    Ok(())
+}
+
+/// Why this machine cannot host a real node now (see [`refusal`]), read from the machine.
+pub fn host_refusal() -> Option<String> {
+    let holder = holder(Path::new(LOCK_FILE)).map(|h| h.lab_dir.display().to_string());
+    refusal(
+        rustix::process::geteuid().as_raw(),
+        Path::new(RUNC).exists(),
+        holder.as_deref(),
+    )
+}
+
 /// The sandbox process's source, kept with the tools (`tools/pause/pause.c`).
 const PAUSE_SOURCE: &str = include_str!("../../../tools/pause/pause.c");
 
@@ -242,5 +291,39 @@ mod tests {
         )
         .unwrap();
         assert!(child.wait().unwrap().success(), "SIGTERM ends it with 0");
+    }
+
+    #[test]
+    fn a_claim_is_refused_while_another_live_lab_holds_it_and_taken_over_when_it_is_gone() {
+        let dir = tempfile::tempdir().unwrap();
+        let lock = dir.path().join("real-node.lock");
+        // This test process stands for the first lab's containerd: its command line names the test binary.
+        let me = std::process::id() as i32;
+        let exe = std::env::current_exe().unwrap();
+        let first = exe.parent().unwrap();
+        claim(&lock, first, me).unwrap();
+        assert_eq!(
+            holder(&lock),
+            Some(Holder {
+                pid: me,
+                lab_dir: first.into()
+            })
+        );
+        let refused = claim(&lock, dir.path(), me).unwrap_err().to_string();
+        assert!(
+            refused.contains(&format!("ferry lab down --dir {}", first.display())),
+            "{refused}"
+        );
+        // The same lab may claim again (a restart of its node).
+        claim(&lock, first, me).unwrap();
+        // A holder whose process is gone holds nothing.
+        std::fs::write(&lock, format!("{} {}\n", i32::MAX, first.display())).unwrap();
+        assert_eq!(holder(&lock), None);
+        claim(&lock, dir.path(), me).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            holder(&lock),
+            None,
+            "this process does not name the second dir"
+        );
     }
 }
