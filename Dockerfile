@@ -1,11 +1,16 @@
 # The `ferry` image: the controller (`ferry controller`) and the conversion, verification and adaptation Jobs
 # (`ferry convert`, `ferry verify`, `ferry adapt`) run the same binary. Build: docker build -t REGISTRY/ferry:0.1.0 .
-FROM rust:1-trixie AS build
+# Without Docker Hub, name a mirror's copies of the two bases: --build-arg BUILDER=mirror.example/rust:1-trixie
+# --build-arg BASE=mirror.example/debian:trixie-slim. (`ferry lab up --node real` builds the runtime stage from
+# Debian's archive instead: crates/lab/src/real_node/image.rs.)
+ARG BUILDER=rust:1-trixie
+ARG BASE=debian:trixie-slim
+FROM ${BUILDER} AS build
 WORKDIR /src
 COPY . .
 RUN cargo build --release --locked --bin ferry
 
-FROM debian:trixie-slim
+FROM ${BASE}
 # CA certificates for S3 and vCenter endpoints signed by public CAs. Ferry writes qcow2 itself; qemu-img is for
 # guest adaptation's overlays. virt-v2v (with nbdkit for its input) adapts guests. libguestfs's appliance is built
 # by supermin in the Job's scratch space from the image's own packages and kernel (2 s): a prebuilt one would be a

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Installs what Ferry's lab and tests need on a fresh Debian machine, then builds the Go tools.
 # Idempotent: a machine that has everything spends a second here. Prints the tools' bin directory.
+# With --node: also what a real node needs (`ferry lab up --node real`: runc, ip, a C compiler for the pause
+# process), and prints the real node's tools' bin directory instead (hack/tools.sh --node).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 
@@ -15,6 +17,9 @@ declare -A need=(
   [jq]=jq
   [virt-v2v-in-place]=virt-v2v [nbdkit]=nbdkit
 )
+if [ "${1:-}" = --node ]; then
+  need+=([/usr/sbin/runc]=runc [/usr/sbin/ip]=iproute2 [gcc]=gcc [/usr/include/stdio.h]=libc6-dev)
+fi
 missing=()
 for bin in "${!need[@]}"; do
   command -v "$bin" >/dev/null 2>&1 || [ -e "$bin" ] || missing+=("${need[$bin]}")
@@ -31,4 +36,8 @@ for tool in go cargo; do
   command -v "$tool" >/dev/null 2>&1 || { echo "$tool is required (Go 1.26 and Rust stable)" >&2; exit 1; }
 done
 
+if [ "${1:-}" = --node ]; then
+  bash "$root/hack/tools.sh" >/dev/null
+  exec bash "$root/hack/tools.sh" --node
+fi
 bash "$root/hack/tools.sh"

@@ -51,6 +51,7 @@ impl ChaosLab {
             // As `ferry lab up`: sessions that idle out, the datacenter in a folder, `/folder` behind sessions.
             vcsim_realism: ferry_lab::lab::VcsimRealism::production_like(),
             compress_staging: false,
+            real_node: None,
         };
         let state = ferry_lab::up(&options).await?.into_state();
         ferry_lab::controller_process::apply_rbac(&state.tools, &state.kubeconfig)?;

@@ -20,7 +20,12 @@ const DEFAULT_VMS: [&str; 3] = [
     ferry_lab::linux_vms::LINUX_BIOS_VM,
 ];
 
-pub async fn run(dir: PathBuf, vms: Vec<String>, as_plan: bool) -> Result<()> {
+pub async fn run(
+    dir: PathBuf,
+    vms: Vec<String>,
+    as_plan: bool,
+    node: crate::lab::NodeKind,
+) -> Result<()> {
     let started = Instant::now();
     let vms = if vms.is_empty() {
         DEFAULT_VMS.map(String::from).to_vec()
@@ -31,9 +36,12 @@ pub async fn run(dir: PathBuf, vms: Vec<String>, as_plan: bool) -> Result<()> {
         "starting the lab in {} (the first run builds the Debian guest images: minutes) ...",
         dir.display()
     );
-    let state = ferry_lab::up(&crate::lab::options(dir)?)
+    let state = ferry_lab::up(&crate::lab::options_for(dir, node)?)
         .await?
         .into_state();
+    if node == crate::lab::NodeKind::Real {
+        install_from_deploy(&state).await?;
+    }
     println!(
         "lab ready after {:.1}s: kube-apiserver {}, vcsim {}, ferry controller {}",
         started.elapsed().as_secs_f64(),
@@ -188,8 +196,11 @@ async fn fresh_namespace(client: &kube::Client) -> Result<()> {
             tokio::time::sleep(Duration::from_millis(500)).await;
         }
     }
-    let ns: Namespace =
-        serde_json::from_value(serde_json::json!({"metadata": {"name": NAMESPACE}}))?;
+    // Pod Security's `restricted` level, enforced: Ferry's Jobs are built for it (on a real node, they run under it).
+    let ns: Namespace = serde_json::from_value(serde_json::json!({"metadata": {
+        "name": NAMESPACE,
+        "labels": {"pod-security.kubernetes.io/enforce": "restricted"},
+    }}))?;
     namespaces.create(&PostParams::default(), &ns).await?;
     Ok(())
 }
@@ -299,4 +310,23 @@ async fn summary(client: &kube::Client, vm: &str, m: &VirtualMachineMigration) -
         ));
     }
     out
+}
+
+/// Ferry on a real node, installed as a user installs it: deploy/ applied unchanged, both replicas Ready and one
+/// leading before any migration is created.
+async fn install_from_deploy(state: &ferry_lab::LabState) -> Result<()> {
+    use ferry_lab::real_node::install;
+    let started = Instant::now();
+    let deploy = std::path::Path::new(install::DEPLOY_DIR);
+    println!("installing Ferry from {} ...", deploy.display());
+    install::apply_deploy(state, deploy)?;
+    let rollout = install::wait_rollout(&state.client().await?).await?;
+    println!(
+        "ferry installed in {:.1}s: {}/{} replicas available, {} leads",
+        started.elapsed().as_secs_f64(),
+        rollout.available,
+        rollout.replicas,
+        rollout.leader.as_deref().unwrap_or("-")
+    );
+    Ok(())
 }

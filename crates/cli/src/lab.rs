@@ -16,7 +16,12 @@ pub struct LabArgs {
 #[derive(Subcommand)]
 enum LabCommand {
     /// Start the lab (or report that it already runs) and write DIR/env.
-    Up(DirArg),
+    Up {
+        #[command(flatten)]
+        dir: DirArg,
+        #[command(flatten)]
+        node: NodeArg,
+    },
     /// Stop every lab process and check that its ports are closed.
     Down(DirArg),
     /// Bring the lab up if needed, migrate demo VMs with live progress, and print a summary.
@@ -29,6 +34,10 @@ enum LabCommand {
         /// Migrate them as one MigrationPlan, through a NetworkMap and a StorageMap.
         #[arg(long)]
         plan: bool,
+        /// With `real`, Ferry is installed from deploy/ (its Deployment, the image built here) instead of running
+        /// as a process, and its Jobs run as containers.
+        #[command(flatten)]
+        node: NodeArg,
     },
     /// Say whether the lab runs, and where.
     Status(DirArg),
@@ -57,6 +66,22 @@ enum LabCommand {
     },
 }
 
+/// Which node runs the lab's pods.
+#[derive(Args, Clone, Copy)]
+pub struct NodeArg {
+    /// `agent`: Ferry's node agent runs each pod's command as a process (the default; no root needed).
+    /// `real`: a kubelet, containerd and runc run pods as containers on a CNI bridge (root, runc; one per machine;
+    /// builds its tools with `hack/tools.sh --node` on first use).
+    #[arg(long = "node", value_enum, default_value_t = NodeKind::Agent)]
+    pub kind: NodeKind,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, PartialEq, Eq)]
+pub enum NodeKind {
+    Agent,
+    Real,
+}
+
 #[derive(Args)]
 pub struct DirArg {
     /// The lab's directory: state, logs, certificates and kubeconfig live here.
@@ -66,12 +91,21 @@ pub struct DirArg {
 
 pub async fn run(args: LabArgs) -> Result<()> {
     match args.command {
-        LabCommand::Demo { dir, vms, plan } => crate::demo::run(dir.dir, vms, plan).await,
+        LabCommand::Demo {
+            dir,
+            vms,
+            plan,
+            node,
+        } => crate::demo::run(dir.dir, vms, plan, node.kind).await,
         #[cfg(feature = "chaos")]
         LabCommand::Chaos(args) => ferry_chaos::run(args).await,
-        LabCommand::Up(DirArg { dir }) => {
+        LabCommand::Up {
+            dir: DirArg { dir },
+            node,
+        } => {
             let started = Instant::now();
-            let outcome = ferry_lab::up(&options(dir)?).await?;
+            let options = options_for(dir, node.kind)?;
+            let outcome = ferry_lab::up(&options).await?;
             let verb = match outcome {
                 UpOutcome::Started(_) => "started",
                 UpOutcome::AlreadyRunning(_) => "already running",
@@ -139,7 +173,19 @@ pub fn options(dir: PathBuf) -> Result<LabOptions> {
         boot_guests: true,
         vcsim_realism: ferry_lab::lab::VcsimRealism::production_like(),
         compress_staging: false,
+        real_node: None,
     })
+}
+
+/// The lab's options with the node `kind`: a real node's lab runs no controller process (Ferry is installed
+/// from deploy/ onto it instead).
+pub fn options_for(dir: PathBuf, kind: NodeKind) -> Result<LabOptions> {
+    let mut options = options(dir)?;
+    if kind == NodeKind::Real {
+        options.real_node = Some(ferry_lab::tools::node_bin_dir()?);
+        options.controller = false;
+    }
+    Ok(options)
 }
 
 pub async fn print_summary(state: &LabState) {
@@ -155,6 +201,14 @@ pub async fn print_summary(state: &LabState) {
     }
     if let Some(url) = &state.controller {
         println!("  ferry controller         {url}/metrics, /healthz, /readyz, /readyz/leader");
+    }
+    if let Some(node) = &state.real_node {
+        println!(
+            "  real node                {} (containerd {}, bridge {})",
+            node.name,
+            node.socket().display(),
+            ferry_lab::real_node::BRIDGE
+        );
     }
     if let Some(s) = &state.staging {
         println!(

@@ -51,7 +51,14 @@ pub struct LabFiles {
     sa_key: PathBuf,
     sa_pub: PathBuf,
     audit_policy: PathBuf,
+    /// A real node's pods run here: the control plane gives them what a cluster does (see [`IN_CLUSTER_CONTROLLERS`]).
+    in_cluster: bool,
 }
+
+/// What a real node's pods need of the control plane beyond [`KCM_CONTROLLERS`]: a default ServiceAccount in each
+/// namespace (the ServiceAccount admission plugin then mounts its token), the `kube-root-ca.crt` ConfigMap, and
+/// Deployments (deploy/controller.yaml).
+const IN_CLUSTER_CONTROLLERS: &str = "serviceaccount-controller,root-ca-certificate-publisher-controller,deployment-controller,replicaset-controller";
 
 /// Metadata level (who did what to which object) for everything; request bodies only for Events and migration
 /// status writes, which hold no secrets by design, so the benchmark can say what each write carried.
@@ -77,7 +84,7 @@ rules:
 }
 
 impl LabFiles {
-    pub fn prepare(dir: &Path, tools: &Path, pki: &Pki) -> Result<Self> {
+    pub fn prepare(dir: &Path, tools: &Path, pki: &Pki, in_cluster: bool) -> Result<Self> {
         let audit_policy = dir.join("audit-policy.yaml");
         std::fs::write(&audit_policy, audit_policy_text())?;
         crate::vcsim::ensure_password(dir)?;
@@ -91,7 +98,27 @@ impl LabFiles {
             sa_key,
             sa_pub,
             audit_policy,
+            in_cluster,
         })
+    }
+
+    /// Where the lab's servers that pods use (vcsim, MinIO) listen: loopback, or with a real node its bridge
+    /// address, which both the machine and the pods reach.
+    pub fn serving_host(&self) -> &'static str {
+        if self.in_cluster {
+            crate::real_node::BRIDGE_IP
+        } else {
+            crate::LOOPBACK
+        }
+    }
+
+    /// The serving certificate every lab component presents (signed by the lab CA).
+    pub fn serving(&self) -> &CertFiles {
+        &self.serving
+    }
+
+    pub fn ca(&self) -> &Path {
+        &self.ca
     }
 
     fn tool(&self, name: &str) -> PathBuf {
@@ -129,9 +156,23 @@ impl LabFiles {
     }
 
     pub fn kube_apiserver(&self, ports: &Ports, etcd: &Ready) -> Result<Component> {
-        let port = ports.0[0];
+        // With a real node, at the `kubernetes` Service's address, where its pods' in-cluster clients look.
+        let (address, port) = if self.in_cluster {
+            (
+                crate::real_node::API_SERVICE_IP.to_string(),
+                crate::real_node::API_SERVICE_PORT,
+            )
+        } else {
+            ("127.0.0.1".to_string(), ports.0[0])
+        };
         let etcd_url = etcd.url.clone().unwrap_or_default();
-        let url = format!("https://127.0.0.1:{port}");
+        let url = format!("https://{address}:{port}");
+        // Without a real node nothing makes default ServiceAccounts; no node-lifecycle controller lifts the taint.
+        let disabled_admission = if self.in_cluster {
+            "TaintNodesByCondition"
+        } else {
+            "ServiceAccount,TaintNodesByCondition"
+        };
         // The kubeconfig names this attempt's port, so the probe and every later client use it.
         self.write_admin_kubeconfig(&url)?;
         Ok(Component {
@@ -140,8 +181,8 @@ impl LabFiles {
                 program: self.tool("kube-apiserver"),
                 args: vec![
                     format!("--etcd-servers={etcd_url}"),
-                    "--bind-address=127.0.0.1".into(),
-                    "--advertise-address=127.0.0.1".into(),
+                    format!("--bind-address={address}"),
+                    format!("--advertise-address={address}"),
                     format!("--secure-port={port}"),
                     format!("--cert-dir={}", self.path("apiserver-certs")),
                     format!("--tls-cert-file={}", self.serving.cert.display()),
@@ -155,8 +196,7 @@ impl LabFiles {
                     ),
                     "--service-cluster-ip-range=10.0.0.0/24".into(),
                     "--authorization-mode=RBAC".into(),
-                    // No node-lifecycle controller runs to lift the taint, and nothing makes default ServiceAccounts.
-                    "--disable-admission-plugins=ServiceAccount,TaintNodesByCondition".into(),
+                    format!("--disable-admission-plugins={disabled_admission}"),
                     "--allow-privileged=true".into(),
                     "--endpoint-reconciler-type=none".into(),
                     format!("--audit-policy-file={}", self.audit_policy.display()),
@@ -189,6 +229,12 @@ impl LabFiles {
     pub fn kube_controller_manager(&self, ports: &Ports) -> Result<Component> {
         let port = ports.0[0];
         let kubeconfig = self.path("kubeconfig");
+        let mut controllers = KCM_CONTROLLERS.to_string();
+        let mut in_cluster = vec![];
+        if self.in_cluster {
+            controllers = format!("{controllers},{IN_CLUSTER_CONTROLLERS}");
+            in_cluster.push(format!("--root-ca-file={}", self.ca.display()));
+        }
         Ok(Component {
             spec: ProcessSpec {
                 name: "kube-controller-manager".into(),
@@ -197,7 +243,7 @@ impl LabFiles {
                     format!("--kubeconfig={kubeconfig}"),
                     format!("--authentication-kubeconfig={kubeconfig}"),
                     format!("--authorization-kubeconfig={kubeconfig}"),
-                    format!("--controllers={KCM_CONTROLLERS}"),
+                    format!("--controllers={controllers}"),
                     // Volumes bind within a second, not at the default 15 s resync.
                     "--pvclaimbinder-sync-period=1s".into(),
                     "--leader-elect=false".into(),
@@ -209,7 +255,10 @@ impl LabFiles {
                     "--kube-api-qps=1000".into(),
                     "--kube-api-burst=1000".into(),
                     "--v=1".into(),
-                ],
+                ]
+                .into_iter()
+                .chain(in_cluster)
+                .collect(),
                 env: vec![],
             },
             ports: vec![port],
@@ -226,6 +275,7 @@ impl LabFiles {
         crate::minio::component(
             &self.dir.join("staging"),
             &self.tools,
+            self.serving_host(),
             ports.0[0],
             ports.0[1],
             compress,
@@ -274,7 +324,14 @@ impl LabFiles {
     }
 
     pub fn vcsim(&self, vms: usize) -> Component {
-        crate::vcsim::component(&self.dir, &self.tools, &self.serving, false, vms)
+        crate::vcsim::component(
+            &self.dir,
+            &self.tools,
+            &self.serving,
+            false,
+            vms,
+            self.serving_host(),
+        )
     }
 }
 

@@ -44,6 +44,9 @@ pub struct LabOptions {
     /// MinIO compresses staged raw images, as a deployment with compression on does: a lab can then stage a
     /// mostly empty disk far larger than its own free space.
     pub compress_staging: bool,
+    /// A real node (containerd, the kubelet, kube-scheduler) from the tools in this directory
+    /// (`hack/tools.sh --node`) instead of the node agent. Needs root and runc; one per machine.
+    pub real_node: Option<PathBuf>,
 }
 
 /// vcsim's VMs per host and per resource pool in an ordinary lab.
@@ -70,6 +73,9 @@ pub struct LabState {
     pub controller: Option<String>,
     pub ports: Vec<u16>,
     pub processes: Vec<ProcessRecord>,
+    /// The real node, when the lab runs one: what `down` needs to stop it and restore the machine.
+    #[serde(default)]
+    pub real_node: Option<crate::real_node::RealNode>,
 }
 
 impl LabState {
@@ -84,6 +90,7 @@ impl LabState {
             controller: None,
             ports: Vec::new(),
             processes: Vec::new(),
+            real_node: None,
         }
     }
 
@@ -97,7 +104,7 @@ impl LabState {
         }
     }
 
-    fn save(&self) -> Result<()> {
+    pub(crate) fn save(&self) -> Result<()> {
         let tmp = self.dir.join(format!("{STATE_FILE}.tmp"));
         std::fs::write(&tmp, serde_json::to_vec_pretty(self)?)?;
         std::fs::rename(tmp, self.dir.join(STATE_FILE))?;
@@ -196,14 +203,21 @@ pub async fn up(options: &LabOptions) -> Result<UpOutcome> {
 async fn start_all(state: &mut LabState, options: &LabOptions) -> Result<()> {
     let lifetime = options.lifetime;
     let dir = state.dir.clone();
+    // Before anything starts: a machine that cannot host a real node is refused with nothing changed.
+    if let Some(node_tools) = &options.real_node {
+        crate::real_node::prepare(state, node_tools)?;
+    }
     let pki = Pki::open_or_create(&dir.join("pki"))?;
-    let ctx = components::LabFiles::prepare(&dir, &state.tools, &pki)?;
+    let ctx = components::LabFiles::prepare(&dir, &state.tools, &pki, options.real_node.is_some())?;
 
     let etcd = start_component(state, lifetime, |ports| ctx.etcd(ports)).await?;
     let api = start_component(state, lifetime, |ports| ctx.kube_apiserver(ports, &etcd)).await?;
     state.api_url = api.url.clone().unwrap_or_default();
     crate::crds::install(&probe::client_for(&state.kubeconfig, None).await?).await?;
     start_component(state, lifetime, |ports| ctx.kube_controller_manager(ports)).await?;
+    if options.real_node.is_some() {
+        crate::real_node::start(state, lifetime, &ctx, options.standins.as_deref()).await?;
+    }
     // Before anything writes a VM: from here on the API server admits what virt-api admits.
     start_component(state, lifetime, |ports| Ok(ctx.kubevirt_admission(ports))).await?;
     start_component(state, lifetime, |ports| Ok(ctx.cdi_admission(ports))).await?;
@@ -236,12 +250,16 @@ async fn start_all(state: &mut LabState, options: &LabOptions) -> Result<()> {
     let ca = Pki::ca_cert_path(&dir.join("pki"));
     state.staging = Some(crate::minio::endpoint(
         &dir.join("staging"),
+        ctx.serving_host(),
         minio_port,
         Some(&ca),
     ));
     state.save()?;
     if let Some(ferry) = &options.standins {
         for name in STANDINS {
+            if name == "node" && options.real_node.is_some() {
+                continue;
+            }
             let extra = if name == "kubevirt" && !options.boot_guests {
                 vec!["--no-boot".to_string()]
             } else {
@@ -300,7 +318,7 @@ fn standin(
 }
 
 /// Starts one component and waits until its probe passes, retrying on fresh ports if it dies on start.
-async fn start_component(
+pub(crate) async fn start_component(
     state: &mut LabState,
     lifetime: Lifetime,
     make: impl Fn(&Ports) -> Result<Component>,
@@ -357,6 +375,9 @@ pub fn down(dir: &Path) -> Result<DownReport> {
 }
 
 fn stop_all(state: &LabState) -> Result<Vec<String>> {
+    if let Some(node) = &state.real_node {
+        crate::real_node::stop_pods(state, node);
+    }
     let mut stopped = Vec::new();
     for record in state.processes.iter().rev() {
         if record.is_alive(&state.dir) {
@@ -372,6 +393,9 @@ fn stop_all(state: &LabState) -> Result<Vec<String>> {
             }
             std::thread::sleep(Duration::from_millis(50));
         }
+    }
+    if let Some(node) = &state.real_node {
+        crate::real_node::release(state, node)?;
     }
     Ok(stopped)
 }

@@ -22,3 +22,6 @@ pub mod vcsim;
 
 pub use lab::{DownReport, LabOptions, LabState, UpOutcome, VcsimEndpoint, down, up};
 pub use process::Lifetime;
+
+/// The address the lab's servers listen on unless a real node's pods must reach them.
+pub const LOOPBACK: &str = "127.0.0.1";

@@ -159,6 +159,7 @@ pub struct Tls<'a> {
 pub fn component(
     dir: &Path,
     tools: &Path,
+    host: &str,
     port: u16,
     console: u16,
     compress: bool,
@@ -190,7 +191,7 @@ pub fn component(
     let mut args = vec![
         "server".into(),
         data.display().to_string(),
-        format!("--address=127.0.0.1:{port}"),
+        format!("--address={host}:{port}"),
         format!("--console-address=127.0.0.1:{console}"),
         "--quiet".into(),
     ];
@@ -203,7 +204,7 @@ pub fn component(
             std::fs::copy(&tls.serving.key, certs.join("private.key"))?;
             args.push(format!("--certs-dir={}", certs.display()));
             Probe::HttpsOk {
-                url: format!("https://127.0.0.1:{port}/minio/health/live"),
+                url: format!("https://{host}:{port}/minio/health/live"),
                 ca: tls.ca.to_path_buf(),
             }
         }
@@ -226,11 +227,11 @@ pub fn component(
     })
 }
 
-/// The store in `dir` on `port`: https when `ca` signs its certificate, else plain http.
-pub fn endpoint(dir: &Path, port: u16, ca: Option<&Path>) -> StagingEndpoint {
+/// The store in `dir` on `host:port`: https when `ca` signs its certificate, else plain http.
+pub fn endpoint(dir: &Path, host: &str, port: u16, ca: Option<&Path>) -> StagingEndpoint {
     let scheme = if ca.is_some() { "https" } else { "http" };
     StagingEndpoint {
-        endpoint: format!("{scheme}://127.0.0.1:{port}"),
+        endpoint: format!("{scheme}://{host}:{port}"),
         bucket: BUCKET.into(),
         credentials_dir: dir.join("credentials"),
         ca_file: ca.map(Path::to_path_buf),
@@ -255,7 +256,7 @@ impl StandaloneMinio {
         let mut last_error = None;
         for _ in 0..START_ATTEMPTS {
             let (port, console) = (free_port()?, free_port()?);
-            let component = component(dir, tools, port, console, false, None)?;
+            let component = component(dir, tools, crate::LOOPBACK, port, console, false, None)?;
             let log = dir.join("minio.log");
             let record = process::start(&component.spec, &log, lifetime)?;
             if let Err(e) = crate::probe::wait_ready(&component.probe, &record, dir).await {
@@ -263,7 +264,7 @@ impl StandaloneMinio {
                 last_error = Some(e);
                 continue;
             }
-            let endpoint = endpoint(dir, port, None);
+            let endpoint = endpoint(dir, crate::LOOPBACK, port, None);
             return Ok(Self {
                 process: record,
                 endpoint: endpoint.endpoint,

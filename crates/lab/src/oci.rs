@@ -44,33 +44,42 @@ fn digest(bytes: &[u8]) -> String {
 fn layer(rootfs: &Path) -> Result<Vec<u8>> {
     let mut tar = tar::Builder::new(Vec::new());
     tar.follow_symlinks(false);
-    tar.mode(tar::HeaderMode::Deterministic);
+    // Owners, modes and times as they are: a Debian tree needs its setuid bits, /tmp's sticky bit and its owners.
+    tar.mode(tar::HeaderMode::Complete);
     tar.append_dir_all(".", rootfs)
         .with_context(|| format!("packing {}", rootfs.display()))?;
     Ok(tar.into_inner()?)
 }
 
-fn config(image: &ImageConfig, diff_id: &str) -> Value {
+fn config(image: &ImageConfig, diff_ids: &[String]) -> Value {
     json!({
         "architecture": "amd64",
         "os": "linux",
         "config": {"User": image.user, "Entrypoint": image.entrypoint, "Env": image.env},
-        "rootfs": {"type": "layers", "diff_ids": [diff_id]},
+        "rootfs": {"type": "layers", "diff_ids": diff_ids},
     })
 }
 
 /// Writes the archive of `rootfs` as `image` to `out`; returns the manifest's digest.
 pub fn write_archive(rootfs: &Path, image: &ImageConfig, out: &Path) -> Result<String> {
-    let layer = layer(rootfs)?;
-    let layer_digest = digest(&layer);
-    let config = serde_json::to_vec(&config(image, &layer_digest))?;
+    write_layered_archive(&[rootfs], image, out)
+}
+
+/// [`write_archive`] with one layer per directory, the first at the bottom: a base tree and what is built on it.
+pub fn write_layered_archive(layers: &[&Path], image: &ImageConfig, out: &Path) -> Result<String> {
+    let layers = layers
+        .iter()
+        .map(|dir| layer(dir))
+        .collect::<Result<Vec<_>>>()?;
+    let diff_ids: Vec<String> = layers.iter().map(|l| digest(l)).collect();
+    let config = serde_json::to_vec(&config(image, &diff_ids))?;
     let manifest = serde_json::to_vec(&json!({
         "schemaVersion": 2,
         "mediaType": "application/vnd.oci.image.manifest.v1+json",
         "config": {"mediaType": "application/vnd.oci.image.config.v1+json",
                    "digest": digest(&config), "size": config.len()},
-        "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar",
-                    "digest": layer_digest, "size": layer.len()}],
+        "layers": layers.iter().map(|l| json!({"mediaType": "application/vnd.oci.image.layer.v1.tar",
+                    "digest": digest(l), "size": l.len()})).collect::<Vec<_>>(),
     }))?;
     let manifest_digest = digest(&manifest);
     let reference = full_reference(&image.name);
@@ -94,7 +103,7 @@ pub fn write_archive(rootfs: &Path, image: &ImageConfig, out: &Path) -> Result<S
     };
     add("oci-layout", br#"{"imageLayoutVersion":"1.0.0"}"#)?;
     add("index.json", &index)?;
-    for blob in [&layer, &config, &manifest] {
+    for blob in layers.iter().chain([&config, &manifest]) {
         add(&format!("blobs/sha256/{}", &digest(blob)[7..]), blob)?;
     }
     archive.into_inner()?.flush()?;

@@ -66,6 +66,14 @@ impl Pki {
         params
             .subject_alt_names
             .push(SanType::IpAddress(IpAddr::V4(Ipv4Addr::LOCALHOST)));
+        // The `kubernetes` Service's address, where a real node's pods reach the API server.
+        params.subject_alt_names.push(SanType::IpAddress(IpAddr::V4(
+            crate::real_node::API_SERVICE_IP,
+        )));
+        // The machine's address on a real node's bridge, where its pods reach vcsim and MinIO.
+        params.subject_alt_names.push(SanType::IpAddress(IpAddr::V4(
+            crate::real_node::BRIDGE_IP.parse()?,
+        )));
         params.distinguished_name.push(DnType::CommonName, name);
         params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
         self.issue(name, params)

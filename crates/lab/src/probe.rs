@@ -29,6 +29,8 @@ pub enum Probe {
     HttpsOk { url: String, ca: PathBuf },
     /// The process printed a line starting with `prefix`; the rest of the line is its URL.
     LogLine { prefix: String },
+    /// A Unix socket at `path` accepts a connection (containerd's gRPC socket).
+    UnixSocket { path: PathBuf },
 }
 
 /// What a ready component told us.
@@ -122,6 +124,11 @@ async fn check(probe: &Probe, process: &ProcessRecord) -> Result<Option<Ready>> 
                 url: Some(url.clone()),
             }))
         }
+        Probe::UnixSocket { path } => Ok(std::os::unix::net::UnixStream::connect(path)
+            .is_ok()
+            .then(|| Ready {
+                url: Some(format!("unix://{}", path.display())),
+            })),
         Probe::LogLine { prefix } => {
             let log = std::fs::read_to_string(&process.log).unwrap_or_default();
             Ok(log

@@ -167,9 +167,17 @@ pub fn ensure_password(dir: &Path) -> Result<PathBuf> {
 
 /// The vcsim process: a vCenter model, or a standalone ESXi host with `esx`. It serves `cert`.
 /// `vms`: VMs per host and per resource pool.
-pub fn component(dir: &Path, tools: &Path, cert: &CertFiles, esx: bool, vms: usize) -> Component {
+/// It listens on `host` (loopback, or the real node's bridge, where pods reach it).
+pub fn component(
+    dir: &Path,
+    tools: &Path,
+    cert: &CertFiles,
+    esx: bool,
+    vms: usize,
+    host: &str,
+) -> Component {
     let mut args = vec![
-        "-l=127.0.0.1:0".to_string(),
+        format!("-l={host}:0"),
         format!("-username={USER}"),
         format!("-password-file={}", dir.join(PASSWORD_FILE).display()),
         format!("-tlscert={}", cert.cert.display()),
@@ -231,7 +239,14 @@ impl StandaloneVcsim {
         let pki = Pki::open_or_create(&dir.join("pki"))?;
         let cert = pki.issue_server("vcsim")?;
         ensure_password(&dir)?;
-        let mut component = component(&dir, tools, &cert, esx, crate::lab::DEFAULT_VCSIM_VMS);
+        let mut component = component(
+            &dir,
+            tools,
+            &cert,
+            esx,
+            crate::lab::DEFAULT_VCSIM_VMS,
+            crate::LOOPBACK,
+        );
         component.spec.args.extend(realism.args());
         let log = dir.join(format!("{}.log", component.spec.name));
         let process = process::start(&component.spec, &log, lifetime)?;

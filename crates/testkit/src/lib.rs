@@ -99,6 +99,7 @@ impl TestLab {
             boot_guests: true,
             vcsim_realism,
             compress_staging,
+            real_node: None,
         };
         match ferry_lab::up(&options).await {
             Ok(outcome) => Ok(TestLab {

@@ -93,6 +93,7 @@ async fn up_twice_starts_no_second_copy_and_down_leaves_nothing() {
         boot_guests: true,
         vcsim_realism: Default::default(),
         compress_staging: false,
+        real_node: None,
     })
     .await
     .unwrap();

@@ -145,6 +145,7 @@ pub(crate) fn bench_lab(dir: &std::path::Path, vcsim_vms: usize) -> Result<LabOp
         boot_guests: false,
         vcsim_realism: Default::default(),
         compress_staging: false,
+        real_node: None,
     })
 }
 

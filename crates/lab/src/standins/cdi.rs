@@ -36,6 +36,18 @@ const FILESYSTEM_OVERHEAD: f64 = 0.06;
 const ALIGN: u64 = 1 << 20;
 /// Where a Block volume's device lives in its directory.
 const BLOCK_FILE: &str = "block";
+/// CDI's importer pods run as user and group 107 (qemu, as virt-launcher): what they write is theirs, and a
+/// workload that shares the volume writes it as 107 too (Ferry's Jobs do).
+const IMPORTER_ID: u32 = 107;
+
+/// Owns `path` as CDI's importer would have written it. Only root can give files away: a lab run by another user
+/// (the node agent runs pods as that user) leaves them as they are.
+fn as_importer(path: &Path) -> std::io::Result<()> {
+    if rustix::process::geteuid().is_root() {
+        std::os::unix::fs::chown(path, Some(IMPORTER_ID), Some(IMPORTER_ID))?;
+    }
+    Ok(())
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -235,7 +247,9 @@ async fn ensure_volume(client: &Client, dv: &DynamicObject, dir: &Path) -> Resul
     let ns = dv.namespace().unwrap_or_default();
     let name = dv.name_any();
     let (class, wait_for_consumer) = storage_class(client, dv).await?;
-    std::fs::create_dir_all(dir).map_err(|e| Error::Volume(format!("{}: {e}", dir.display())))?;
+    std::fs::create_dir_all(dir)
+        .and_then(|()| as_importer(dir))
+        .map_err(|e| Error::Volume(format!("{}: {e}", dir.display())))?;
     let (size, block) = claim_size(dv);
     let size = size.to_string();
     let volume_mode = if block { "Block" } else { "Filesystem" };
@@ -244,6 +258,7 @@ async fn ensure_volume(client: &Client, dv: &DynamicObject, dir: &Path) -> Resul
         let device = dir.join(BLOCK_FILE);
         if !device.exists() {
             stale_device(&device, claim_size(dv).0)
+                .and_then(|()| as_importer(&device))
                 .map_err(|e| Error::Volume(format!("{}: {e}", device.display())))?;
         }
         device
@@ -387,6 +402,7 @@ fn create_blank(dv: &DynamicObject, dir: &Path) -> anyhow::Result<()> {
     file.set_len(usable_space(size))?;
     file.set_permissions(std::fs::Permissions::from_mode(0o660))?;
     file.sync_all()?;
+    as_importer(&image)?;
     Ok(())
 }
 
@@ -591,6 +607,7 @@ async fn import_once(
     let image = dir.join("disk.img");
     crate::disks::qemu_img(&["convert", "-O", "raw"], &[&partial, &image])?;
     tokio::fs::remove_file(&partial).await?;
+    as_importer(&image)?;
     if claim_size(dv).1 {
         // On a Block volume the image is the device.
         tokio::fs::rename(&image, dir.join(BLOCK_FILE)).await?;

@@ -10,10 +10,22 @@ use serde_json::{Value, json};
 
 use crate::oci::{self, ImageConfig};
 
+pub mod host;
+pub mod image;
+pub mod install;
+mod node;
+pub use node::{RealNode, prepare, release, start, stop_pods};
+
 /// The bridge pods attach to: a private subnet with no gateway and no route, so nothing leaves the machine.
 pub const BRIDGE: &str = "labbr0";
 pub const BRIDGE_ADDRESS: &str = "10.88.0.1/24";
+/// The machine's address on the bridge: where pods reach the lab's vcsim and MinIO.
+pub const BRIDGE_IP: &str = "10.88.0.1";
 pub const POD_SUBNET: &str = "10.88.0.0/24";
+/// The `kubernetes` Service's cluster IP (the first of the lab's service range): with a real node the API server
+/// listens there, on the bridge, as in-cluster clients expect; pods reach it by one route via the bridge.
+pub const API_SERVICE_IP: std::net::Ipv4Addr = std::net::Ipv4Addr::new(10, 0, 0, 1);
+pub const API_SERVICE_PORT: u16 = 443;
 /// The sandbox image, built here and imported into containerd (there is no registry).
 pub const PAUSE_IMAGE: &str = "localhost/pause:local";
 /// The runc Debian installs; containerd runs it for every container.
@@ -64,6 +76,7 @@ imports = ["{s}/conf.d/*.toml"]
 
 [plugins."io.containerd.cri.v1.runtime"]
   restrict_oom_score_adj = true
+  netns_mounts_under_state_dir = true
 
 [plugins."io.containerd.cri.v1.runtime".cni]
   bin_dirs = ["{}"]
@@ -74,6 +87,7 @@ imports = ["{s}/conf.d/*.toml"]
 
 [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc.options]
   BinaryName = "{RUNC}"
+  Root = "{s}/runc"
   SystemdCgroup = false
 "#,
         cni_bin.display(),
@@ -82,14 +96,16 @@ imports = ["{s}/conf.d/*.toml"]
 }
 
 /// The CNI network: the bridge with host-local addresses, no gateway (the bridge plugin would turn on forwarding),
-/// no masquerade and no routes.
+/// no masquerade, and one route: to the API server's address on the bridge (delivered locally, not forwarded).
 pub fn cni_conflist() -> Value {
+    let gateway = BRIDGE_ADDRESS.split('/').next().unwrap_or_default();
     json!({
         "cniVersion": "1.0.0",
         "name": "ferry-lab",
         "plugins": [
             {"type": "bridge", "bridge": BRIDGE, "isGateway": false, "ipMasq": false,
-             "ipam": {"type": "host-local", "ranges": [[{"subnet": POD_SUBNET}]], "routes": []}},
+             "ipam": {"type": "host-local", "ranges": [[{"subnet": POD_SUBNET}]],
+                      "routes": [{"dst": format!("{API_SERVICE_IP}/32"), "gw": gateway}]}},
             {"type": "loopback"},
         ],
     })
@@ -165,9 +181,11 @@ pub fn claim(lock: &Path, lab_dir: &Path, pid: i32) -> Result<()> {
     Ok(())
 }
 
-/// Why this machine cannot host a real node now (see [`refusal`]), read from the machine.
-pub fn host_refusal() -> Option<String> {
-    let holder = holder(Path::new(LOCK_FILE)).map(|h| h.lab_dir.display().to_string());
+/// Why this machine cannot host a real node for `lab_dir` now (see [`refusal`]), read from the machine.
+pub fn host_refusal(lab_dir: &Path) -> Option<String> {
+    let holder = holder(Path::new(LOCK_FILE))
+        .filter(|h| h.lab_dir != lab_dir)
+        .map(|h| h.lab_dir.display().to_string());
     refusal(
         rustix::process::geteuid().as_raw(),
         Path::new(RUNC).exists(),
@@ -176,7 +194,7 @@ pub fn host_refusal() -> Option<String> {
 }
 
 /// The sandbox process's source, kept with the tools (`tools/pause/pause.c`).
-const PAUSE_SOURCE: &str = include_str!("../../../tools/pause/pause.c");
+const PAUSE_SOURCE: &str = include_str!("../../../../tools/pause/pause.c");
 
 /// Builds [`PAUSE_IMAGE`] under `dir`: the pause process compiled static with the machine's C compiler (682 KB),
 /// alone in a one-layer image, run as nobody as Kubernetes' own pause image is. Returns the archive's path, for
@@ -250,11 +268,14 @@ mod tests {
     }
 
     #[test]
-    fn pods_get_no_gateway_no_masquerade_and_no_route() {
+    fn pods_get_no_gateway_no_masquerade_and_a_route_to_the_api_server_only() {
         let bridge = &cni_conflist()["plugins"][0];
         assert_eq!(bridge["isGateway"], false);
         assert_eq!(bridge["ipMasq"], false);
-        assert_eq!(bridge["ipam"]["routes"], json!([]));
+        assert_eq!(
+            bridge["ipam"]["routes"],
+            json!([{"dst": "10.0.0.1/32", "gw": "10.88.0.1"}])
+        );
         assert_eq!(bridge["ipam"]["ranges"][0][0]["subnet"], POD_SUBNET);
     }
 

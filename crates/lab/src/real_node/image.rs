@@ -1,0 +1,129 @@
+//! The `ferry` image without a registry: the Dockerfile's runtime stage, built from the same Debian packages with
+//! mmdebstrap (cached: a tree of about 1 GiB, built once per package list), and the `ferry` binary the lab runs as a
+//! layer on top; same user, entrypoint and environment as the Dockerfile.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{Context, Result, bail};
+use sha2::{Digest, Sha256};
+
+use crate::oci::{self, ImageConfig};
+
+/// The Dockerfile's `FROM debian:trixie-slim` and its `apt-get install` line.
+const SUITE: &str = "trixie";
+const PACKAGES: [&str; 5] = [
+    "ca-certificates",
+    "qemu-utils",
+    "virt-v2v",
+    "nbdkit",
+    "linux-image-amd64",
+];
+const MIRROR: &str = "http://deb.debian.org/debian";
+/// The Dockerfile's `USER`: no passwd entry, as there.
+pub const USER: &str = "65532:65532";
+
+/// The image name deploy/controller.yaml runs (its `image` and `FERRY_WORKER_IMAGE`).
+pub const FERRY_IMAGE: &str = "ferry:0.1.0";
+
+/// What names the cached base tree: the suite, the packages and the hook that adjusts it.
+fn base_key() -> String {
+    let recipe = format!("{SUITE} {} {}", PACKAGES.join(","), customize_hook());
+    crate::disks::hex(&Sha256::digest(recipe.as_bytes()))[..16].to_string()
+}
+
+/// The kernel must be readable by the Jobs' users (libguestfs's supermin builds its appliance from it).
+fn customize_hook() -> &'static str {
+    r#"chmod a+r "$1"/boot/vmlinuz-*"#
+}
+
+/// The base tree in `cache`, built with mmdebstrap (root mode) if absent.
+pub fn base_rootfs(cache: &Path) -> Result<PathBuf> {
+    let tree = cache.join(format!("ferry-base-{}", base_key()));
+    if tree.join("usr/bin/qemu-img").exists() {
+        return Ok(tree);
+    }
+    let staging = cache.join(format!("ferry-base-{}.partial", base_key()));
+    let _ = std::fs::remove_dir_all(&staging);
+    std::fs::create_dir_all(cache)?;
+    tracing::info!(
+        "building the ferry image's base ({SUITE}: {}) with mmdebstrap into {}; a few minutes, once",
+        PACKAGES.join(" "),
+        tree.display()
+    );
+    let out = Command::new("mmdebstrap")
+        .args(["--mode=root", "--variant=apt", "--quiet"])
+        // The Dockerfile's --no-install-recommends.
+        .arg("--aptopt=APT::Install-Recommends \"false\"")
+        .arg(format!("--include={}", PACKAGES.join(",")))
+        .arg(format!("--customize-hook={}", customize_hook()))
+        .args([
+            "--dpkgopt=path-exclude=/usr/share/doc/*",
+            "--dpkgopt=path-exclude=/usr/share/man/*",
+            "--dpkgopt=path-exclude=/usr/share/locale/*",
+        ])
+        .arg(SUITE)
+        .arg(&staging)
+        .arg(MIRROR)
+        .output()
+        .context("running mmdebstrap (apt-get install mmdebstrap)")?;
+    if !out.status.success() {
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let tail: Vec<&str> = stderr.lines().rev().take(15).collect();
+        bail!(
+            "mmdebstrap could not build the ferry image's base:\n{}",
+            tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+        );
+    }
+    std::fs::rename(&staging, &tree)?;
+    Ok(tree)
+}
+
+/// Writes the `ferry` image (`name`) to `dir` as an OCI archive: the cached base and `ferry` at
+/// `/usr/local/bin/ferry`. Returns the archive's path.
+pub fn build_ferry_image(cache: &Path, dir: &Path, ferry: &Path, name: &str) -> Result<PathBuf> {
+    let base = base_rootfs(cache)?;
+    let top = dir.join("ferry-layer");
+    let _ = std::fs::remove_dir_all(&top);
+    std::fs::create_dir_all(top.join("usr/local/bin"))?;
+    std::fs::copy(ferry, top.join("usr/local/bin/ferry"))
+        .with_context(|| format!("copying {}", ferry.display()))?;
+    let image = ImageConfig {
+        name: name.into(),
+        user: USER.into(),
+        entrypoint: vec!["ferry".into()],
+        env: vec![
+            "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".into(),
+            "LIBGUESTFS_BACKEND=direct".into(),
+        ],
+    };
+    let archive = dir.join("ferry.oci.tar");
+    oci::write_layered_archive(&[&base, &top], &image, &archive)?;
+    std::fs::remove_dir_all(&top)?;
+    Ok(archive)
+}
+
+/// Where base trees are cached: `images` beside the guest images' cache.
+pub fn default_cache() -> Result<PathBuf> {
+    let guests = crate::guest_image::default_cache_root()?;
+    Ok(guests
+        .parent()
+        .map_or_else(|| guests.join("images"), |p| p.join("images")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_base_is_the_dockerfiles_runtime_stage() {
+        let dockerfile = include_str!("../../../../Dockerfile");
+        assert!(dockerfile.contains(&format!("ARG BASE=debian:{SUITE}-slim")));
+        assert!(dockerfile.contains("FROM ${BASE}\n"));
+        assert!(dockerfile.contains(&format!("--no-install-recommends {}", PACKAGES.join(" "))));
+        assert!(dockerfile.contains(&format!("USER {USER}")));
+        assert!(dockerfile.contains(r#"ENTRYPOINT ["ferry"]"#));
+        assert!(dockerfile.contains("ENV LIBGUESTFS_BACKEND=direct"));
+        assert!(dockerfile.contains("chmod a+r /boot/vmlinuz-*"));
+    }
+}

@@ -1,0 +1,122 @@
+//! Ferry installed on a real node as a user installs it: `kubectl apply` of `deploy/` (CRDs, RBAC, the
+//! Deployment), unchanged, running the image built here under the name the manifest gives.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::coordination::v1::Lease;
+
+use crate::lab::LabState;
+
+/// The repository's `deploy/`, next to the source this binary was built from.
+pub const DEPLOY_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../deploy");
+pub const NAMESPACE: &str = "ferry-system";
+pub const DEPLOYMENT: &str = "ferry-controller";
+/// The leader's Lease (`ferry controller`'s default).
+pub const LEASE: &str = "ferry-controller";
+const AVAILABLE_TIMEOUT: Duration = Duration::from_secs(180);
+
+/// What a user applies, in the README's order: the RBAC (with the namespace) before the admission policy, whose
+/// binding lives in that namespace.
+pub const DEPLOY_FILES: [&str; 4] = [
+    "crds/ferry.yaml",
+    "rbac/ferry-rbac.yaml",
+    "rbac/ferry-admission.yaml",
+    "controller.yaml",
+];
+
+/// `kubectl apply` of `deploy/`'s CRDs, RBAC, admission policy and Deployment, as [`DEPLOY_FILES`] orders them.
+pub fn apply_deploy(state: &LabState, deploy: &Path) -> Result<()> {
+    for part in DEPLOY_FILES {
+        let path: PathBuf = deploy.join(part);
+        let out = Command::new(state.tools.join("kubectl"))
+            .arg(format!("--kubeconfig={}", state.kubeconfig.display()))
+            .args(["apply", "--server-side", "--force-conflicts", "-f"])
+            .arg(&path)
+            .output()
+            .context("running kubectl")?;
+        if !out.status.success() {
+            bail!(
+                "kubectl apply -f {}: {}",
+                path.display(),
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+        }
+    }
+    Ok(())
+}
+
+/// What the Deployment and its Lease say now.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Rollout {
+    pub replicas: i32,
+    pub updated: i32,
+    pub available: i32,
+    pub leader: Option<String>,
+}
+
+impl Rollout {
+    /// Every replica of the newest template available, and one of them leads.
+    pub fn complete(&self) -> bool {
+        self.replicas > 0
+            && self.updated == self.replicas
+            && self.available == self.replicas
+            && self.leader.is_some()
+    }
+}
+
+pub async fn rollout(client: &kube::Client) -> Result<Rollout> {
+    let deployments: kube::Api<Deployment> = kube::Api::namespaced(client.clone(), NAMESPACE);
+    let leases: kube::Api<Lease> = kube::Api::namespaced(client.clone(), NAMESPACE);
+    let deployment = deployments.get(DEPLOYMENT).await?;
+    let status = deployment.status.unwrap_or_default();
+    let spec_replicas = deployment.spec.replicas.unwrap_or(1);
+    let leader = leases
+        .get_opt(LEASE)
+        .await?
+        .and_then(|l| l.spec)
+        .and_then(|s| s.holder_identity)
+        .filter(|h| !h.is_empty());
+    Ok(Rollout {
+        replicas: spec_replicas,
+        // The controller has seen the newest template only once observedGeneration catches up.
+        updated: if status.observed_generation == deployment.metadata.generation {
+            status.updated_replicas.unwrap_or(0)
+        } else {
+            0
+        },
+        available: status.available_replicas.unwrap_or(0),
+        leader,
+    })
+}
+
+/// Waits until the rollout is [`Rollout::complete`], printing each change.
+pub async fn wait_rollout(client: &kube::Client) -> Result<Rollout> {
+    let deadline = Instant::now() + AVAILABLE_TIMEOUT;
+    let mut last = Rollout::default();
+    loop {
+        let now = rollout(client).await?;
+        if now != last {
+            tracing::info!(
+                "{NAMESPACE}/{DEPLOYMENT}: {}/{} updated, {} available, leader {}",
+                now.updated,
+                now.replicas,
+                now.available,
+                now.leader.as_deref().unwrap_or("none")
+            );
+            last = now.clone();
+        }
+        if now.complete() {
+            return Ok(now);
+        }
+        if Instant::now() > deadline {
+            bail!(
+                "{NAMESPACE}/{DEPLOYMENT} did not roll out within {AVAILABLE_TIMEOUT:?}: {now:?}"
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
