@@ -182,6 +182,11 @@ pub fn options(dir: PathBuf) -> Result<LabOptions> {
 pub fn options_for(dir: PathBuf, kind: NodeKind) -> Result<LabOptions> {
     let mut options = options(dir)?;
     if kind == NodeKind::Real {
+        // Refused before the node's tools are built (minutes, the first time).
+        let dir = options.dir.canonicalize().unwrap_or(options.dir.clone());
+        if let Some(why) = ferry_lab::real_node::host_refusal(&dir) {
+            anyhow::bail!("{why}");
+        }
         options.real_node = Some(ferry_lab::tools::node_bin_dir()?);
         options.controller = false;
     }

@@ -169,8 +169,24 @@ async fn ferry_from_deploy_on_a_real_node_migrates_rolls_out_hands_over_and_leav
         },
     )
     .await;
+    // The old pods stop on SIGTERM and a new one leads well within their 30 s grace period: a standby that ignored
+    // SIGTERM (PID 1 in its container) took the Lease while stopping and held it until it was killed.
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
+    let new_leader = eventually(
+        "a pod of the new ReplicaSet leading",
+        Duration::from_secs(25),
+        || {
+            let (client, pods) = (client.clone(), pods.clone());
+            async move {
+                let leader = leader(&client).await?;
+                let pod = pods.get_opt(&leader).await.ok()??;
+                pod.metadata.deletion_timestamp.is_none().then_some(leader)
+            }
+        },
+    )
+    .await;
     println!(
-        "rolling update: {:.1}s, {} ReplicaSets, {}/{} available, generation {:?} -> {:?}",
+        "rolling update: {:.1}s, {} ReplicaSets, {}/{} available, generation {:?} -> {:?}, {new_leader} leads",
         rolled.elapsed().as_secs_f64(),
         old_sets_scaled_down,
         after.available,

@@ -40,6 +40,8 @@ pub struct RunOptions {
 }
 
 pub async fn run(client: Client, options: RunOptions) -> Result<()> {
+    // Listening from the start: a SIGTERM that reaches a standby, or arrives as it takes the lease, is not lost.
+    let shutdown = Shutdown::on_signals()?;
     let role = Arc::new(AtomicU8::new(Role::Starting as u8));
     let ctx = Arc::new(Context::new(
         client.clone(),
@@ -66,7 +68,15 @@ pub async fn run(client: Client, options: RunOptions) -> Result<()> {
     role.store(Role::Standby as u8, Ordering::Relaxed);
     tracing::info!(lease = %options.lease_name, identity = %options.identity, "waiting to lead");
     while !*leading.borrow_and_update() {
-        leading.changed().await.context("leader election stopped")?;
+        tokio::select! {
+            changed = leading.changed() => changed.context("leader election stopped")?,
+            () = shutdown.requested() => {
+                // A standby holds nothing: it goes at once, so a rolling update does not wait out its grace period.
+                tracing::info!("stopping while standing by");
+                lease_task.abort();
+                return Ok(());
+            }
+        }
     }
     tracing::info!("leading: reconciling migrations");
     role.store(Role::Leading as u8, Ordering::Relaxed);
@@ -78,7 +88,7 @@ pub async fn run(client: Client, options: RunOptions) -> Result<()> {
             }
         }
     };
-    let stopped = run_controllers(client, ctx, &options.watched);
+    let stopped = run_controllers(client, ctx, &options.watched, &shutdown);
     let lost_lease = tokio::select! {
         _ = lost => true,
         _ = stopped => false,
@@ -118,7 +128,44 @@ fn forget_managed_fields<K: ResourceExt>(object: &mut K) {
     object.managed_fields_mut().clear();
 }
 
-async fn run_controllers(client: Client, ctx: Arc<Context>, watched: &Watched) {
+/// SIGTERM or SIGINT, seen by every part of the process that waits for it.
+#[derive(Clone)]
+struct Shutdown(tokio::sync::watch::Receiver<bool>);
+
+impl Shutdown {
+    fn on_signals() -> Result<Self> {
+        use tokio::signal::unix::{SignalKind, signal};
+        let mut terminate = signal(SignalKind::terminate()).context("listening for SIGTERM")?;
+        let mut interrupt = signal(SignalKind::interrupt()).context("listening for SIGINT")?;
+        let (tx, rx) = tokio::sync::watch::channel(false);
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = terminate.recv() => {}
+                _ = interrupt.recv() => {}
+            }
+            tracing::info!("shutdown requested");
+            let _ = tx.send(true);
+            // Kept open, so waiters see `true` rather than a closed channel.
+            std::future::pending::<()>().await;
+        });
+        Ok(Self(rx))
+    }
+
+    /// Resolves once shutdown is requested (at once if it already was).
+    fn requested(&self) -> impl std::future::Future<Output = ()> + Send + Sync + 'static {
+        let mut rx = self.0.clone();
+        async move {
+            let _ = rx.wait_for(|requested| *requested).await;
+        }
+    }
+}
+
+async fn run_controllers(
+    client: Client,
+    ctx: Arc<Context>,
+    watched: &Watched,
+    shutdown: &Shutdown,
+) {
     let config = watcher::Config::default().any_semantic();
     let (store, writer) = reflector::store::<VirtualMachineMigration>();
     // A plan learns of its migrations' changes from this one watch, after the cache has them: a second watch of
@@ -227,7 +274,7 @@ async fn run_controllers(client: Client, ctx: Arc<Context>, watched: &Watched) {
         )
         // Unbounded here: `fair::Fairness` bounds the reconciles, overall and per namespace.
         .with_config(controller::Config::default().debounce(ctx.config.debounce))
-        .shutdown_on_signal()
+        .graceful_shutdown_on(shutdown.requested())
         .run(
             |vmm, ctx| async move {
                 let _slot = ctx
@@ -244,7 +291,7 @@ async fn run_controllers(client: Client, ctx: Arc<Context>, watched: &Watched) {
     ctx.attach_providers(provider_store.clone());
     let provider_events = reflector(writer, watched.events::<Provider>(&client, &config));
     let providers = Controller::for_stream(provider_events.applied_objects(), provider_store)
-        .shutdown_on_signal()
+        .graceful_shutdown_on(shutdown.requested())
         .run(
             |provider, ctx| async move {
                 let _slot = ctx
@@ -261,7 +308,7 @@ async fn run_controllers(client: Client, ctx: Arc<Context>, watched: &Watched) {
     let plan_events = reflector(writer, watched.events::<MigrationPlan>(&client, &config));
     let plans = Controller::for_stream(plan_events.applied_objects(), plan_store)
         .reconcile_on(plan_woken)
-        .shutdown_on_signal()
+        .graceful_shutdown_on(shutdown.requested())
         .run(
             |plan, ctx| async move {
                 let _slot = ctx

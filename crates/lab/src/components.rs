@@ -206,7 +206,8 @@ impl LabFiles {
                 ],
                 env: vec![],
             },
-            ports: vec![port],
+            // The fixed port of a real node's API server is not on loopback, nor the lab's to check at `down`.
+            ports: if self.in_cluster { vec![] } else { vec![port] },
             probe: Probe::Https {
                 url: url.clone(),
                 path: "/readyz".into(),

@@ -180,6 +180,18 @@ pub async fn up(options: &LabOptions) -> Result<UpOutcome> {
     let dir = options.dir.canonicalize()?;
     if let Some(existing) = LabState::load(&dir)? {
         if existing.all_alive() {
+            if existing.real_node.is_some() != options.real_node.is_some() {
+                let runs = if existing.real_node.is_some() {
+                    "a real node"
+                } else {
+                    "the node agent"
+                };
+                bail!(
+                    "the lab in {} already runs with {runs}; stop it first (`ferry lab down --dir {}`) to change its node",
+                    dir.display(),
+                    dir.display()
+                );
+            }
             return Ok(UpOutcome::AlreadyRunning(existing));
         }
         // A half-dead lab is stopped whole and started afresh.
@@ -378,6 +390,18 @@ fn stop_all(state: &LabState) -> Result<Vec<String>> {
     if let Some(node) = &state.real_node {
         crate::real_node::stop_pods(state, node);
     }
+    let stopped = stop_processes(state);
+    // The machine is restored even when a process or port would not go: a real node's changes must not wait.
+    let restored = match &state.real_node {
+        Some(node) => crate::real_node::release(state, node),
+        None => Ok(()),
+    };
+    let stopped = stopped?;
+    restored?;
+    Ok(stopped)
+}
+
+fn stop_processes(state: &LabState) -> Result<Vec<String>> {
     let mut stopped = Vec::new();
     for record in state.processes.iter().rev() {
         if record.is_alive(&state.dir) {
@@ -393,9 +417,6 @@ fn stop_all(state: &LabState) -> Result<Vec<String>> {
             }
             std::thread::sleep(Duration::from_millis(50));
         }
-    }
-    if let Some(node) = &state.real_node {
-        crate::real_node::release(state, node)?;
     }
     Ok(stopped)
 }

@@ -32,8 +32,13 @@ fn built(env: &str, args: &[&str]) -> Result<PathBuf> {
     let script = PathBuf::from(BUILD_SCRIPT);
     if !script.exists() {
         bail!(
-            "the lab's tools are not found: set {env} to the directory that `hack/tools.sh {}` printed",
-            args.join(" ")
+            "the lab's tools are not found: set {env} to the directory that `{}` printed",
+            ["hack/tools.sh"]
+                .iter()
+                .chain(args)
+                .copied()
+                .collect::<Vec<_>>()
+                .join(" ")
         );
     }
     let output = Command::new("bash")

@@ -11,12 +11,19 @@ use serde::{Deserialize, Serialize};
 
 use super::{API_SERVICE_IP, BRIDGE, BRIDGE_ADDRESS};
 
-/// Kernel settings the kubelet rewrites on start (it would refuse to start instead with protectKernelDefaults).
-pub const KUBELET_SYSCTLS: [&str; 3] = [
+/// Kernel settings the kubelet sets on start (`setupKernelTunables`; with protectKernelDefaults it would refuse
+/// to start instead).
+pub const KUBELET_SYSCTLS: [&str; 6] = [
     "vm.overcommit_memory",
+    "vm.panic_on_oom",
     "kernel.panic",
     "kernel.panic_on_oops",
+    "kernel.keys.root_maxkeys",
+    "kernel.keys.root_maxbytes",
 ];
+
+/// The kubelet's API port: fixed, so the machine's.
+const KUBELET_PORT: u16 = 10250;
 
 /// Paths the kubelet, containerd and the CNI plugins create wherever their configuration cannot move them.
 pub const FIXED_PATHS: [&str; 6] = [
@@ -38,6 +45,9 @@ pub struct HostBefore {
     pub sysctls: Vec<(String, String)>,
     /// The fixed paths that did not exist: removed again at `down`.
     pub absent_paths: Vec<PathBuf>,
+    /// Mounts under the fixed paths that were already there (another containerd's, `ip netns`): left alone.
+    #[serde(default)]
+    pub mounts: Vec<PathBuf>,
 }
 
 fn sysctl_path(name: &str) -> PathBuf {
@@ -57,10 +67,45 @@ pub fn record_before() -> Result<HostBefore> {
         .map(PathBuf::from)
         .filter(|p| !p.exists())
         .collect();
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    let mounts = mounts_under(&mountinfo, &fixed_paths());
     Ok(HostBefore {
         sysctls,
         absent_paths,
+        mounts,
     })
+}
+
+fn fixed_paths() -> Vec<PathBuf> {
+    FIXED_PATHS.iter().map(PathBuf::from).collect()
+}
+
+/// What of a node's fixed resources something else holds now: a node would collide with it, and `down` would
+/// take it away. Empty on a machine that can host one.
+pub fn in_use() -> Vec<String> {
+    let mut found = Vec::new();
+    if ip(&["link", "show", BRIDGE]).is_ok() {
+        found.push(format!("bridge {BRIDGE}"));
+    }
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    if let Some(root) = cgroup_roots(&mountinfo)
+        .into_iter()
+        .find(|root| root.join(POD_CGROUP).exists())
+    {
+        found.push(format!("cgroup {}", root.join(POD_CGROUP).display()));
+    }
+    if !crate::process::port_is_closed(KUBELET_PORT) {
+        found.push(format!("port {KUBELET_PORT} (a kubelet's)"));
+    }
+    for address in [
+        super::POD_SUBNET.to_string(),
+        format!("{API_SERVICE_IP}/32"),
+    ] {
+        if ip(&["-o", "addr", "show", "to", &address]).is_ok_and(|out| !out.trim().is_empty()) {
+            found.push(format!("address {address}"));
+        }
+    }
+    found
 }
 
 fn ip(args: &[&str]) -> Result<String> {
@@ -167,6 +212,16 @@ fn cgroup_dirs_under(root: &Path) -> Vec<PathBuf> {
     dirs
 }
 
+/// The mounts the node made: under its directory or a fixed path, and not there before it.
+fn node_mounts(mountinfo: &str, node_dir: &Path, before: &HostBefore) -> Vec<PathBuf> {
+    let mut prefixes = fixed_paths();
+    prefixes.push(node_dir.to_path_buf());
+    mounts_under(mountinfo, &prefixes)
+        .into_iter()
+        .filter(|m| !before.mounts.contains(m))
+        .collect()
+}
+
 /// The processes of every pod: whatever sits in a `/kubepods` cgroup of any hierarchy.
 fn pod_processes(roots: &[PathBuf]) -> Vec<i32> {
     let mut pids: Vec<i32> = roots
@@ -188,6 +243,10 @@ fn pod_processes(roots: &[PathBuf]) -> Vec<i32> {
 
 /// Processes running `program` (the shims re-parent to init and outlive containerd).
 fn processes_running(program: &Path) -> Vec<i32> {
+    // /proc/PID/exe is the resolved path: compare with the resolved program.
+    let program = program
+        .canonicalize()
+        .unwrap_or_else(|_| program.to_path_buf());
     let Ok(entries) = std::fs::read_dir("/proc") else {
         return vec![];
     };
@@ -195,25 +254,32 @@ fn processes_running(program: &Path) -> Vec<i32> {
         .flatten()
         .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
         .filter(|pid| {
-            std::fs::read_link(format!("/proc/{pid}/exe")).is_ok_and(|exe| exe == program)
+            std::fs::read_link(format!("/proc/{pid}/exe")).is_ok_and(|exe| exe == *program)
         })
         .collect()
 }
 
-fn kill_and_wait(pids: &[i32]) -> Result<()> {
-    for pid in pids {
-        if let Some(pid) = rustix::process::Pid::from_raw(*pid) {
-            let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
+/// SIGKILLs what `find` finds until it finds nothing: a pod's process can fork while the last ones die.
+fn kill_until_none(find: impl Fn() -> Vec<i32>) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let pids: Vec<i32> = find()
+            .into_iter()
+            .filter(|pid| crate::process::pid_is_running(*pid))
+            .collect();
+        if pids.is_empty() {
+            return Ok(());
         }
-    }
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while pids.iter().any(|pid| crate::process::pid_is_running(*pid)) {
         if Instant::now() > deadline {
             bail!("processes {pids:?} of the real node survived SIGKILL");
         }
-        std::thread::sleep(Duration::from_millis(50));
+        for pid in &pids {
+            if let Some(pid) = rustix::process::Pid::from_raw(*pid) {
+                let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
+            }
+        }
+        std::thread::sleep(Duration::from_millis(100));
     }
-    Ok(())
 }
 
 /// What `restore` could not undo; empty when the machine is as it was.
@@ -232,14 +298,15 @@ pub fn restore(node_dir: &Path, shim: &Path, before: &HostBefore) -> Leftovers {
     };
     let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
     let roots = cgroup_roots(&mountinfo);
-    step("killing the pods' processes and the shims", {
-        let mut pids = pod_processes(&roots);
-        pids.extend(processes_running(shim));
-        kill_and_wait(&pids)
-    });
-    let mut prefixes = vec![node_dir.to_path_buf()];
-    prefixes.extend(FIXED_PATHS.iter().map(PathBuf::from));
-    for mount in mounts_under(&mountinfo, &prefixes) {
+    step(
+        "killing the pods' processes and the shims",
+        kill_until_none(|| {
+            let mut pids = pod_processes(&roots);
+            pids.extend(processes_running(shim));
+            pids
+        }),
+    );
+    for mount in node_mounts(&mountinfo, node_dir, before) {
         step(&format!("unmounting {}", mount.display()), unmount(&mount));
     }
     for root in &roots {
@@ -298,9 +365,7 @@ pub fn survey(node_dir: &Path, tools: &Path, before: &HostBefore) -> Vec<String>
     for pid in pod_processes(&roots) {
         found.push(format!("pod process {pid}"));
     }
-    let mut prefixes = vec![node_dir.to_path_buf()];
-    prefixes.extend(FIXED_PATHS.iter().map(PathBuf::from));
-    for mount in mounts_under(&mountinfo, &prefixes) {
+    for mount in node_mounts(&mountinfo, node_dir, before) {
         found.push(format!("mount {}", mount.display()));
     }
     for root in &roots {
@@ -371,9 +436,11 @@ mod tests {
     }
 
     #[test]
-    fn the_machine_before_names_every_kubelet_sysctl() {
+    fn every_kubelet_sysctl_is_read_as_a_number_from_proc() {
         let before = record_before().unwrap();
-        let names: Vec<&str> = before.sysctls.iter().map(|(n, _)| n.as_str()).collect();
-        assert_eq!(names, KUBELET_SYSCTLS);
+        assert_eq!(before.sysctls.len(), KUBELET_SYSCTLS.len());
+        for (name, value) in &before.sysctls {
+            assert!(value.parse::<i64>().is_ok(), "{name} = {value:?}");
+        }
     }
 }

@@ -34,7 +34,8 @@ pub fn apply_deploy(state: &LabState, deploy: &Path) -> Result<()> {
         let path: PathBuf = deploy.join(part);
         let out = Command::new(state.tools.join("kubectl"))
             .arg(format!("--kubeconfig={}", state.kubeconfig.display()))
-            .args(["apply", "--server-side", "--force-conflicts", "-f"])
+            .args(["apply", "--server-side", "--force-conflicts"])
+            .args(["--request-timeout=60s", "-f"])
             .arg(&path)
             .output()
             .context("running kubectl")?;

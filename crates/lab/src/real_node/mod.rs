@@ -1,7 +1,7 @@
 //! A real node beside the lab (`ferry lab up --node real`, issue 25): containerd, the CNI bridge, the kubelet and
 //! kube-scheduler, configured as `../shared/design/facts/real-node.md` found works on a machine whose root lacks
-//! CAP_SYS_RESOURCE and still runs cgroup v1. Pure builders of the configuration and the host checks; the
-//! components that run them come next.
+//! CAP_SYS_RESOURCE and still runs cgroup v1. Here: the pure builders of its configuration and the pause image;
+//! the machine's claim, host changes, components, images and install in the modules below.
 
 use std::path::Path;
 
@@ -10,10 +10,12 @@ use serde_json::{Value, json};
 
 use crate::oci::{self, ImageConfig};
 
+pub mod claim;
 pub mod host;
 pub mod image;
 pub mod install;
 mod node;
+pub use claim::{Holder, claim, holder, host_refusal, release_claim};
 pub use node::{RealNode, prepare, release, start, stop_pods};
 
 /// The bridge pods attach to: a private subnet with no gateway and no route, so nothing leaves the machine.
@@ -33,8 +35,14 @@ pub const RUNC: &str = "/usr/sbin/runc";
 /// One real node per machine: the kubelet's port, its fixed paths and `/kubepods` are the machine's.
 pub const LOCK_FILE: &str = "/run/ferry-real-node.lock";
 
-/// Why this machine cannot host a real node now, in words a user can act on; None when it can.
-pub fn refusal(euid: u32, runc_present: bool, lock_holder: Option<&str>) -> Option<String> {
+/// Why this machine cannot host a real node now, in words a user can act on; None when it can. `in_use`: what of a
+/// node's fixed resources something else already holds (a bridge, `/kubepods`, the kubelet's port).
+pub fn refusal(
+    euid: u32,
+    runc_present: bool,
+    lock_holder: Option<&str>,
+    in_use: &[String],
+) -> Option<String> {
     if euid != 0 {
         return Some(
             "a real node needs root (it creates a bridge, cgroups and mounts); run as root or use the default node agent"
@@ -46,8 +54,15 @@ pub fn refusal(euid: u32, runc_present: bool, lock_holder: Option<&str>) -> Opti
             "a real node needs runc at {RUNC}: apt-get install runc"
         ));
     }
-    lock_holder.map(|holder| {
-        format!("a real node already runs on this machine (lab {holder}); stop it with `ferry lab down --dir {holder}`")
+    if let Some(holder) = lock_holder {
+        return Some(claim::held_by(holder));
+    }
+    (!in_use.is_empty()).then(|| {
+        format!(
+            "this machine already has what a real node would create: {}; another kubelet, or a lab whose directory \
+             is gone (then remove them by hand)",
+            in_use.join(", ")
+        )
     })
 }
 
@@ -97,15 +112,16 @@ imports = ["{s}/conf.d/*.toml"]
 
 /// The CNI network: the bridge with host-local addresses, no gateway (the bridge plugin would turn on forwarding),
 /// no masquerade, and one route: to the API server's address on the bridge (delivered locally, not forwarded).
-pub fn cni_conflist() -> Value {
-    let gateway = BRIDGE_ADDRESS.split('/').next().unwrap_or_default();
+/// Its address bookkeeping (host-local's `dataDir`) stays in `ipam_dir`, not in the machine's `/var/lib/cni`.
+pub fn cni_conflist(ipam_dir: &Path) -> Value {
     json!({
         "cniVersion": "1.0.0",
         "name": "ferry-lab",
         "plugins": [
             {"type": "bridge", "bridge": BRIDGE, "isGateway": false, "ipMasq": false,
              "ipam": {"type": "host-local", "ranges": [[{"subnet": POD_SUBNET}]],
-                      "routes": [{"dst": format!("{API_SERVICE_IP}/32"), "gw": gateway}]}},
+                      "dataDir": ipam_dir.display().to_string(),
+                      "routes": [{"dst": format!("{API_SERVICE_IP}/32"), "gw": BRIDGE_IP}]}},
             {"type": "loopback"},
         ],
     })
@@ -140,57 +156,6 @@ pub fn kubelet_config(dir: &Path, ca: &Path, runtime_socket: &Path) -> Value {
         "podLogsDir": under("pod-logs"),
         "volumePluginDir": under("volume-plugins"),
     })
-}
-
-/// Who holds the machine's real node: the lab and the process (its containerd) that lives as long as the node.
-/// `ferry lab up` exits while the lab runs on, so the claim is a file, not a lock held by it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Holder {
-    pub pid: i32,
-    pub lab_dir: std::path::PathBuf,
-}
-
-/// The live holder recorded in `lock`; None when there is none, or its process is gone or is not that lab's.
-pub fn holder(lock: &Path) -> Option<Holder> {
-    let text = std::fs::read_to_string(lock).ok()?;
-    let (pid, dir) = text.trim_end().split_once(' ')?;
-    let holder = Holder {
-        pid: pid.parse().ok()?,
-        lab_dir: dir.into(),
-    };
-    // A reused PID is not the holder: the process must still name the lab dir on its command line.
-    let cmdline = std::fs::read(format!("/proc/{}/cmdline", holder.pid)).ok()?;
-    String::from_utf8_lossy(&cmdline)
-        .contains(&*holder.lab_dir.to_string_lossy())
-        .then_some(holder)
-}
-
-/// Claims the machine's real node for `lab_dir`, held by process `pid`: refused, naming the holder, while another
-/// live lab holds it; a claim left by a lab that is gone is taken over.
-pub fn claim(lock: &Path, lab_dir: &Path, pid: i32) -> Result<()> {
-    if let Some(other) = holder(lock).filter(|h| h.lab_dir != lab_dir) {
-        anyhow::bail!(
-            "a real node already runs on this machine (lab {}); stop it with `ferry lab down --dir {}`",
-            other.lab_dir.display(),
-            other.lab_dir.display()
-        );
-    }
-    let staged = lock.with_extension(format!("{pid}.tmp"));
-    std::fs::write(&staged, format!("{pid} {}\n", lab_dir.display()))?;
-    std::fs::rename(&staged, lock).with_context(|| format!("claiming {}", lock.display()))?;
-    Ok(())
-}
-
-/// Why this machine cannot host a real node for `lab_dir` now (see [`refusal`]), read from the machine.
-pub fn host_refusal(lab_dir: &Path) -> Option<String> {
-    let holder = holder(Path::new(LOCK_FILE))
-        .filter(|h| h.lab_dir != lab_dir)
-        .map(|h| h.lab_dir.display().to_string());
-    refusal(
-        rustix::process::geteuid().as_raw(),
-        Path::new(RUNC).exists(),
-        holder.as_deref(),
-    )
 }
 
 /// The sandbox process's source, kept with the tools (`tools/pause/pause.c`).
@@ -232,18 +197,27 @@ mod tests {
 
     #[test]
     fn the_host_is_refused_with_what_to_do() {
-        assert!(refusal(1000, true, None).unwrap().contains("needs root"));
         assert!(
-            refusal(0, false, None)
+            refusal(1000, true, None, &[])
+                .unwrap()
+                .contains("needs root")
+        );
+        assert!(
+            refusal(0, false, None, &[])
                 .unwrap()
                 .contains("apt-get install runc")
         );
         assert!(
-            refusal(0, true, Some("/tmp/lab"))
+            refusal(0, true, Some("/tmp/lab"), &[])
                 .unwrap()
                 .contains("ferry lab down --dir /tmp/lab")
         );
-        assert_eq!(refusal(0, true, None), None);
+        let taken = refusal(0, true, None, &["bridge labbr0".into()]).unwrap();
+        assert!(
+            taken.contains("already has") && taken.contains("bridge labbr0"),
+            "{taken}"
+        );
+        assert_eq!(refusal(0, true, None, &[]), None);
     }
 
     #[test]
@@ -269,7 +243,9 @@ mod tests {
 
     #[test]
     fn pods_get_no_gateway_no_masquerade_and_a_route_to_the_api_server_only() {
-        let bridge = &cni_conflist()["plugins"][0];
+        let bridge = &cni_conflist(Path::new("/lab/node/ipam"))["plugins"][0];
+        assert!(BRIDGE_ADDRESS.starts_with(&format!("{BRIDGE_IP}/")));
+        assert_eq!(bridge["ipam"]["dataDir"], "/lab/node/ipam");
         assert_eq!(bridge["isGateway"], false);
         assert_eq!(bridge["ipMasq"], false);
         assert_eq!(
@@ -312,39 +288,5 @@ mod tests {
         )
         .unwrap();
         assert!(child.wait().unwrap().success(), "SIGTERM ends it with 0");
-    }
-
-    #[test]
-    fn a_claim_is_refused_while_another_live_lab_holds_it_and_taken_over_when_it_is_gone() {
-        let dir = tempfile::tempdir().unwrap();
-        let lock = dir.path().join("real-node.lock");
-        // This test process stands for the first lab's containerd: its command line names the test binary.
-        let me = std::process::id() as i32;
-        let exe = std::env::current_exe().unwrap();
-        let first = exe.parent().unwrap();
-        claim(&lock, first, me).unwrap();
-        assert_eq!(
-            holder(&lock),
-            Some(Holder {
-                pid: me,
-                lab_dir: first.into()
-            })
-        );
-        let refused = claim(&lock, dir.path(), me).unwrap_err().to_string();
-        assert!(
-            refused.contains(&format!("ferry lab down --dir {}", first.display())),
-            "{refused}"
-        );
-        // The same lab may claim again (a restart of its node).
-        claim(&lock, first, me).unwrap();
-        // A holder whose process is gone holds nothing.
-        std::fs::write(&lock, format!("{} {}\n", i32::MAX, first.display())).unwrap();
-        assert_eq!(holder(&lock), None);
-        claim(&lock, dir.path(), me).unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!(
-            holder(&lock),
-            None,
-            "this process does not name the second dir"
-        );
     }
 }

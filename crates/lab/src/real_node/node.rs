@@ -77,6 +77,7 @@ pub fn prepare(state: &mut LabState, tools: &Path) -> Result<()> {
     if let Some(why) = super::host_refusal(&state.dir) {
         bail!("{why}");
     }
+    super::claim(Path::new(super::LOCK_FILE), &state.dir)?;
     state.real_node = Some(RealNode {
         tools: tools.to_path_buf(),
         dir: state.dir.join("node"),
@@ -87,8 +88,8 @@ pub fn prepare(state: &mut LabState, tools: &Path) -> Result<()> {
     host::create_bridge()
 }
 
-/// Starts the node [`prepare`]d: containerd (then the machine's claim, held by its process, the pause image and,
-/// from `ferry`, the `ferry` image), the kubelet until its Node is Ready, and kube-scheduler.
+/// Starts the node [`prepare`]d: containerd (then the pause image and, from `ferry`, the `ferry` image), the
+/// kubelet until its Node is Ready, and kube-scheduler.
 pub async fn start(
     state: &mut LabState,
     lifetime: Lifetime,
@@ -101,12 +102,6 @@ pub async fn start(
         .context("the real node was not prepared")?;
     write_configs(&node, lab.ca())?;
     crate::lab::start_component(state, lifetime, |_| Ok(containerd(&node))).await?;
-    let containerd_pid = state
-        .processes
-        .last()
-        .map(|p| p.pid)
-        .context("containerd has no process")?;
-    super::claim(Path::new(super::LOCK_FILE), &state.dir, containerd_pid)?;
     let pause = super::build_pause_image(&node.dir.join("images"))?;
     node.import_image(&pause)?;
     if let Some(ferry) = ferry {
@@ -149,7 +144,7 @@ fn write_configs(node: &RealNode, ca: &Path) -> Result<()> {
     )?;
     std::fs::write(
         cni_conf.join("10-ferry-lab.conflist"),
-        serde_json::to_vec_pretty(&super::cni_conflist())?,
+        serde_json::to_vec_pretty(&super::cni_conflist(&node.dir.join("ipam")))?,
     )?;
     std::fs::write(
         node.dir.join("kubelet.json"),
@@ -258,6 +253,8 @@ pub fn stop_pods(state: &LabState, node: &RealNode) {
     let kubectl = |args: &[&str]| {
         Command::new(state.tools.join("kubectl"))
             .arg(format!("--kubeconfig={}", state.kubeconfig.display()))
+            // The API server may be gone already (a crashed lab): each call gives up, the sweep follows.
+            .arg("--request-timeout=10s")
             .args(args)
             .output()
     };
@@ -274,7 +271,7 @@ pub fn stop_pods(state: &LabState, node: &RealNode) {
     ]);
     let deadline = Instant::now() + DRAIN_TIMEOUT;
     while Instant::now() < deadline {
-        match node.ctr(&["tasks", "list", "--quiet"]) {
+        match node.ctr(&["--timeout=5s", "tasks", "list", "--quiet"]) {
             Ok(tasks) if tasks.trim().is_empty() => return,
             Ok(_) => std::thread::sleep(Duration::from_millis(500)),
             Err(_) => return,
@@ -283,17 +280,26 @@ pub fn stop_pods(state: &LabState, node: &RealNode) {
     tracing::warn!("the real node's pods did not stop within {DRAIN_TIMEOUT:?}; killing them");
 }
 
-/// Restores the machine once the node's processes are stopped, and gives up the machine's claim.
+/// Restores the machine once the node's processes are stopped, and gives up the machine's claim; keeps the claim
+/// while something is left, so no other node starts on a machine still changed. A lab whose claim another live
+/// lab holds (its `up` failed before it claimed, or it was taken over) touches nothing.
 pub fn release(state: &LabState, node: &RealNode) -> Result<()> {
+    let lock = Path::new(super::LOCK_FILE);
+    if !super::claim::may_touch(lock, &state.dir) {
+        tracing::warn!(
+            "the machine's real node is held by another lab; leaving it as it is ({})",
+            lock.display()
+        );
+        return Ok(());
+    }
     let leftovers = host::restore(
         &node.dir,
         &node.tools.join("containerd-shim-runc-v2"),
         &node.before,
     );
-    if super::holder(Path::new(super::LOCK_FILE)).is_none_or(|h| h.lab_dir == state.dir) {
-        let _ = std::fs::remove_file(super::LOCK_FILE);
-    }
-    if !leftovers.is_empty() {
+    if leftovers.is_empty() {
+        super::release_claim(lock, &state.dir);
+    } else {
         bail!(
             "the real node left the machine changed: {}; run `ferry lab down --dir {}` again",
             leftovers.join("; "),
