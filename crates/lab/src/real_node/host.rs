@@ -109,18 +109,11 @@ pub fn in_use() -> Vec<String> {
 }
 
 fn ip(args: &[&str]) -> Result<String> {
-    let out = Command::new("ip")
-        .args(args)
-        .output()
-        .context("running ip (apt-get install iproute2)")?;
-    if !out.status.success() {
-        bail!(
-            "ip {}: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    super::run(
+        Command::new("ip").args(args),
+        &format!("ip {}", args.join(" ")),
+        " (apt-get install iproute2)",
+    )
 }
 
 /// The bridge pods attach to, with the node's address and the API server's on it; none of the machine's routes
@@ -338,11 +331,7 @@ pub fn restore(node_dir: &Path, shim: &Path, before: &HostBefore) -> Leftovers {
 }
 
 fn unmount(path: &Path) -> Result<()> {
-    let out = Command::new("umount").arg("--lazy").arg(path).output()?;
-    if !out.status.success() {
-        bail!("{}", String::from_utf8_lossy(&out.stderr).trim());
-    }
-    Ok(())
+    super::run(Command::new("umount").arg("--lazy").arg(path), "umount", "").map(drop)
 }
 
 /// What of a real node is still on the machine: processes of `tools`, pod processes, mounts under `node_dir` or a

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Result, bail};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::coordination::v1::Lease;
 
@@ -32,20 +32,15 @@ pub const DEPLOY_FILES: [&str; 4] = [
 pub fn apply_deploy(state: &LabState, deploy: &Path) -> Result<()> {
     for part in DEPLOY_FILES {
         let path: PathBuf = deploy.join(part);
-        let out = Command::new(state.tools.join("kubectl"))
-            .arg(format!("--kubeconfig={}", state.kubeconfig.display()))
-            .args(["apply", "--server-side", "--force-conflicts"])
-            .args(["--request-timeout=60s", "-f"])
-            .arg(&path)
-            .output()
-            .context("running kubectl")?;
-        if !out.status.success() {
-            bail!(
-                "kubectl apply -f {}: {}",
-                path.display(),
-                String::from_utf8_lossy(&out.stderr).trim()
-            );
-        }
+        super::run(
+            Command::new(state.tools.join("kubectl"))
+                .arg(format!("--kubeconfig={}", state.kubeconfig.display()))
+                .args(["apply", "--server-side", "--force-conflicts"])
+                .args(["--request-timeout=60s", "-f"])
+                .arg(&path),
+            &format!("kubectl apply -f {}", path.display()),
+            "",
+        )?;
     }
     Ok(())
 }

@@ -158,6 +158,19 @@ pub fn kubelet_config(dir: &Path, ca: &Path, runtime_socket: &Path) -> Value {
     })
 }
 
+/// Runs `command` and returns its stdout; when it fails, an error `what: <its stderr>`. `install` says how to get
+/// the program when it is missing.
+fn run(command: &mut std::process::Command, what: &str, install: &str) -> Result<String> {
+    let program = command.get_program().to_string_lossy().into_owned();
+    let out = command
+        .output()
+        .with_context(|| format!("running {program}{install}"))?;
+    if !out.status.success() {
+        anyhow::bail!("{what}: {}", String::from_utf8_lossy(&out.stderr).trim());
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
 /// The sandbox process's source, kept with the tools (`tools/pause/pause.c`).
 const PAUSE_SOURCE: &str = include_str!("../../../../tools/pause/pause.c");
 
@@ -169,17 +182,14 @@ pub fn build_pause_image(dir: &Path) -> Result<std::path::PathBuf> {
     std::fs::create_dir_all(&rootfs)?;
     let source = dir.join("pause.c");
     std::fs::write(&source, PAUSE_SOURCE)?;
-    let out = std::process::Command::new("gcc")
-        .args(["-static", "-Os", "-s", "-o"])
-        .arg(rootfs.join("pause"))
-        .arg(&source)
-        .output()
-        .context("running gcc (apt-get install gcc libc6-dev)")?;
-    anyhow::ensure!(
-        out.status.success(),
-        "compiling the pause process: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    run(
+        std::process::Command::new("gcc")
+            .args(["-static", "-Os", "-s", "-o"])
+            .arg(rootfs.join("pause"))
+            .arg(&source),
+        "compiling the pause process",
+        " (apt-get install gcc libc6-dev)",
+    )?;
     let archive = dir.join("pause.oci.tar");
     let image = ImageConfig {
         name: PAUSE_IMAGE.into(),

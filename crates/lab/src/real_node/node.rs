@@ -41,20 +41,14 @@ impl RealNode {
     }
 
     fn ctr(&self, args: &[&str]) -> Result<String> {
-        let out = Command::new(self.tools.join("ctr"))
-            .arg(format!("--address={}", self.socket().display()))
-            .args(["--namespace", "k8s.io"])
-            .args(args)
-            .output()
-            .context("running ctr")?;
-        if !out.status.success() {
-            bail!(
-                "ctr {}: {}",
-                args.join(" "),
-                String::from_utf8_lossy(&out.stderr).trim()
-            );
-        }
-        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+        super::run(
+            Command::new(self.tools.join("ctr"))
+                .arg(format!("--address={}", self.socket().display()))
+                .args(["--namespace", "k8s.io"])
+                .args(args),
+            &format!("ctr {}", args.join(" ")),
+            "",
+        )
     }
 
     /// Imports an OCI archive into containerd's Kubernetes namespace, where the kubelet finds its images.
