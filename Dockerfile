@@ -8,7 +8,8 @@ ARG BASE=debian:trixie-slim
 FROM ${BUILDER} AS build
 WORKDIR /src
 COPY . .
-RUN cargo build --release --locked --bin ferry
+# Without the default `lab` feature: no lab, benchmarks or vSphere provisioning in what users run (`make lint`).
+RUN cargo build --release --locked --no-default-features --bin ferry
 
 FROM ${BASE}
 # CA certificates for S3 and vCenter endpoints signed by public CAs. Ferry writes qcow2 itself; qemu-img is for

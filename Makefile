@@ -29,6 +29,7 @@ lint:
 	cargo fmt --all -- --check
 	cargo clippy --workspace --all-targets --quiet -- -D warnings
 	cargo clippy --workspace --all-targets --quiet --features ferry/chaos -- -D warnings
+	hack/shipped-build.sh
 
 lab-down:
 	@cargo build --quiet --bin ferry && ./target/debug/ferry lab down --dir $(LAB_DIR)

@@ -1,8 +1,10 @@
 //! The `ferry` command line: one binary for the controller, the lab and the tools around them.
 
 mod controller;
+#[cfg(feature = "lab")]
 mod demo;
 mod inventory;
+#[cfg(feature = "lab")]
 mod lab;
 mod plan_create;
 mod rbac;
@@ -27,13 +29,23 @@ enum Command {
     /// Run the migration controller (leader election, metrics and health on --metrics-addr, JSON logs).
     Controller(controller::ControllerArgs),
     /// Run the local lab: a real control plane and vSphere simulator on this machine.
+    #[cfg(feature = "lab")]
     Lab(lab::LabArgs),
+    /// Not in this binary: the shipped image is built without the lab (feature `lab`).
+    #[cfg(not(feature = "lab"))]
+    #[command(hide = true)]
+    Lab(NotBuiltIn),
     /// Print every CustomResourceDefinition as YAML (`ferry crds | kubectl apply -f -`).
     Crds,
     /// Print the controller's RBAC for chosen namespaces only (`ferry rbac --namespace a,b | kubectl apply -f -`).
     Rbac(rbac::RbacArgs),
     /// Benchmarks that print ratios against baselines measured in the same run.
+    #[cfg(feature = "lab")]
     Bench(ferry_bench::BenchArgs),
+    /// Not in this binary: the shipped image is built without the benchmarks (feature `lab`).
+    #[cfg(not(feature = "lab"))]
+    #[command(hide = true)]
+    Bench(NotBuiltIn),
     /// Stream, convert, checksum and stage disks (the conversion Job's entrypoint).
     Convert(worker::ConvertArgs),
     /// Prove an imported disk holds the source's bytes (the verification Job's entrypoint).
@@ -50,6 +62,23 @@ enum Command {
     Inventory(inventory::InventoryArgs),
     /// Write MigrationPlans from a Provider's inventory.
     Plan(plan_create::PlanArgs),
+}
+
+/// A command left out of this build: its arguments are taken whole so that any use of it gets the one clear error.
+#[cfg(not(feature = "lab"))]
+#[derive(clap::Args)]
+struct NotBuiltIn {
+    #[arg(trailing_var_arg = true, allow_hyphen_values = true, hide = true)]
+    _args: Vec<String>,
+}
+
+#[cfg(not(feature = "lab"))]
+fn not_built_in(command: &str) -> anyhow::Result<()> {
+    anyhow::bail!(
+        "`ferry {command}` is not built into this binary: it is the shipped controller image, built without the \
+         lab, benchmarks and vSphere provisioning (feature `lab`). Run it from a build with default features: \
+         cargo build --bin ferry"
+    )
 }
 
 fn main() -> std::process::ExitCode {
@@ -92,7 +121,10 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     }
     match cli.command {
         Command::Controller(args) => controller::run(args).await,
+        #[cfg(feature = "lab")]
         Command::Lab(args) => lab::run(args).await,
+        #[cfg(not(feature = "lab"))]
+        Command::Lab(_) => not_built_in("lab"),
         Command::Inventory(args) => inventory::run(args).await,
         Command::Plan(args) => plan_create::run(args).await,
         Command::Get(args) => views::get::run(args).await,
@@ -101,7 +133,10 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Convert(args) => worker::convert(args).await,
         Command::Verify(args) => worker::verify(args).await,
         Command::Adapt(args) => worker::adapt(args).await,
+        #[cfg(feature = "lab")]
         Command::Bench(args) => ferry_bench::run(args).await,
+        #[cfg(not(feature = "lab"))]
+        Command::Bench(_) => not_built_in("bench"),
         Command::Rbac(args) => rbac::run(args),
         Command::Crds => {
             print!("{}", ferry_api::crds::to_yaml()?);
