@@ -6,7 +6,6 @@ use kube::api::{DynamicObject, ListParams, Patch, PatchParams};
 use kube::{Api, ResourceExt};
 
 use crate::build::{dv_resource, vm_resource};
-use crate::checkpoint::jobs;
 use crate::children;
 use crate::context::Context;
 use crate::error::Result;
@@ -75,9 +74,15 @@ impl<'a> Owned<'a> {
         for job in listed.iter().filter(|j| children::is_ours(*j, self.vmm)) {
             found += 1;
             if job.metadata.deletion_timestamp.is_none() {
-                jobs::delete_ours(&jobs, job).await?;
+                delete_job(&jobs, job).await?;
             }
         }
         Ok(found)
     }
+}
+
+/// Deletes `job`, one of ours just read, unless it has been replaced since.
+pub async fn delete_job(jobs: &Api<Job>, job: &Job) -> Result<()> {
+    let uid = job.metadata.uid.as_deref().unwrap_or_default();
+    Ok(ferry_kube::delete::delete_exactly(jobs, &job.name_any(), uid).await?)
 }

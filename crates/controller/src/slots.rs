@@ -19,15 +19,12 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use kube::ResourceExt;
 use kube::runtime::reflector::{ObjectRef, Store};
 
-use crate::checkpoint::{Next, Step};
-use crate::error::Result;
-
 /// The reason a migration waits for a slot; also how other migrations see it waiting.
 pub const WAITING: &str = "WaitingForHostSlot";
 
 /// A waiter looks again this often should nothing wake it (a holder deleted without its finalizer): releases,
 /// and waiters that leave the line, wake those behind them.
-const RECHECK: Duration = Duration::from_secs(120);
+pub const RECHECK: Duration = Duration::from_secs(120);
 
 /// The watch cache of migrations, the wake-up channel, and what this process granted or wrote.
 #[derive(Default)]
@@ -193,18 +190,33 @@ fn same_provider(a: &Vmm, b: &Vmm) -> bool {
         && a.spec.source.provider_ref.name == b.spec.source.provider_ref.name
 }
 
-/// Before the source is powered off or read: passes when the migration holds its slot; otherwise grants it (to
-/// be written before anything acts on it) or says why the migration waits.
-pub async fn acquire(step: &mut Step<'_>, provider: &Provider) -> Result<Option<Next>> {
-    if step.status.host_slot.is_some() {
-        return Ok(None);
+/// What a migration asking for its disk slot gets.
+#[derive(Debug, PartialEq)]
+pub enum Grant {
+    /// It holds one already.
+    Held,
+    /// Granted now, to be on record before anything acts on it; and the words for it.
+    Granted(HostSlot, String),
+    /// Not yet: why it waits.
+    Wait(String),
+}
+
+/// Before the source is powered off or read: whether the migration holds its slot, is granted one now, or
+/// waits.
+pub async fn acquire(
+    slots: &Slots,
+    vmm: &Vmm,
+    status: &ferry_api::VirtualMachineMigrationStatus,
+    provider: &Provider,
+) -> Grant {
+    if status.host_slot.is_some() {
+        return Grant::Held;
     }
-    let slots = &step.ctx.slots;
     let limit = provider.spec.limits.max_concurrent_disks_per_host.max(1) as u32;
-    let (name, moref) = source_host(step.status);
+    let (name, moref) = source_host(status);
     let host = host_key(&moref, &name).to_string();
-    let cost = cost(step.status, limit);
-    let me = id(step.vmm);
+    let cost = cost(status, limit);
+    let me = id(vmm);
     let store = slots.ready_store().await;
     let granted = {
         let mut ours = slots.ours();
@@ -220,7 +232,7 @@ pub async fn acquire(step: &mut Step<'_>, provider: &Provider) -> Result<Option<
                 let others: Vec<Contender> = migrations
                     .iter()
                     .flatten()
-                    .filter(|m| same_provider(m, step.vmm))
+                    .filter(|m| same_provider(m, vmm))
                     .filter_map(|m| {
                         let other = id(m);
                         if other == me {
@@ -233,7 +245,7 @@ pub async fn acquire(step: &mut Step<'_>, provider: &Provider) -> Result<Option<
                         contender(m, slot, limit, Some(&host))
                     })
                     .collect();
-                admit(&order(step.vmm), &host, cost, &others, limit).then(|| {
+                admit(&order(vmm), &host, cost, &others, limit).then(|| {
                     let slot = HostSlot {
                         host: name.clone(),
                         host_moref: moref.clone(),
@@ -248,22 +260,17 @@ pub async fn acquire(step: &mut Step<'_>, provider: &Provider) -> Result<Option<
         }
     };
     let shown = if name.is_empty() { "unknown" } else { &name };
-    Ok(Some(match granted {
+    match granted {
         Some(slot) => {
             let message = format!("{} disk read(s) granted on host {shown}", slot.disks);
-            step.status.host_slot = Some(slot);
-            Next::persist("HostSlotGranted", message)
+            Grant::Granted(slot, message)
         }
-        None => Next::wait(
-            WAITING,
-            format!(
-                "waiting for a disk slot on host {shown}: its {limit} are in use or promised to migrations \
-                 created earlier (Provider {} limits.maxConcurrentDisksPerHost)",
-                provider.name_any()
-            ),
-            RECHECK,
-        ),
-    }))
+        None => Grant::Wait(format!(
+            "waiting for a disk slot on host {shown}: its {limit} are in use or promised to migrations created \
+             earlier (Provider {} limits.maxConcurrentDisksPerHost)",
+            provider.name_any()
+        )),
+    }
 }
 
 /// Drops what this process remembers of migrations the cache no longer has: they are gone. Only once it

@@ -10,10 +10,16 @@ use ferry_kube::conditions::{ConditionUpdate, set_condition};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, Time};
 
 use crate::backoff;
-use crate::checkpoint::condition_of;
 use crate::error::Failure;
 
 /// The status working copy of one reconcile, with the generation and time that every edit stamps on it.
+/// A phase and the condition that turns True when it is left (the checkpoint table says which).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct PhaseCondition {
+    pub phase: Phase,
+    pub condition: Option<ConditionType>,
+}
+
 pub struct StatusEditor {
     pub status: Status,
     generation: Option<i64>,
@@ -63,7 +69,8 @@ impl StatusEditor {
     }
 
     /// Enters `phase`: records when, resets the per-checkpoint attempts, and marks its condition as in progress.
-    pub fn enter(&mut self, phase: Phase) {
+    pub fn enter(&mut self, entered: PhaseCondition) {
+        let PhaseCondition { phase, condition } = entered;
         let status = &mut self.status;
         status.phase = Some(phase);
         if !status.checkpoints.iter().any(|c| c.phase == phase) {
@@ -76,7 +83,7 @@ impl StatusEditor {
             retry.attempts = 0;
             retry.next_attempt_time = None;
         }
-        if let Some(kind) = condition_of(phase) {
+        if let Some(kind) = condition {
             self.condition(kind, false, "InProgress", format!("{phase:?} in progress"));
         }
         if !phase.is_terminal() && phase != Phase::ManualInterventionRequired {
@@ -86,8 +93,14 @@ impl StatusEditor {
     }
 
     /// Leaves `from` with its evidence recorded: its condition turns True, then `to` is entered.
-    pub fn advance(&mut self, from: Phase, to: Phase, reason: &str, message: String) {
-        if let Some(kind) = condition_of(from) {
+    pub fn advance(
+        &mut self,
+        from: PhaseCondition,
+        to: PhaseCondition,
+        reason: &str,
+        message: String,
+    ) {
+        if let Some(kind) = from.condition {
             self.condition(kind, true, reason, message.clone());
         }
         self.status.reason = Some(reason.into());
@@ -312,13 +325,16 @@ mod tests {
     #[test]
     fn advancing_marks_the_left_condition_true_and_ready_false() {
         let mut edit = StatusEditor::new(Status::default(), Some(1), now());
-        edit.enter(Phase::Discovering);
-        edit.advance(
-            Phase::Discovering,
-            Phase::Validating,
-            "Found",
-            "vm-1".into(),
-        );
+        let discovering = PhaseCondition {
+            phase: Phase::Discovering,
+            condition: Some(ConditionType::SourceDiscovered),
+        };
+        let validating = PhaseCondition {
+            phase: Phase::Validating,
+            condition: Some(ConditionType::Validated),
+        };
+        edit.enter(discovering);
+        edit.advance(discovering, validating, "Found", "vm-1".into());
         let status = edit.status;
         let get = |t: &str| {
             status

@@ -17,8 +17,8 @@ use k8s_openapi::api::batch::v1::Job;
 use crate::checkpoint::jobs;
 use crate::context::Context;
 
-pub use crate::build::datavolume::{DvState, dv_state};
 pub use crate::checkpoint::jobs::JobState;
+pub use crate::checkpoint::support::volumes::{DvState, dv_state};
 /// The itinerary: the checkpoints in order, and the phases a migration moves forward through.
 pub use crate::checkpoint::{CHECKPOINTS, Checkpoint, Route, itinerary, phases};
 pub use crate::error::Failure;

@@ -1,10 +1,9 @@
 //! One DataVolume per disk: blank, for the conversion Job to write into (the direct path), or importing the staged
 //! image through CDI's s3 source.
 
-use ferry_api::foreign::DataVolumeStatus;
 use ferry_api::{DiskStatus, DiskStorage, VirtualMachineMigration, VolumeMode};
 use k8s_openapi::api::core::v1::ConfigMap;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::ResourceExt;
 use kube::api::DynamicObject;
 use serde_json::json;
@@ -109,96 +108,9 @@ fn storage(bytes: i64, placement: &DiskStorage) -> serde_json::Value {
     storage
 }
 
-/// What CDI reports about a DataVolume.
-#[derive(Clone, Debug, PartialEq)]
-pub enum DvState {
-    Absent,
-    /// Being deleted: wait until it is gone before creating it again.
-    Terminating,
-    InProgress {
-        phase: String,
-        progress: Option<String>,
-    },
-    Succeeded,
-    Failed {
-        message: String,
-    },
-}
-
-pub fn dv_state(dv: Option<&DynamicObject>) -> DvState {
-    let Some(dv) = dv else { return DvState::Absent };
-    if dv.metadata.deletion_timestamp.is_some() {
-        return DvState::Terminating;
-    }
-    let status = DataVolumeStatus::of(dv);
-    let phase = status.phase.clone().unwrap_or_else(|| "Pending".into());
-    let progress = status.progress.clone().filter(|p| p != "N/A");
-    match phase.as_str() {
-        "Succeeded" => DvState::Succeeded,
-        "Failed" => {
-            let message = status.message_of(&["Ready", "Running"]);
-            let message = message.unwrap_or("the import failed").to_string();
-            DvState::Failed { message }
-        }
-        _ => DvState::InProgress { phase, progress },
-    }
-}
-
-/// How long a DataVolume may stay `Pending` (its claim not bound, or not even created: a quota, no capacity, a
-/// StorageClass nobody provisions) before the attempt counts as failed. CDI binds in seconds when it can; a
-/// volume waiting for its first consumer is `WaitForFirstConsumer` or `PendingPopulation`, not `Pending`.
-pub const BIND_DEADLINE_SECONDS: i64 = 15 * 60;
-
-/// Why `dv` is still `Pending` past [`BIND_DEADLINE_SECONDS`] after it was created, as CDI says it; None while
-/// it has time or has moved on. Pure.
-pub fn unbound_past_deadline(dv: &DynamicObject, now: &Time) -> Option<String> {
-    let status = DataVolumeStatus::of(dv);
-    if status.phase.as_deref().unwrap_or("Pending") != "Pending" {
-        return None;
-    }
-    let created = dv.metadata.creation_timestamp.as_ref()?;
-    let waited = now.0.duration_since(created.0).as_secs();
-    (waited >= BIND_DEADLINE_SECONDS).then(|| {
-        let said = status
-            .message_of(&["Bound", "Ready", "Running"])
-            .filter(|m| !m.is_empty())
-            .unwrap_or("no condition says why");
-        format!(
-            "still Pending {}s after it was created (its claim is not bound: a quota, no capacity, or a \
-             StorageClass nobody provisions?): {said}",
-            waited
-        )
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_volume_pending_past_its_bind_deadline_says_why() {
-        let at = |secs: i64| Time(k8s_openapi::jiff::Timestamp::from_second(secs).unwrap());
-        let dv: DynamicObject = serde_json::from_value(json!({
-            "apiVersion": "cdi.kubevirt.io/v1beta1", "kind": "DataVolume",
-            "metadata": {"name": "m-disk-0", "creationTimestamp": "2026-01-01T00:00:00Z"},
-            "status": {"phase": "Pending", "conditions": [{"type": "Bound", "status": "False",
-                "message": "exceeded quota: storage"}]},
-        }))
-        .unwrap();
-        let created = dv
-            .metadata
-            .creation_timestamp
-            .clone()
-            .unwrap()
-            .0
-            .as_second();
-        assert_eq!(unbound_past_deadline(&dv, &at(created + 60)), None);
-        let late = unbound_past_deadline(&dv, &at(created + BIND_DEADLINE_SECONDS)).unwrap();
-        assert!(late.contains("exceeded quota: storage"), "{late}");
-        let mut waiting = dv.clone();
-        waiting.data["status"]["phase"] = json!("WaitForFirstConsumer");
-        assert_eq!(unbound_past_deadline(&waiting, &at(created + 86_400)), None);
-    }
 
     #[test]
     fn staged_objects_are_read_over_the_endpoint() {
@@ -280,40 +192,6 @@ mod tests {
         assert!(
             dv.metadata.annotations.is_none(),
             "the conversion pod binds it"
-        );
-    }
-
-    #[test]
-    fn cdi_phases_map_to_states() {
-        let dv = |status: serde_json::Value| -> DynamicObject {
-            serde_json::from_value(
-                json!({"apiVersion": "cdi.kubevirt.io/v1beta1", "kind": "DataVolume",
-                "metadata": {"name": "d"}, "status": status}),
-            )
-            .unwrap()
-        };
-        assert_eq!(dv_state(None), DvState::Absent);
-        assert_eq!(
-            dv_state(Some(&dv(json!({"phase": "Succeeded"})))),
-            DvState::Succeeded
-        );
-        assert_eq!(
-            dv_state(Some(&dv(
-                json!({"phase": "ImportInProgress", "progress": "12.5%"})
-            ))),
-            DvState::InProgress {
-                phase: "ImportInProgress".into(),
-                progress: Some("12.5%".into())
-            }
-        );
-        let failed = dv(
-            json!({"phase": "Failed", "conditions": [{"type": "Ready", "status": "False", "message": "boom"}]}),
-        );
-        assert_eq!(
-            dv_state(Some(&failed)),
-            DvState::Failed {
-                message: "boom".into()
-            }
         );
     }
 }

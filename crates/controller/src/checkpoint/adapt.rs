@@ -9,66 +9,89 @@
 
 use std::time::Duration;
 
-use ferry_api::{AdaptationStatus, ErrorClass, Phase, Reason};
-use ferry_datapath::adapt::{AdaptedSummary, MAX_ADAPTED_DISKS};
+use ferry_api::{
+    AdaptationStatus, ErrorClass, Phase, Reason, VirtualMachineMigrationStatus as Status,
+};
+use ferry_datapath::adapt::AdaptedSummary;
 use ferry_datapath::report::{JobReport, WrittenSummary};
 use kube::ResourceExt;
 
-use super::jobs::{self, JobState};
-use super::{Next, Step};
+use super::step::{Next, Step};
+use super::support::jobs::{self, Attempt, JobAttempt};
+use super::support::{credentials, host_slot, source};
 use crate::error::{Failure, Result};
-use crate::{build, children, status};
+use crate::{build, children};
 
 /// virt-v2v takes minutes; the Job's own changes wake the migration up.
 const WAIT: Duration = Duration::from_secs(60);
 
 /// The Jobs that write the volumes while a migration adapts.
-const WRITERS: [&str; 2] = ["adapt", "rewrite"];
+const WRITERS: &[&str] = &["adapt", "rewrite"];
+
+const ADAPTATION: JobAttempt = JobAttempt {
+    phase: Phase::Adapting,
+    job: children::adapt_job,
+    replaced: |vmm, n| vec![children::adapt_job(vmm, n)],
+    writers: WRITERS,
+    running: |job, n| {
+        Next::wait(
+            "Adapting",
+            format!("Job {job} (attempt {n}) adapts the guest with virt-v2v"),
+            WAIT,
+        )
+    },
+    failed: mark_for_rewriting,
+    restarting: "AdaptationRestarting",
+    retrying: "AdaptationRetrying",
+};
+
+/// Its failures are charged to the adaptation's budget, like the attempt that made it necessary.
+const REWRITE: JobAttempt = JobAttempt {
+    job: children::rewrite_job,
+    replaced: |vmm, n| vec![children::adapt_job(vmm, n), children::rewrite_job(vmm, n)],
+    running: |job, n| {
+        Next::wait(
+            "RewritingVolumes",
+            format!(
+                "Job {job} (attempt {n}) writes the volumes from the source again: the previous attempt may \
+                 have changed them"
+            ),
+            WAIT,
+        )
+    },
+    failed: JobAttempt::only_charged,
+    ..ADAPTATION
+};
 
 pub async fn run(step: &mut Step<'_>) -> Result<Next> {
     if !step.status.disks.is_empty() && step.status.disks.iter().all(|d| d.adapted_sha256.is_some())
     {
         return Ok(adapted(step));
     }
-    let ns = step.vmm.namespace().unwrap_or_default();
-    let attempt = status::budget_used(step.status, Phase::Adapting) + 1;
     if step.status.rewrite_volumes {
-        return rewrite(step, &ns, attempt).await;
+        return rewrite(step).await;
     }
-    let name = children::adapt_job(step.vmm, attempt);
-    match jobs::observe(step.ctx, step.vmm, &name).await? {
-        JobState::Absent => {
-            if attempt > 1 {
-                jobs::delete(
-                    step.ctx,
-                    step.vmm,
-                    &children::adapt_job(step.vmm, attempt - 1),
-                )
-                .await?;
-            }
-            if let Some(wait) = earlier_writers(step, &ns).await? {
-                return Ok(wait);
-            }
-            create_job(step, &ns, attempt).await?;
-            Ok(adapting(&name, attempt))
+    match jobs::attempt(step, &ADAPTATION).await? {
+        Attempt::Start { name, n } => {
+            create_job(step, n).await?;
+            Ok((ADAPTATION.running)(&name, n))
         }
-        JobState::Terminating => Ok(Next::wait(
-            "AdaptationRestarting",
-            format!("Job {name} is being removed"),
-            WAIT,
-        )),
-        JobState::Running => Ok(adapting(&name, attempt)),
-        JobState::Succeeded(JobReport::Adapted(summary)) => record(step, &name, summary),
-        JobState::Succeeded(_) => Err(Failure::bounded(
+        Attempt::Succeeded {
+            name,
+            report: JobReport::Adapted(summary),
+        } => record(step, &name, summary),
+        Attempt::Succeeded { name, .. } => Err(Failure::bounded(
             Reason::JobResultUnreadable,
             format!("Job {name} did not report an adaptation"),
         )),
-        JobState::Failed(failure, uid) => {
-            if failure.class != ErrorClass::Permanent && may_have_changed_volumes(&failure) {
-                step.status.rewrite_volumes = true;
-            }
-            super::convert::retry(step, Phase::Adapting, &name, &uid, failure).await
-        }
+        Attempt::Wait(next) => Ok(next),
+    }
+}
+
+/// Unless it failed before touching the volumes, a failed attempt leaves them to be written again.
+fn mark_for_rewriting(status: &mut Status, failure: &Failure) {
+    if failure.class != ErrorClass::Permanent && may_have_changed_volumes(failure) {
+        status.rewrite_volumes = true;
     }
 }
 
@@ -87,73 +110,39 @@ fn may_have_changed_volumes(failure: &Failure) -> bool {
     )
 }
 
-/// Writes every volume from the source again, then clears `rewriteVolumes`; its failures are charged to the
-/// adaptation's budget, like the attempt that made it necessary.
-async fn rewrite(step: &mut Step<'_>, ns: &str, attempt: i32) -> Result<Next> {
-    let name = children::rewrite_job(step.vmm, attempt);
-    match jobs::observe(step.ctx, step.vmm, &name).await? {
-        JobState::Absent => {
-            if attempt > 1 {
-                for earlier in [
-                    children::adapt_job(step.vmm, attempt - 1),
-                    children::rewrite_job(step.vmm, attempt - 1),
-                ] {
-                    jobs::delete(step.ctx, step.vmm, &earlier).await?;
-                }
-            }
-            if let Some(wait) = earlier_writers(step, ns).await? {
-                return Ok(wait);
-            }
-            let provider = super::source::provider(step.ctx, step.vmm).await?;
-            if let Some(next) = crate::slots::acquire(step, &provider).await? {
+/// Writes every volume from the source again, then clears `rewriteVolumes`.
+async fn rewrite(step: &mut Step<'_>) -> Result<Next> {
+    match jobs::attempt(step, &REWRITE).await? {
+        Attempt::Start { name, n } => {
+            let provider = source::provider(step.ctx, step.vmm).await?;
+            if let Some(next) = host_slot::acquire(step, &provider).await {
                 return Ok(next);
             }
-            super::credentials::lend(step.ctx, step.vmm, &provider).await?;
-            let source = super::source::recorded(step.status)?;
+            credentials::lend(step.ctx, step.vmm, &provider).await?;
+            let source = source::recorded(step.status)?;
             let job = build::job::rewrite_job(
                 step.vmm,
                 &source,
                 &provider,
-                attempt,
+                n,
                 &step.ctx.config.worker_image,
             );
-            jobs::create(step.ctx, ns, &job).await?;
-            Ok(rewriting(&name, attempt))
+            jobs::create(step.ctx, &step.vmm.namespace().unwrap_or_default(), &job).await?;
+            Ok((REWRITE.running)(&name, n))
         }
-        JobState::Terminating => Ok(Next::wait(
-            "AdaptationRestarting",
-            format!("Job {name} is being removed"),
-            WAIT,
-        )),
-        JobState::Running => Ok(rewriting(&name, attempt)),
-        JobState::Succeeded(JobReport::Written(summary)) => {
-            super::credentials::take_back(step.ctx, step.vmm).await?;
+        Attempt::Succeeded {
+            name,
+            report: JobReport::Written(summary),
+        } => {
+            credentials::take_back(step.ctx, step.vmm).await?;
             rewritten(step, &name, summary)
         }
-        JobState::Succeeded(_) => Err(Failure::bounded(
+        Attempt::Succeeded { name, .. } => Err(Failure::bounded(
             Reason::JobResultUnreadable,
             format!("Job {name} did not report the volumes it wrote"),
         )),
-        JobState::Failed(failure, uid) => {
-            super::convert::retry(step, Phase::Adapting, &name, &uid, failure).await
-        }
+        Attempt::Wait(next) => Ok(next),
     }
-}
-
-/// Waits while a pod of an earlier attempt still runs: it may still be committing into a volume.
-async fn earlier_writers(step: &Step<'_>, ns: &str) -> Result<Option<Next>> {
-    jobs::wait_for_writers(step.ctx, ns, step.vmm, &WRITERS, "AdaptationRestarting").await
-}
-
-fn rewriting(job: &str, attempt: i32) -> Next {
-    Next::wait(
-        "RewritingVolumes",
-        format!(
-            "Job {job} (attempt {attempt}) writes the volumes from the source again: the previous attempt may \
-             have changed them"
-        ),
-        WAIT,
-    )
 }
 
 /// The volumes hold the source's bytes again, or the source itself changed.
@@ -197,8 +186,8 @@ fn rewritten(step: &mut Step<'_>, job: &str, summary: WrittenSummary) -> Result<
     ))
 }
 
-async fn create_job(step: &Step<'_>, ns: &str, attempt: i32) -> Result<()> {
-    let source = super::source::recorded(step.status)?;
+async fn create_job(step: &Step<'_>, attempt: i32) -> Result<()> {
+    let source = source::recorded(step.status)?;
     if let Some(disk) = step.status.disks.iter().find(|d| d.sha256.is_none()) {
         return Err(Failure::bounded(
             Reason::DiskNotConverted,
@@ -212,15 +201,7 @@ async fn create_job(step: &Step<'_>, ns: &str, attempt: i32) -> Result<()> {
         attempt,
         &step.ctx.config.worker_image,
     );
-    jobs::create(step.ctx, ns, &job).await
-}
-
-fn adapting(job: &str, attempt: i32) -> Next {
-    Next::wait(
-        "Adapting",
-        format!("Job {job} (attempt {attempt}) adapts the guest with virt-v2v"),
-        WAIT,
-    )
+    jobs::create(step.ctx, &step.vmm.namespace().unwrap_or_default(), &job).await
 }
 
 fn record(step: &mut Step<'_>, job: &str, summary: AdaptedSummary) -> Result<Next> {
@@ -275,9 +256,6 @@ fn adapted(step: &Step<'_>) -> Next {
         ),
     )
 }
-
-/// The most disks an adapted migration takes: their results must fit the Job's termination message.
-pub const MAX_DISKS: usize = MAX_ADAPTED_DISKS;
 
 #[cfg(test)]
 mod tests {

@@ -8,82 +8,64 @@
 use std::time::Duration;
 
 use ferry_api::{Phase, Reason};
-use ferry_datapath::report::{JobReport, MAX_WRITTEN_DISKS, WrittenSummary};
-use kube::ResourceExt;
+use ferry_datapath::report::{JobReport, WrittenSummary};
 
-use super::allocate::{Ensured, ensure};
-use super::jobs::{self, JobState};
-use super::{Next, Step};
+use super::step::{Next, Step};
+use super::support::jobs::{self, Attempt, JobAttempt};
+use super::support::volumes::{Ensured, ensure_blank};
+use super::support::{conversion, credentials};
+use crate::children;
 use crate::error::{Failure, Result};
-use crate::{children, status};
 
 /// Long enough to stay quiet: the Job's own changes wake the migration up.
 const WAIT: Duration = Duration::from_secs(60);
 
+const WRITING: JobAttempt = JobAttempt {
+    phase: Phase::Converting,
+    job: children::convert_job,
+    replaced: |vmm, n| vec![children::convert_job(vmm, n)],
+    // A deleted Job's pods go later (background deletion); two writers on one volume would interleave.
+    writers: &["convert"],
+    // The same words while it starts and runs: its pod starting is no news worth a status write.
+    running: |job, n| {
+        Next::wait(
+            "Converting",
+            format!("Job {job} (attempt {n}) writes the disks into their volumes"),
+            WAIT,
+        )
+    },
+    failed: JobAttempt::only_charged,
+    restarting: "ConversionRestarting",
+    retrying: "ConversionRetrying",
+};
+
 pub async fn run(step: &mut Step<'_>) -> Result<Next> {
-    let ns = step.vmm.namespace().unwrap_or_default();
-    let attempt = status::budget_used(step.status, Phase::Converting) + 1;
-    let name = children::convert_job(step.vmm, attempt);
-    match jobs::observe(step.ctx, step.vmm, &name).await? {
-        JobState::Absent => {
-            if attempt > 1 {
-                // The failed attempt's Job was charged already; it makes room for this one.
-                jobs::delete(
-                    step.ctx,
-                    step.vmm,
-                    &children::convert_job(step.vmm, attempt - 1),
-                )
-                .await?;
-            }
-            match ensure(step).await? {
+    match jobs::attempt(step, &WRITING).await? {
+        Attempt::Start { name, n } => {
+            match ensure_blank(step).await? {
                 Ensured::Usable => {}
                 Ensured::Waiting(waiting) => {
                     return Ok(Next::wait("VolumesNotReady", waiting.join("; "), WAIT));
                 }
                 Ensured::Persist(next) => return Ok(next),
             }
-            // A deleted Job's pods go later (background deletion); two writers on one volume would interleave.
-            let writers = jobs::wait_for_writers(
-                step.ctx,
-                &ns,
-                step.vmm,
-                &["convert"],
-                "ConversionRestarting",
-            );
-            if let Some(wait) = writers.await? {
-                return Ok(wait);
-            }
-            super::convert::create_job(step, &ns, attempt).await?;
-            Ok(writing(&name, attempt))
+            conversion::create_job(step, n).await?;
+            Ok((WRITING.running)(&name, n))
         }
-        JobState::Terminating => Ok(Next::wait(
-            "ConversionRestarting",
-            format!("Job {name} is being removed"),
-            WAIT,
-        )),
-        JobState::Running => Ok(writing(&name, attempt)),
-        JobState::Succeeded(JobReport::Written(summary)) => {
-            super::credentials::take_back(step.ctx, step.vmm).await?;
+        Attempt::Succeeded {
+            name,
+            report: JobReport::Written(summary),
+        } => {
+            credentials::take_back(step.ctx, step.vmm).await?;
             record(step, &name, summary)
         }
         // A Job of another release, or another route's: nothing it says is about these volumes.
-        JobState::Succeeded(_) => Err(Failure::bounded(
+        Attempt::Succeeded { name, .. } => Err(Failure::bounded(
             Reason::JobResultUnreadable,
             format!("Job {name} reported staged disks, but this migration writes its volumes"),
         )),
-        JobState::Failed(failure, uid) => {
-            super::convert::retry(step, Phase::Converting, &name, &uid, failure).await
-        }
+        Attempt::Wait(next) => Ok(next),
     }
-}
-
-fn writing(job: &str, attempt: i32) -> Next {
-    // The same words while it starts and runs: its pod starting is no news worth a status write.
-    Next::wait(
-        "Converting",
-        format!("Job {job} (attempt {attempt}) writes the disks into their volumes"),
-        WAIT,
-    )
 }
 
 fn record(step: &mut Step<'_>, job: &str, summary: WrittenSummary) -> Result<Next> {
@@ -115,6 +97,3 @@ fn record(step: &mut Step<'_>, job: &str, summary: WrittenSummary) -> Result<Nex
         ),
     ))
 }
-
-/// The most disks the direct path takes: their results must fit the conversion pod's termination message.
-pub const MAX_DISKS: usize = MAX_WRITTEN_DISKS;

@@ -6,32 +6,19 @@
 use std::time::Duration;
 
 use ferry_api::Reason;
-use kube::api::DynamicObject;
-use kube::{Api, ResourceExt};
 
-use super::{Next, Step};
-use crate::build::datavolume::{DvState, dv_state};
-use crate::build::dv_resource;
-use crate::children;
+use super::step::{Next, Step};
+use super::support::volumes::{self, DvState};
 use crate::error::{Failure, Result};
 
 pub async fn run(step: &mut Step<'_>) -> Result<Next> {
-    let ns = step.vmm.namespace().unwrap_or_default();
-    let dvs = Api::<DynamicObject>::namespaced_with(step.ctx.client.clone(), &ns, &dv_resource());
     let mut waiting = Vec::new();
-    for disk in &mut step.status.disks {
-        let name = children::data_volume(step.vmm, disk.index);
-        let importing =
-            |dv: &DynamicObject| matches!(dv_state(Some(dv)), DvState::InProgress { .. });
-        let cached = step.ctx.caches.data_volume(&ns, &name);
-        let observed = crate::cache::read(cached, &dvs, &name, importing).await?;
-        let observed = children::refuse_unless_ours(
-            observed,
-            step.vmm,
-            "DataVolume",
-            Reason::DataVolumeExists,
-        )?;
-        match dv_state(observed.as_ref()) {
+    for i in 0..step.status.disks.len() {
+        let index = step.status.disks[i].index;
+        let importing = |state: &DvState| matches!(state, DvState::InProgress { .. });
+        let observed = volumes::observe(step, index, importing).await?;
+        let (name, disk) = (observed.name, &mut step.status.disks[i]);
+        match observed.state {
             DvState::Succeeded => {
                 disk.progress = Some("100.0%".into());
                 disk.verified = disk.sha256.is_some();

@@ -5,7 +5,8 @@
 use ferry_api::{DiskStatus, Reason, SourceDisk, SourceNic, SourceVmStatus};
 use ferry_vsphere::{VmInfo, VmSelector};
 
-use super::{Next, Step, source};
+use super::step::{Next, Step};
+use super::support::source;
 use crate::children;
 use crate::error::{Failure, Result};
 

@@ -16,7 +16,8 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{DynamicObject, Patch, PatchParams};
 use kube::{Api, ResourceExt};
 
-use super::{Next, Step, cleanup};
+use super::step::{Next, Step};
+use super::support::cleanup;
 use crate::build::{vm_resource, vmi_resource};
 use crate::children;
 use crate::error::{Failure, Result};
@@ -178,7 +179,7 @@ async fn hand_over(step: &Step<'_>) -> Result<()> {
     let owned = Owned::of(step.ctx, step.vmm);
     owned.release_kept_kinds().await?;
     owned.delete_jobs().await?;
-    super::credentials::take_back(step.ctx, step.vmm).await?;
+    super::support::credentials::take_back(step.ctx, step.vmm).await?;
     if crate::staging::staged(step.vmm) {
         let staging = crate::staging::open(step.ctx, step.vmm).await?;
         staging

@@ -7,38 +7,33 @@
 
 mod adapt;
 mod allocate;
-mod cleanup;
 mod convert;
-mod credentials;
 mod direct_convert;
 mod direct_import;
 pub(crate) mod discover;
-mod disk_files;
 mod guest;
 mod import;
-pub(crate) mod jobs;
-mod one_per_vm;
 mod prepare;
-pub(crate) mod source;
 mod start;
 mod validate;
 mod vm;
-mod volumes;
+
+mod step;
+/// What the checkpoints share (Jobs, DataVolumes, the source, lent credentials, cleanup); none is a checkpoint,
+/// and no checkpoint uses another's code.
+pub(crate) mod support;
+pub(crate) use support::{jobs, source};
 
 use std::time::Duration;
 
-use ferry_api::{
-    ConditionType, Phase, VirtualMachineMigration, VirtualMachineMigrationStatus as Status,
-};
+use ferry_api::{ConditionType, Phase};
 use futures::future::BoxFuture;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 pub use route::{Route, Runs};
+pub use step::{Next, Step};
+pub use support::cleanup::cleanup;
 
-pub use cleanup::cleanup;
-
-use crate::context::Context;
 use crate::error::Result;
-use crate::status::StatusEditor;
+use crate::status::PhaseCondition;
 
 /// One checkpoint: the phase a migration is in while it runs, the condition that turns True when it is left, and
 /// its step. Adding a checkpoint is a file and a row of [`CHECKPOINTS`].
@@ -251,73 +246,11 @@ pub fn condition_of(phase: Phase) -> Option<ConditionType> {
         .and_then(|c| c.condition)
 }
 
-/// What one reconcile of a checkpoint concluded.
-#[derive(Clone, Debug, PartialEq)]
-pub enum Next {
-    /// Not there yet: look again after `after`, or sooner when a watched child changes.
-    Wait {
-        reason: &'static str,
-        message: String,
-        after: Duration,
-    },
-    /// What was recorded must be on record before the step may act on it (the source's original power state, a
-    /// retry charged to the budget): write the status now, then run the checkpoint again at once.
-    Persist {
-        reason: &'static str,
-        message: String,
-    },
-    /// The checkpoint's desired state holds and its evidence is recorded: the next checkpoint runs.
-    Advance {
-        reason: &'static str,
-        message: String,
-    },
-}
-
-impl Next {
-    pub fn wait(reason: &'static str, message: impl Into<String>, after: Duration) -> Self {
-        Next::Wait {
-            reason,
-            message: message.into(),
-            after,
-        }
-    }
-
-    pub fn persist(reason: &'static str, message: impl Into<String>) -> Self {
-        Next::Persist {
-            reason,
-            message: message.into(),
-        }
-    }
-
-    pub fn advance(reason: &'static str, message: impl Into<String>) -> Self {
-        Next::Advance {
-            reason,
-            message: message.into(),
-        }
-    }
-}
-
-/// The inputs of one checkpoint run: the migration as observed, its status being edited, and the time.
-pub struct Step<'a> {
-    pub ctx: &'a Context,
-    pub vmm: &'a VirtualMachineMigration,
-    pub status: &'a mut Status,
-    pub now: Time,
-}
-
-impl<'a> Step<'a> {
-    pub fn new(
-        ctx: &'a Context,
-        vmm: &'a VirtualMachineMigration,
-        edit: &'a mut StatusEditor,
-    ) -> Self {
-        let now = edit.now().clone();
-        Step {
-            ctx,
-            vmm,
-            status: &mut edit.status,
-            now,
-        }
+/// `phase` with the condition its checkpoint turns True when left.
+pub fn with_condition(phase: Phase) -> PhaseCondition {
+    PhaseCondition {
+        phase,
+        condition: condition_of(phase),
     }
 }
 

@@ -1,6 +1,6 @@
 //! Preparing. Desired: the source powered off per `powerOff.mode`. Observed: its power state and the power task
-//! in flight. Action: first the source VM to itself ([`super::one_per_vm`]), a disk slot on the source's host
-//! ([`crate::slots`]) and the VM shown to be the one discovered ([`super::source::checked_power_view`]), then record the original power
+//! in flight. Action: first the source VM to itself ([`super::support::one_per_vm`]), a disk slot on the source's host
+//! ([`crate::slots`]) and the VM shown to be the one discovered ([`super::support::source::checked_power_view`]), then record the original power
 //! state (each a status write of its own), then ask the guest to shut down or power off, keeping the task's moref in status so a restarted controller follows it instead of
 //! repeating it. Recorded: the power state before and after.
 
@@ -10,7 +10,7 @@ use ferry_api::{PowerOffMode, PowerState, PowerStatus, Reason};
 use ferry_vsphere::MoRef;
 use ferry_vsphere::power::{self, TaskState};
 
-use super::{Next, Step};
+use super::step::{Next, Step};
 use crate::error::{Failure, Result};
 
 const POLL: Duration = Duration::from_secs(2);
@@ -57,17 +57,18 @@ pub fn plan(
 }
 
 pub async fn run(step: &mut Step<'_>) -> Result<Next> {
-    let provider = super::source::provider(step.ctx, step.vmm).await?;
-    if let Some(wait) =
-        super::one_per_vm::wait_for_another(step, &super::source::recorded(step.status)?)
-    {
+    let provider = super::support::source::provider(step.ctx, step.vmm).await?;
+    if let Some(wait) = super::support::one_per_vm::wait_for_another(
+        step,
+        &super::support::source::recorded(step.status)?,
+    ) {
         return Ok(wait);
     }
-    if let Some(next) = crate::slots::acquire(step, &provider).await? {
+    if let Some(next) = super::support::host_slot::acquire(step, &provider).await {
         return Ok(next);
     }
-    let session = super::source::session_for(step.ctx, &provider).await?;
-    let (vm, view) = super::source::checked_power_view(&session, step.status).await?;
+    let session = super::support::source::session_for(step.ctx, &provider).await?;
+    let (vm, view) = super::support::source::checked_power_view(&session, step.status).await?;
     let observed = view.state;
     let spec = &step.vmm.spec.source.power_off;
     let mut recorded = step.status.power.clone().unwrap_or_default();

@@ -9,7 +9,7 @@ use ferry_api::{Reason, RunStrategy};
 use kube::api::{DynamicObject, Patch, PatchParams};
 use kube::{Api, ResourceExt};
 
-use super::{Next, Step};
+use super::step::{Next, Step};
 use crate::build::{self, vm_resource, vmi_resource};
 use crate::children;
 use crate::error::{Failure, Result};

@@ -14,7 +14,7 @@ use k8s_openapi::api::storage::v1::StorageClass;
 use kube::api::{DynamicObject, ListParams};
 use kube::{Api, ResourceExt};
 
-use super::{Next, Step};
+use super::step::{Next, Step};
 use crate::build::{dv_resource, vm_resource};
 use crate::children;
 use crate::error::{Failure, Result};
@@ -27,9 +27,9 @@ const FLAT_BACKINGS: [&str; 3] = [
 ];
 
 pub async fn run(step: &mut Step<'_>) -> Result<Next> {
-    let source = super::source::recorded(step.status)?;
+    let source = super::support::source::recorded(step.status)?;
     check_source(step.vmm, &source)?;
-    super::disk_files::check(step, &source).await?;
+    super::support::disk_files::check(step, &source).await?;
     let (network_map, storage_map) = read_maps(step).await?;
     let networks = check_networks(step.vmm, network_map.as_ref(), &source)?;
     let storage = check_storage(step.vmm, storage_map.as_ref(), &source)?;
@@ -106,7 +106,7 @@ fn check_adaptable(vmm: &VirtualMachineMigration, source: &SourceVmStatus) -> Re
             ),
         ));
     }
-    let most = super::adapt::MAX_DISKS;
+    let most = ferry_datapath::adapt::MAX_ADAPTED_DISKS;
     if source.disks.len() > most {
         return Err(Failure::permanent(
             Reason::GuestAdaptationUnsupported,
@@ -166,7 +166,7 @@ pub fn check_source(vmm: &VirtualMachineMigration, source: &SourceVmStatus) -> R
             format!("{} has no virtual disk to migrate", source.name),
         ));
     }
-    let most = super::direct_convert::MAX_DISKS;
+    let most = ferry_datapath::report::MAX_WRITTEN_DISKS;
     if !crate::staging::staged(vmm) && source.disks.len() > most {
         return Err(Failure::permanent(
             Reason::TooManyDisksForDirect,

@@ -5,14 +5,14 @@ use ferry_api::Reason;
 use kube::api::{DynamicObject, Patch, PatchParams};
 use kube::{Api, ResourceExt};
 
-use super::{Next, Step};
+use super::step::{Next, Step};
 use crate::build::{self, vm_resource};
 use crate::children;
 use crate::error::{Failure, Result};
 
 pub async fn run(step: &mut Step<'_>) -> Result<Next> {
     let ns = step.vmm.namespace().unwrap_or_default();
-    let source = super::source::recorded(step.status)?;
+    let source = super::support::source::recorded(step.status)?;
     let source = build::vm::as_adapted(source, step.status.adaptation.as_ref());
     let desired = build::vm::virtual_machine(step.vmm, &source);
     let name = desired.name_any();

@@ -111,7 +111,7 @@ impl<'a> Reconcile<'a> {
         let first = CHECKPOINTS[0].phase;
         self.edit.status.start_time = Some(self.edit.now().clone());
         self.edit.status.target_vm = Some(crate::children::vm_name(self.vmm));
-        self.edit.enter(first);
+        self.edit.enter(checkpoint::with_condition(first));
         self.edit.status.reason = Some("Started".into());
         self.edit.status.message = Some("discovering the source VM".into());
         self.passed
@@ -178,7 +178,12 @@ impl<'a> Reconcile<'a> {
                 }
             };
             let to = checkpoint::after(checkpoint::Route::of(self.vmm), checkpoint);
-            self.edit.advance(checkpoint, to, reason, message.clone());
+            self.edit.advance(
+                checkpoint::with_condition(checkpoint),
+                checkpoint::with_condition(to),
+                reason,
+                message.clone(),
+            );
             if checkpoint::frees_host_slot(checkpoint) {
                 self.edit.status.host_slot = None;
             }

@@ -10,8 +10,9 @@ use ferry_api::{ErrorClass, PowerState};
 use kube::api::DynamicObject;
 use kube::{Api, Resource, ResourceExt};
 
-use super::{Step, source};
+use super::source;
 use crate::build::{vm_resource, vmi_resource};
+use crate::checkpoint::step::Step;
 use crate::children;
 use crate::error::Result;
 use crate::owned::Owned;
@@ -134,7 +135,7 @@ fn staging_outage_outlasted(step: &Step<'_>) -> bool {
         })
 }
 
-pub(super) async fn restore_power(step: &mut Step<'_>) -> Result<bool> {
+pub(crate) async fn restore_power(step: &mut Step<'_>) -> Result<bool> {
     let Some(recorded) = step.status.power.clone() else {
         return Ok(true);
     };

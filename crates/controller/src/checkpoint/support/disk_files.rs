@@ -6,7 +6,8 @@
 use ferry_api::{Reason, SourceVmStatus};
 use ferry_vsphere::preflight::{DiskCheck, check_disk};
 
-use super::{Step, source};
+use super::source;
+use crate::checkpoint::step::Step;
 use crate::error::{Failure, Result};
 
 pub async fn check(step: &Step<'_>, vm: &SourceVmStatus) -> Result<()> {

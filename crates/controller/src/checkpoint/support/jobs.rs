@@ -1,18 +1,120 @@
-//! A Job's state, and the result its pod left in the termination message.
+//! A checkpoint's Job, one attempt at a time ([`attempt`]), a Job's state, and the result its pod left in the
+//! termination message.
 
 use std::time::Duration;
 
-use ferry_api::{Reason, VirtualMachineMigration};
+use ferry_api::{Phase, Reason, VirtualMachineMigration, VirtualMachineMigrationStatus as Status};
 use ferry_datapath::report::JobReport;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::ListParams;
 use kube::{Api, ResourceExt};
 
-use super::Next;
-use crate::children;
+use super::retry::{self, Charged};
+use crate::checkpoint::step::{Next, Step};
 use crate::context::Context;
 use crate::error::{Failure, Result};
+use crate::{children, owned, status};
+
+/// How a checkpoint runs its Job: attempt `n` is charged to `phase`'s budget, and a failed attempt's Job is
+/// removed only once that charge is on record.
+pub struct JobAttempt {
+    /// The budget a failed attempt is charged to.
+    pub phase: Phase,
+    /// Attempt `n`'s Job.
+    pub job: fn(&VirtualMachineMigration, i32) -> String,
+    /// The Jobs of attempt `n` that make room for attempt `n + 1`.
+    pub replaced: fn(&VirtualMachineMigration, i32) -> Vec<String>,
+    /// The steps (pod labels) of Jobs whose pods must have ended before a new Job starts: two writers on one
+    /// volume would interleave. None when the Job writes no volume.
+    pub writers: &'static [&'static str],
+    /// What the migration says while attempt `n`'s Job starts and runs.
+    pub running: fn(&str, i32) -> Next,
+    /// What a failure of this Job means beyond its charge (adaptation marks the volumes for rewriting).
+    pub failed: fn(&mut Status, &Failure),
+    /// Said while a Job is removed or an earlier writer ends.
+    pub restarting: &'static str,
+    /// Said once a failed attempt is charged.
+    pub retrying: &'static str,
+}
+
+impl JobAttempt {
+    /// A failure that means nothing beyond its charge.
+    pub fn only_charged(_: &mut Status, _: &Failure) {}
+}
+
+/// Where a checkpoint's Job attempt stands.
+pub enum Attempt {
+    /// Attempt `n` has no Job, the earlier attempt's Jobs are removed and none of their pods runs: the checkpoint
+    /// creates Job `name` once its own gate passes.
+    Start { name: String, n: i32 },
+    /// Job `name` succeeded with its report (never an error).
+    Succeeded { name: String, report: JobReport },
+    /// Running, being removed, or a failure charged or being cleared away: say this.
+    Wait(Next),
+}
+
+/// Long enough to stay quiet: the Job's own changes wake the migration up.
+const WAIT: Duration = Duration::from_secs(60);
+
+/// Observes the current attempt of `kind`'s Job and does what its state calls for, except create the Job and
+/// record its result, which are the checkpoint's.
+pub async fn attempt(step: &mut Step<'_>, kind: &JobAttempt) -> Result<Attempt> {
+    let n = status::budget_used(step.status, kind.phase) + 1;
+    let name = (kind.job)(step.vmm, n);
+    Ok(match observe(step.ctx, step.vmm, &name).await? {
+        JobState::Absent => {
+            if n > 1 {
+                // The failed attempt's Jobs were charged already; they make room for this one.
+                for earlier in (kind.replaced)(step.vmm, n - 1) {
+                    delete(step.ctx, step.vmm, &earlier).await?;
+                }
+            }
+            if !kind.writers.is_empty() {
+                let ns = step.vmm.namespace().unwrap_or_default();
+                let writers =
+                    wait_for_writers(step.ctx, &ns, step.vmm, kind.writers, kind.restarting);
+                if let Some(wait) = writers.await? {
+                    return Ok(Attempt::Wait(wait));
+                }
+            }
+            Attempt::Start { name, n }
+        }
+        JobState::Terminating => Attempt::Wait(Next::wait(
+            kind.restarting,
+            format!("Job {name} is being removed"),
+            WAIT,
+        )),
+        JobState::Running => Attempt::Wait((kind.running)(&name, n)),
+        JobState::Succeeded(report) => Attempt::Succeeded { name, report },
+        JobState::Failed(failure, uid) => {
+            (kind.failed)(step.status, &failure);
+            Attempt::Wait(retry(step, kind, &name, &uid, failure).await?)
+        }
+    })
+}
+
+/// A failed attempt: charged (recorded first), then its Job removed on the next pass, which makes room for the
+/// next attempt's.
+async fn retry(
+    step: &mut Step<'_>,
+    kind: &JobAttempt,
+    job: &str,
+    uid: &str,
+    failure: Failure,
+) -> Result<Next> {
+    match retry::charge(step, kind.phase, uid, &failure)? {
+        Charged::Now => Ok(retry::persist(step, kind.phase, kind.retrying, &failure)),
+        Charged::Before => {
+            delete(step.ctx, step.vmm, job).await?;
+            Ok(Next::wait(
+                kind.retrying,
+                format!("removing the failed Job {job}"),
+                Duration::from_secs(2),
+            ))
+        }
+    }
+}
 
 #[derive(Clone, Debug, PartialEq)]
 pub enum JobState {
@@ -233,16 +335,10 @@ pub async fn delete(ctx: &Context, vmm: &VirtualMachineMigration, name: &str) ->
     };
     match found {
         Some(job) if children::is_ours(&*job, vmm) && job.metadata.deletion_timestamp.is_none() => {
-            delete_ours(&jobs, &job).await
+            owned::delete_job(&jobs, &job).await
         }
         _ => Ok(()),
     }
-}
-
-/// Deletes `job`, one of ours just read, unless it has been replaced since.
-pub async fn delete_ours(jobs: &Api<Job>, job: &Job) -> Result<()> {
-    let uid = job.metadata.uid.as_deref().unwrap_or_default();
-    Ok(ferry_kube::delete::delete_exactly(jobs, &job.name_any(), uid).await?)
 }
 
 #[cfg(test)]

@@ -11,7 +11,7 @@ use std::time::Duration;
 use ferry_api::{SourceVmStatus, VirtualMachineMigration};
 use kube::ResourceExt;
 
-use super::{Next, Step};
+use crate::checkpoint::step::{Next, Step};
 
 /// How often a waiting migration looks again (the one ahead may take hours; a look is a cache read).
 const RECHECK: Duration = Duration::from_secs(30);
