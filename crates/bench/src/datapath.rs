@@ -13,9 +13,9 @@ use ferry_vsphere::Session;
 use ferry_vsphere::datastore::{Download, flat_disk};
 use ferry_vsphere::inventory::{self, VmSelector};
 
+use ferry_lab::control_plane::process::Lifetime;
 use ferry_lab::minio::StandaloneMinio;
-use ferry_lab::process::Lifetime;
-use ferry_lab::vcsim::StandaloneVcsim;
+use ferry_lab::vsphere::vcsim::StandaloneVcsim;
 
 pub struct Measurement {
     pub name: &'static str,

@@ -160,7 +160,7 @@ pub async fn run(args: BenchArgs) -> Result<()> {
                 Format::Raw => DiskFormat::Raw,
                 Format::Qcow2 => DiskFormat::Qcow2,
             };
-            let tools = ferry_lab::tools::bin_dir()?;
+            let tools = ferry_lab::control_plane::tools::bin_dir()?;
             let work = std::env::temp_dir().join(format!("ferry-bench-{}", std::process::id()));
             std::fs::create_dir_all(&work)?;
             let report = datapath::datapath(&work, &tools, size, format, rounds).await;

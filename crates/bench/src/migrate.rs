@@ -66,10 +66,10 @@ impl Route {
     fn manifest(self, state: &LabState, ns: &str, vm: &str) -> serde_json::Value {
         let name = self.slug();
         match self {
-            Route::Direct => ferry_lab::demo::migration(state, ns, name, vm),
-            Route::StagedRaw => ferry_lab::demo::staged_migration(state, ns, name, vm),
+            Route::Direct => ferry_lab::vsphere::demo::migration(state, ns, name, vm),
+            Route::StagedRaw => ferry_lab::vsphere::demo::staged_migration(state, ns, name, vm),
             Route::StagedQcow2 => {
-                let mut m = ferry_lab::demo::staged_migration(state, ns, name, vm);
+                let mut m = ferry_lab::vsphere::demo::staged_migration(state, ns, name, vm);
                 m["spec"]["conversion"] = json!({"format": "qcow2"});
                 m
             }
@@ -162,7 +162,7 @@ pub async fn run(options: &Options) -> Result<Report> {
     // Nothing to boot: the disk is data, and the benchmark ends its clock at CreatingVM.
     let lab = bench_lab(&dir, ferry_lab::lab::DEFAULT_VCSIM_VMS)?;
     let state = ferry_lab::up(&lab).await?.into_state();
-    ferry_lab::controller_process::apply_rbac(&state.tools, &state.kubeconfig)?;
+    ferry_lab::control_plane::controller_process::apply_rbac(&state.tools, &state.kubeconfig)?;
     let endpoint = state.vcsim.clone().context("no vcsim")?;
     let session = Session::connect(endpoint.connect_config(Duration::from_secs(600))?).await?;
 
@@ -286,7 +286,7 @@ async fn migrate_one(
     timeout: Duration,
 ) -> Result<PathRun> {
     let reports = ConversionReports::watch(Api::namespaced(client.clone(), ns));
-    ferry_lab::demo::apply(client, ns, path.manifest(state, ns, vm)).await?;
+    ferry_lab::vsphere::demo::apply(client, ns, path.manifest(state, ns, vm)).await?;
     let migrations: Api<VirtualMachineMigration> = Api::namespaced(client.clone(), ns);
     let begun = Instant::now();
     let done = loop {

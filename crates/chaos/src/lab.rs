@@ -9,7 +9,7 @@ use anyhow::{Context, Result};
 use ferry_api::Provider;
 use ferry_api::keys::HOLD_ANNOTATION;
 use ferry_controller::chaos::{Fault, PLAN_ENV, Plan};
-use ferry_lab::process::{self, Lifetime, ProcessRecord};
+use ferry_lab::control_plane::process::{self, Lifetime, ProcessRecord};
 use ferry_lab::{LabOptions, LabState};
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
 use kube::Api;
@@ -41,7 +41,7 @@ impl ChaosLab {
         let ferry = std::env::current_exe()?;
         let options = LabOptions {
             dir,
-            tools: ferry_lab::tools::bin_dir()?,
+            tools: ferry_lab::control_plane::tools::bin_dir()?,
             lifetime: Lifetime::TiedToThisProcess,
             standins: Some(ferry.clone()),
             demo_vms: true,
@@ -54,7 +54,7 @@ impl ChaosLab {
             real_node: None,
         };
         let state = ferry_lab::up(&options).await?.into_state();
-        ferry_lab::controller_process::apply_rbac(&state.tools, &state.kubeconfig)?;
+        ferry_lab::control_plane::controller_process::apply_rbac(&state.tools, &state.kubeconfig)?;
         Ok(Self { state, ferry })
     }
 
@@ -64,12 +64,18 @@ impl ChaosLab {
     }
 
     pub fn controller(&self, plan: Option<Plan>, log: &Path) -> Result<(ProcessRecord, u16)> {
-        let kubeconfig =
-            ferry_lab::controller_process::kubeconfig(&self.state.dir, &self.state.api_url)?;
+        let kubeconfig = ferry_lab::control_plane::controller_process::kubeconfig(
+            &self.state.dir,
+            &self.state.api_url,
+        )?;
         let port = process::free_port()?;
-        let mut spec =
-            ferry_lab::controller_process::component(&self.ferry, &kubeconfig, port, "ferry-chaos")
-                .spec;
+        let mut spec = ferry_lab::control_plane::controller_process::component(
+            &self.ferry,
+            &kubeconfig,
+            port,
+            "ferry-chaos",
+        )
+        .spec;
         if let Some(plan) = plan {
             spec.env
                 .push((PLAN_ENV.into(), serde_json::to_string(&plan)?));
@@ -136,7 +142,7 @@ impl ChaosLab {
             )
             .await
             .with_context(|| format!("creating namespace {ns}"))?;
-        ferry_lab::demo::create_provider(&client, &self.state, &ns).await?;
+        ferry_lab::vsphere::demo::create_provider(&client, &self.state, &ns).await?;
         if let Some(fault) = trial.and_then(|t| t.lab_fault.as_ref()) {
             let switch: ConfigMap = serde_json::from_value(json!({
                 "metadata": {"name": "lab-faults"},
@@ -159,7 +165,7 @@ impl ChaosLab {
             ferry_vsphere::power::power_on(&session, &source, Duration::from_secs(30)).await?;
             sources.insert(vm.to_string(), source);
         }
-        let calls_file = self.state.dir.join(ferry_lab::vcsim::CALLS_FILE);
+        let calls_file = self.state.dir.join(ferry_lab::vsphere::vcsim::CALLS_FILE);
         let calls_before = std::fs::read_to_string(&calls_file)
             .unwrap_or_default()
             .len();
@@ -179,7 +185,7 @@ impl ChaosLab {
                     json!({"spec": {"limits": {"maxConcurrentDisksPerHost": PLAN_HOST_LIMIT}}});
                 Api::<Provider>::namespaced(client.clone(), &ns)
                     .patch(
-                        ferry_lab::demo::PROVIDER,
+                        ferry_lab::vsphere::demo::PROVIDER,
                         &PatchParams::default(),
                         &Patch::Merge(&limits),
                     )
@@ -188,7 +194,7 @@ impl ChaosLab {
             }
             None => migration_manifest(&self.state, workload, &ns),
         };
-        ferry_lab::demo::apply(&client, &ns, manifest).await?;
+        ferry_lab::vsphere::demo::apply(&client, &ns, manifest).await?;
         Ok(Run {
             workload: workload.clone(),
             trial: trial.cloned(),
@@ -236,7 +242,8 @@ impl ChaosLab {
             .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
             .filter(|e| {
                 e["stage"] == "ResponseComplete"
-                    && e["user"]["username"] == ferry_lab::controller_process::SERVICE_ACCOUNT
+                    && e["user"]["username"]
+                        == ferry_lab::control_plane::controller_process::SERVICE_ACCOUNT
                     && e["objectRef"]["namespace"] == ns
                     && matches!(
                         e["verb"].as_str(),
@@ -258,9 +265,9 @@ impl ChaosLab {
 /// The migration `m` of the workload's VM, as the person in it first writes it.
 fn migration_manifest(state: &LabState, workload: &Workload, ns: &str) -> serde_json::Value {
     let mut manifest = if workload.staged {
-        ferry_lab::demo::staged_migration(state, ns, "m", workload.vm)
+        ferry_lab::vsphere::demo::staged_migration(state, ns, "m", workload.vm)
     } else {
-        ferry_lab::demo::migration(state, ns, "m", workload.vm)
+        ferry_lab::vsphere::demo::migration(state, ns, "m", workload.vm)
     };
     if let Some((_, hold)) = &workload.act {
         manifest["metadata"]["annotations"] = json!({HOLD_ANNOTATION: hold});
@@ -273,13 +280,13 @@ fn migration_manifest(state: &LabState, workload: &Workload, ns: &str) -> serde_
 
 /// The plan `p` of `vms`, with the lab migration's networks and guest check, all in flight at once.
 fn plan_manifest(state: &LabState, ns: &str, vms: &[&str]) -> serde_json::Value {
-    let single = &ferry_lab::demo::migration(state, ns, PLAN, vms[0])["spec"];
+    let single = &ferry_lab::vsphere::demo::migration(state, ns, PLAN, vms[0])["spec"];
     let listed: Vec<_> = vms.iter().map(|vm| json!({"name": vm})).collect();
     json!({
         "apiVersion": ferry_api::API_VERSION, "kind": "MigrationPlan",
         "metadata": {"name": PLAN, "namespace": ns},
         "spec": {
-            "providerRef": {"name": ferry_lab::demo::PROVIDER}, "vms": listed, "maxInFlight": vms.len(),
+            "providerRef": {"name": ferry_lab::vsphere::demo::PROVIDER}, "vms": listed, "maxInFlight": vms.len(),
             "restorePowerState": true, "target": single["target"], "guestCheck": single["guestCheck"],
         },
     })

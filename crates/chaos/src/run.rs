@@ -196,8 +196,7 @@ impl Run {
                 .violations
                 .push("Ferry acted before the spec was correct".into());
         }
-        let fix =
-            json!({"spec": {"staging": {"secretRef": {"name": ferry_lab::demo::STAGING_SECRET}}}});
+        let fix = json!({"spec": {"staging": {"secretRef": {"name": ferry_lab::vsphere::demo::STAGING_SECRET}}}});
         self.api
             .patch("m", &PatchParams::default(), &Patch::Merge(&fix))
             .await?;

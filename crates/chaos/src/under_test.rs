@@ -5,7 +5,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::Result;
-use ferry_lab::process::{self, ProcessRecord};
+use ferry_lab::control_plane::process::{self, ProcessRecord};
 
 use super::children::Children;
 

@@ -72,7 +72,9 @@ impl Workload {
             "happy-1" if at.is_none() => workload("DC0_H0_VM0", None, false),
             "happy-3" if at.is_none() => workload("DC0_H0_VM1", None, false),
             "staged-3" if at.is_none() => workload("DC0_H0_VM1", None, false).staged(),
-            "linux" if at.is_none() => workload(ferry_lab::linux_vms::LINUX_BIOS_VM, None, false),
+            "linux" if at.is_none() => {
+                workload(ferry_lab::vsphere::linux_vms::LINUX_BIOS_VM, None, false)
+            }
             "bad-spec" if at.is_none() => workload("DC0_C0_RP0_VM0", None, false).with_bad_spec(),
             "plan" if at.is_none() => Workload {
                 plan: Some(&PLAN_VMS),

@@ -17,7 +17,7 @@ pub const NAMESPACE: &str = "ferry-demo";
 const DEFAULT_VMS: [&str; 3] = [
     "DC0_H0_VM0",
     "DC0_H0_VM1",
-    ferry_lab::linux_vms::LINUX_BIOS_VM,
+    ferry_lab::vsphere::linux_vms::LINUX_BIOS_VM,
 ];
 
 pub async fn run(
@@ -52,7 +52,7 @@ pub async fn run(
     let client = state.client().await?;
     fresh_namespace(&client).await?;
     power_on_sources(&state, &vms).await?;
-    ferry_lab::demo::create_provider(&client, &state, NAMESPACE).await?;
+    ferry_lab::vsphere::demo::create_provider(&client, &state, NAMESPACE).await?;
     let name_of = |vm: &str| {
         if as_plan {
             ferry_api::names::plan_child(PLAN, vm)
@@ -74,10 +74,10 @@ pub async fn run(
     } else {
         for vm in &vms {
             let name = migration_name(vm);
-            ferry_lab::demo::apply(
+            ferry_lab::vsphere::demo::apply(
                 &client,
                 NAMESPACE,
-                ferry_lab::demo::migration(&state, NAMESPACE, &name, vm),
+                ferry_lab::vsphere::demo::migration(&state, NAMESPACE, &name, vm),
             )
             .await?;
             println!("created migration {NAMESPACE}/{name} for {vm}");
@@ -131,7 +131,7 @@ const PLAN: &str = "demo";
 
 /// The site's NetworkMap and StorageMap, and plan [`PLAN`] of `vms` through them; returns the plan's UID.
 async fn create_plan(client: &kube::Client, vms: &[String]) -> Result<String> {
-    use ferry_lab::demo::{LAB_SETTLE_SECONDS, PROVIDER, SOURCE_NETWORKS, apply};
+    use ferry_lab::vsphere::demo::{LAB_SETTLE_SECONDS, PROVIDER, SOURCE_NETWORKS, apply};
     use serde_json::json;
     let doc = |kind: &str, name: &str, spec: serde_json::Value| {
         json!({"apiVersion": ferry_api::API_VERSION, "kind": kind,
@@ -147,7 +147,7 @@ async fn create_plan(client: &kube::Client, vms: &[String]) -> Result<String> {
         doc("NetworkMap", "lab-networks", json!({"networks": networks})),
     )
     .await?;
-    let datastores = json!({"datastores": [{"source": ferry_lab::linux_vms::DATASTORE,
+    let datastores = json!({"datastores": [{"source": ferry_lab::vsphere::linux_vms::DATASTORE,
         "storageClassName": ferry_lab::standins::cdi::STORAGE_CLASS}]});
     apply(
         client,

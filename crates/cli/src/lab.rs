@@ -137,7 +137,7 @@ pub async fn run(args: LabArgs) -> Result<()> {
             let mib: u64 = size.trim_end_matches("MiB").parse().map_err(|_| {
                 anyhow::anyhow!("--size {size:?}: give a whole number of MiB, like 64MiB")
             })?;
-            let sha = ferry_lab::bootdisk::make_boot_disk(&out, mib << 20, &marker)?;
+            let sha = ferry_lab::vsphere::bootdisk::make_boot_disk(&out, mib << 20, &marker)?;
             println!("{}  {} ({mib} MiB, marker {marker:?})", sha, out.display());
             Ok(())
         }
@@ -164,7 +164,7 @@ pub async fn run(args: LabArgs) -> Result<()> {
 pub fn options(dir: PathBuf) -> Result<LabOptions> {
     Ok(LabOptions {
         dir,
-        tools: ferry_lab::tools::bin_dir()?,
+        tools: ferry_lab::control_plane::tools::bin_dir()?,
         lifetime: Lifetime::Detached,
         standins: Some(std::env::current_exe()?),
         demo_vms: true,
@@ -187,7 +187,7 @@ pub fn options_for(dir: PathBuf, kind: NodeKind) -> Result<LabOptions> {
         if let Some(why) = ferry_lab::real_node::host_refusal(&dir) {
             anyhow::bail!("{why}");
         }
-        options.real_node = Some(ferry_lab::tools::node_bin_dir()?);
+        options.real_node = Some(ferry_lab::control_plane::tools::node_bin_dir()?);
         options.controller = false;
     }
     Ok(options)

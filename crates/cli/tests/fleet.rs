@@ -30,7 +30,7 @@ async fn twelve_vms_on_two_hosts_never_read_more_disks_per_host_than_the_limit_t
     let lab = lab().await;
     Api::<ferry_api::Provider>::namespaced(client.clone(), ns.name())
         .patch(
-            ferry_lab::demo::PROVIDER,
+            ferry_lab::vsphere::demo::PROVIDER,
             &PatchParams::default(),
             &Patch::Merge(json!({"spec": {"limits": {"maxConcurrentDisksPerHost": LIMIT}}})),
         )
@@ -147,15 +147,17 @@ async fn site_maps(client: &kube::Client, ns: &str) {
         json!({"apiVersion": ferry_api::API_VERSION, "kind": kind, "metadata": {"name": name, "namespace": ns},
             "spec": spec})
     };
-    let networks = json!({"networks": [{"source": ferry_lab::linux_vms::NETWORK, "pod": {}},
+    let networks = json!({"networks": [{"source": ferry_lab::vsphere::linux_vms::NETWORK, "pod": {}},
         {"source": "VM Network", "ignored": {}}]});
-    let datastores = json!({"datastores": [{"source": ferry_lab::linux_vms::DATASTORE,
+    let datastores = json!({"datastores": [{"source": ferry_lab::vsphere::linux_vms::DATASTORE,
         "storageClassName": ferry_lab::standins::cdi::WFFC_STORAGE_CLASS}]});
     for doc in [
         map("NetworkMap", "site-networks", networks),
         map("StorageMap", "site-datastores", datastores),
     ] {
-        ferry_lab::demo::apply(client, ns, doc).await.unwrap();
+        ferry_lab::vsphere::demo::apply(client, ns, doc)
+            .await
+            .unwrap();
     }
 }
 
@@ -163,8 +165,8 @@ async fn site_maps(client: &kube::Client, ns: &str) {
 fn plan(ns: &str, name: &str, vms: &[&str]) -> serde_json::Value {
     let vms: Vec<_> = vms.iter().map(|vm| json!({"name": vm})).collect();
     json!({"apiVersion": ferry_api::API_VERSION, "kind": "MigrationPlan", "metadata": {"name": name, "namespace": ns},
-        "spec": {"providerRef": {"name": ferry_lab::demo::PROVIDER}, "vms": vms, "maxInFlight": 1,
-            "restorePowerState": true, "guestCheck": {"settleSeconds": ferry_lab::demo::LAB_SETTLE_SECONDS},
+        "spec": {"providerRef": {"name": ferry_lab::vsphere::demo::PROVIDER}, "vms": vms, "maxInFlight": 1,
+            "restorePowerState": true, "guestCheck": {"settleSeconds": ferry_lab::vsphere::demo::LAB_SETTLE_SECONDS},
             "target": {"networkMapRef": {"name": "site-networks"}, "storageMapRef": {"name": "site-datastores"}}}})
 }
 
@@ -205,7 +207,7 @@ async fn a_plan_with_shared_maps_migrates_one_vm_at_a_time_and_a_vm_added_while_
         seed_vm_on(&lab.dir().join(vm), vm, &[4], "DC0_C0_H1").await;
     }
     site_maps(&client, ns.name()).await;
-    ferry_lab::demo::apply(&client, ns.name(), plan(ns.name(), "wave-1", &vms[..2]))
+    ferry_lab::vsphere::demo::apply(&client, ns.name(), plan(ns.name(), "wave-1", &vms[..2]))
         .await
         .unwrap();
     plan_until(&client, ns.name(), "wave-1", Duration::from_secs(60), |p| {
@@ -300,7 +302,7 @@ async fn cancelling_a_plan_cleans_up_what_is_unfinished_and_keeps_what_finished(
         seed_vm_on(&lab.dir().join(vm), vm, &[4], "DC0_C0_H2").await;
     }
     site_maps(&client, ns.name()).await;
-    ferry_lab::demo::apply(&client, ns.name(), plan(ns.name(), "wave-2", &vms))
+    ferry_lab::vsphere::demo::apply(&client, ns.name(), plan(ns.name(), "wave-2", &vms))
         .await
         .unwrap();
     // The first finished and the second under way.
@@ -405,9 +407,9 @@ async fn a_plan_chooses_its_vms_by_folder_and_name_once_when_its_start_time_come
             .to_string()
     );
     manifest["spec"]["selector"] = json!({
-        "folder": format!("/{}/DC0/vm/{folder}", ferry_lab::vcsim::PRODUCTION_DC_FOLDER),
+        "folder": format!("/{}/DC0/vm/{folder}", ferry_lab::vsphere::vcsim::PRODUCTION_DC_FOLDER),
         "namePattern": "ferry-select-*", "powerState": "PoweredOn"});
-    ferry_lab::demo::apply(&client, ns.name(), manifest)
+    ferry_lab::vsphere::demo::apply(&client, ns.name(), manifest)
         .await
         .unwrap();
 
@@ -508,7 +510,10 @@ async fn a_plan_chooses_its_vms_by_folder_and_name_once_when_its_start_time_come
 async fn ferry_plan_create_writes_a_plan_and_maps_that_apply_and_names_what_no_map_covers() {
     let (_client, ns) = setup("plancreate").await;
     let lab = lab().await;
-    let folder = format!("/{}/DC0/vm", ferry_lab::vcsim::PRODUCTION_DC_FOLDER);
+    let folder = format!(
+        "/{}/DC0/vm",
+        ferry_lab::vsphere::vcsim::PRODUCTION_DC_FOLDER
+    );
     let create = |pattern: &str, extra: &[&str]| {
         let out = std::process::Command::new(ferry())
             .args([
@@ -516,7 +521,7 @@ async fn ferry_plan_create_writes_a_plan_and_maps_that_apply_and_names_what_no_m
                 "create",
                 "wave",
                 "--provider",
-                ferry_lab::demo::PROVIDER,
+                ferry_lab::vsphere::demo::PROVIDER,
             ])
             .args([
                 "--folder",
@@ -592,7 +597,7 @@ async fn ferry_plan_create_writes_a_plan_and_maps_that_apply_and_names_what_no_m
     let other = json!({"apiVersion": ferry_api::API_VERSION, "kind": "StorageMap",
         "metadata": {"name": "elsewhere", "namespace": ns.name()},
         "spec": {"datastores": [{"source": "OtherDS", "storageClassName": "fast"}]}});
-    ferry_lab::demo::apply(&lab.client().await, ns.name(), other)
+    ferry_lab::vsphere::demo::apply(&lab.client().await, ns.name(), other)
         .await
         .unwrap();
     let (ok, yaml, stderr) = create("DC0_H0_VM*", &["--storage-map", "elsewhere"]);

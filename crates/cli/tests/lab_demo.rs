@@ -149,7 +149,7 @@ async fn the_demo_migrates_both_vms_and_get_describe_and_watch_show_them() {
     let state = ferry_lab::LabState::load(&dir).unwrap().unwrap();
     kubectl_apply(
         &dir,
-        &ferry_lab::demo::migration(&state, "ferry-demo", "lost", "no-such-vm"),
+        &ferry_lab::vsphere::demo::migration(&state, "ferry-demo", "lost", "no-such-vm"),
     );
     let failed = ferry_testkit::eventually(
         "the lost migration to fail",
@@ -190,7 +190,7 @@ async fn the_demo_migrates_both_vms_and_get_describe_and_watch_show_them() {
     tokio::time::sleep(Duration::from_secs(1)).await;
     kubectl_apply(
         &dir,
-        &ferry_lab::demo::migration(&state, "ferry-demo", "cluster-vm", "DC0_C0_RP0_VM0"),
+        &ferry_lab::vsphere::demo::migration(&state, "ferry-demo", "cluster-vm", "DC0_C0_RP0_VM0"),
     );
     let tty = watched.join().unwrap();
     let screen = String::from_utf8_lossy(&tty.stdout).to_string();

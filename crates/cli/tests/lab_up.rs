@@ -45,8 +45,8 @@ async fn lab_up_runs_the_stand_ins_and_a_demo_vm_boots_from_a_data_volume() {
 
     // The demo disk, served over http, becomes a DataVolume; a VM boots from it.
     let disk = work.path().join("demo.img");
-    let marker = ferry_lab::demo::marker("lab-up-test");
-    ferry_lab::bootdisk::make_boot_disk(&disk, 16 << 20, &marker).unwrap();
+    let marker = ferry_lab::vsphere::demo::marker("lab-up-test");
+    ferry_lab::vsphere::bootdisk::make_boot_disk(&disk, 16 << 20, &marker).unwrap();
     let server = ferry_testkit::http::FileServer::start(disk, None).await;
     let dvs = Api::<DynamicObject>::namespaced_with(
         client.clone(),

@@ -5,7 +5,7 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use ferry_lab::process::{self, Lifetime, ProcessRecord};
+use ferry_lab::control_plane::process::{self, Lifetime, ProcessRecord};
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::Api;
 
@@ -22,7 +22,9 @@ struct Replica {
 
 fn start(ferry: &Path, kubeconfig: &Path, dir: &Path, identity: &str) -> Replica {
     let port = process::free_port().unwrap();
-    let mut spec = ferry_lab::controller_process::component(ferry, kubeconfig, port, identity).spec;
+    let mut spec =
+        ferry_lab::control_plane::controller_process::component(ferry, kubeconfig, port, identity)
+            .spec;
     spec.args.retain(|a| !a.starts_with("--lease-seconds="));
     spec.args.extend([
         format!("--lease-seconds={LEASE_SECONDS}"),
@@ -79,8 +81,11 @@ async fn holder(lab: &ferry_testkit::TestLab) -> Option<String> {
 async fn a_standby_stops_at_once_on_sigterm_and_a_stopping_leader_hands_its_lease_over() {
     let lab = ferry_testkit::TestLab::shared().await;
     let state = lab.state();
-    ferry_lab::controller_process::apply_rbac(&state.tools, &state.kubeconfig).unwrap();
-    let kubeconfig = ferry_lab::controller_process::kubeconfig(lab.dir(), &state.api_url).unwrap();
+    ferry_lab::control_plane::controller_process::apply_rbac(&state.tools, &state.kubeconfig)
+        .unwrap();
+    let kubeconfig =
+        ferry_lab::control_plane::controller_process::kubeconfig(lab.dir(), &state.api_url)
+            .unwrap();
     let ferry = Path::new(env!("CARGO_BIN_EXE_ferry"));
     let dir = lab.dir();
     let alive = |r: &Replica| r.record.is_alive(ferry);

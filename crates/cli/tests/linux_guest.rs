@@ -8,7 +8,7 @@ mod support;
 use std::time::Duration;
 
 use ferry_api::{GuestEvidence, Phase, PowerState, VirtualMachineMigration};
-use ferry_lab::linux_vms::{LINUX_BIOS_VM, LINUX_EFI_VM};
+use ferry_lab::vsphere::linux_vms::{LINUX_BIOS_VM, LINUX_EFI_VM};
 use ferry_testkit::migration;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
@@ -142,7 +142,7 @@ async fn assert_booted_with_agent(
     assert_eq!(vmi_status["guestOSInfo"]["id"], "debian", "{vmi_status}");
     assert_eq!(vmi_status["guestOSInfo"]["versionId"], "12", "{vmi_status}");
     // The guest's own report: multi-user reached, data disk mounted by UUID with its known content, DHCP.
-    let payload = ferry_lab::guest_image::ensure_guest_images(None)
+    let payload = ferry_lab::vsphere::guest_image::ensure_guest_images(None)
         .expect("the lab's guest images (cached)")
         .data_payload_sha256;
     // Printed after multi-user, the network and a hash of the data disk: minutes under a busy emulation.

@@ -795,7 +795,7 @@ async fn apply_map(
     name: &str,
     spec: serde_json::Value,
 ) {
-    ferry_lab::demo::apply(
+    ferry_lab::vsphere::demo::apply(
         client,
         ns,
         serde_json::json!({"apiVersion": ferry_api::API_VERSION, "kind": kind,

@@ -88,14 +88,21 @@ async fn three_disks_go_straight_into_filesystem_volumes_sparse_and_without_any_
     let lab = lab().await;
     // Nothing in this namespace can reach the staging store.
     Api::<Secret>::namespaced(client.clone(), ns.name())
-        .delete(ferry_lab::demo::STAGING_SECRET, &DeleteParams::default())
+        .delete(
+            ferry_lab::vsphere::demo::STAGING_SECRET,
+            &DeleteParams::default(),
+        )
         .await
         .unwrap();
     let dir = lab.dir().join(vm);
     std::fs::create_dir_all(&dir).unwrap();
     let boot = dir.join(format!("{}.raw", disk_stem(vm, 0)));
-    let boot_sha =
-        ferry_lab::bootdisk::make_boot_disk(&boot, 4 * MIB, &ferry_lab::demo::marker(vm)).unwrap();
+    let boot_sha = ferry_lab::vsphere::bootdisk::make_boot_disk(
+        &boot,
+        4 * MIB,
+        &ferry_lab::vsphere::demo::marker(vm),
+    )
+    .unwrap();
     let disks = vec![
         raw_to_flat_vmdk(&boot, &disk_stem(vm, 0), boot_sha, 4 * MIB).unwrap(),
         mostly_zeros(&dir, &disk_stem(vm, 1)),
@@ -160,7 +167,7 @@ async fn three_disks_go_straight_into_filesystem_volumes_sparse_and_without_any_
     assert!(
         guest_console(&client, ns.name(), name)
             .await
-            .contains(&ferry_lab::demo::marker(vm)),
+            .contains(&ferry_lab::vsphere::demo::marker(vm)),
         "the guest booted from its first volume"
     );
 }
@@ -200,7 +207,7 @@ async fn three_disks_go_straight_into_block_volumes_over_their_stale_bytes() {
     assert!(
         guest_console(&client, ns.name(), name)
             .await
-            .contains(&ferry_lab::demo::marker(vm)),
+            .contains(&ferry_lab::vsphere::demo::marker(vm)),
         "the guest booted from its first volume"
     );
 }
@@ -238,7 +245,7 @@ async fn a_wait_for_first_consumer_class_binds_the_volumes_where_the_conversion_
     assert!(
         guest_console(&client, ns.name(), name)
             .await
-            .contains(&ferry_lab::demo::marker(vm)),
+            .contains(&ferry_lab::vsphere::demo::marker(vm)),
         "the guest booted from its first volume"
     );
 }
@@ -256,25 +263,32 @@ async fn a_provider_lent_from_another_namespace_migrates_and_its_credentials_lea
         .await
         .unwrap();
     Api::<ferry_api::Provider>::namespaced(client.clone(), ns.name())
-        .delete(ferry_lab::demo::PROVIDER, &DeleteParams::default())
+        .delete(ferry_lab::vsphere::demo::PROVIDER, &DeleteParams::default())
         .await
         .unwrap();
     Api::<Secret>::namespaced(client.clone(), ns.name())
-        .delete(ferry_lab::demo::VSPHERE_SECRET, &DeleteParams::default())
+        .delete(
+            ferry_lab::vsphere::demo::VSPHERE_SECRET,
+            &DeleteParams::default(),
+        )
         .await
         .unwrap();
     let dir = lab.dir().join(vm);
     std::fs::create_dir_all(&dir).unwrap();
     let boot = dir.join(format!("{}.raw", disk_stem(vm, 0)));
-    let boot_sha =
-        ferry_lab::bootdisk::make_boot_disk(&boot, 4 * MIB, &ferry_lab::demo::marker(vm)).unwrap();
+    let boot_sha = ferry_lab::vsphere::bootdisk::make_boot_disk(
+        &boot,
+        4 * MIB,
+        &ferry_lab::vsphere::demo::marker(vm),
+    )
+    .unwrap();
     let disks = vec![raw_to_flat_vmdk(&boot, &disk_stem(vm, 0), boot_sha, 4 * MIB).unwrap()];
     provision_seeded(vm, &disks).await;
 
     let name = "direct-lent";
     let mut manifest = direct_migration(lab, ns.name(), name, vm, "Filesystem");
     manifest["spec"]["source"]["providerRef"] =
-        serde_json::json!({"name": ferry_lab::demo::PROVIDER, "namespace": lender.name()});
+        serde_json::json!({"name": ferry_lab::vsphere::demo::PROVIDER, "namespace": lender.name()});
     let done = migrate(&client, ns.name(), name, manifest).await;
     let status = done.status.clone().unwrap();
     assert_eq!(

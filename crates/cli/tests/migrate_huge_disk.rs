@@ -25,7 +25,12 @@ const S3_MAX_PARTS: u64 = 10_000;
 /// The disk: a boot sector that prints the VM's marker, a patterned MiB at 100 GiB and at the end, zeros
 /// elsewhere. Returns its sha256.
 fn write_sparse_boot_disk(raw: &std::path::Path) -> String {
-    ferry_lab::bootdisk::make_boot_disk(raw, 4 * MIB, &ferry_lab::demo::marker(VM)).unwrap();
+    ferry_lab::vsphere::bootdisk::make_boot_disk(
+        raw,
+        4 * MIB,
+        &ferry_lab::vsphere::demo::marker(VM),
+    )
+    .unwrap();
     let pattern = raw.with_extension("pattern");
     ferry_lab::disks::write_pattern(&pattern, MIB, 7).unwrap();
     let pattern = {

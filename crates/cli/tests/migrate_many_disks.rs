@@ -128,7 +128,7 @@ async fn a_vm_with_twelve_disks_migrates_and_every_disk_is_verified() {
         .cloned()
         .unwrap_or_default();
     assert!(
-        marker.contains(&ferry_lab::demo::marker(VM)),
+        marker.contains(&ferry_lab::vsphere::demo::marker(VM)),
         "marker: {marker:?}"
     );
 

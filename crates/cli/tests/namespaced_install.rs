@@ -153,8 +153,12 @@ async fn a_controller_for_chosen_namespaces_serves_them_and_holds_no_right_elsew
     let dir = lab.dir().join(vm);
     std::fs::create_dir_all(&dir).unwrap();
     let boot = dir.join(format!("{}.raw", disk_stem(vm, 0)));
-    let sha =
-        ferry_lab::bootdisk::make_boot_disk(&boot, 4 << 20, &ferry_lab::demo::marker(vm)).unwrap();
+    let sha = ferry_lab::vsphere::bootdisk::make_boot_disk(
+        &boot,
+        4 << 20,
+        &ferry_lab::vsphere::demo::marker(vm),
+    )
+    .unwrap();
     provision_seeded(
         vm,
         &[raw_to_flat_vmdk(&boot, &disk_stem(vm, 0), sha, 4 << 20).unwrap()],

@@ -215,14 +215,14 @@ async fn ferry_from_deploy_on_a_real_node_migrates_rolls_out_hands_over_and_leav
         )
         .await
         .unwrap();
-    ferry_lab::demo::create_provider(&client, &state, ns)
+    ferry_lab::vsphere::demo::create_provider(&client, &state, ns)
         .await
         .unwrap();
     let name = "handoff";
-    ferry_lab::demo::apply(
+    ferry_lab::vsphere::demo::apply(
         &client,
         ns,
-        ferry_lab::demo::migration(&state, ns, name, "DC0_H0_VM1"),
+        ferry_lab::vsphere::demo::migration(&state, ns, name, "DC0_H0_VM1"),
     )
     .await
     .unwrap();

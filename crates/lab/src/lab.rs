@@ -7,12 +7,12 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 use serde::{Deserialize, Serialize};
 
-use crate::components::{self, Component, Ports};
+use crate::control_plane::components::{self, Component, Ports};
+use crate::control_plane::pki::Pki;
+use crate::control_plane::process::{self, Lifetime, ProcessRecord};
+use crate::control_plane::{controller_process, crds, probe};
 pub use crate::minio::StagingEndpoint;
-use crate::pki::Pki;
-use crate::probe;
-use crate::process::{self, Lifetime, ProcessRecord};
-pub use crate::vcsim::{VcsimEndpoint, VcsimRealism};
+pub use crate::vsphere::vcsim::{VcsimEndpoint, VcsimRealism};
 
 const STATE_FILE: &str = "lab.json";
 const STOP_GRACE: Duration = Duration::from_secs(10);
@@ -225,7 +225,7 @@ async fn start_all(state: &mut LabState, options: &LabOptions) -> Result<()> {
     let etcd = start_component(state, lifetime, |ports| ctx.etcd(ports)).await?;
     let api = start_component(state, lifetime, |ports| ctx.kube_apiserver(ports, &etcd)).await?;
     state.api_url = api.url.clone().unwrap_or_default();
-    crate::crds::install(&probe::client_for(&state.kubeconfig, None).await?).await?;
+    crds::install(&probe::client_for(&state.kubeconfig, None).await?).await?;
     start_component(state, lifetime, |ports| ctx.kube_controller_manager(ports)).await?;
     if options.real_node.is_some() {
         crate::real_node::start(state, lifetime, &ctx, options.standins.as_deref()).await?;
@@ -239,13 +239,13 @@ async fn start_all(state: &mut LabState, options: &LabOptions) -> Result<()> {
         Ok(vcsim)
     })
     .await?;
-    let endpoint = crate::vcsim::endpoint(&dir, vcsim.url)?;
+    let endpoint = crate::vsphere::vcsim::endpoint(&dir, vcsim.url)?;
     state.ports.push(endpoint.port()?);
     if options.demo_vms {
-        crate::demo::seed_demo_vms(&endpoint, &dir)
+        crate::vsphere::demo::seed_demo_vms(&endpoint, &dir)
             .await
             .context("seeding the demo VMs")?;
-        crate::linux_vms::seed_lab_linux_vms(&endpoint, &dir).await?;
+        crate::vsphere::linux_vms::seed_lab_linux_vms(&endpoint, &dir).await?;
     }
     state.vcsim = Some(endpoint);
     state.save()?;
@@ -283,10 +283,10 @@ async fn start_all(state: &mut LabState, options: &LabOptions) -> Result<()> {
             .await?;
         }
         if options.controller {
-            crate::controller_process::apply_rbac(&state.tools, &state.kubeconfig)?;
-            let kubeconfig = crate::controller_process::kubeconfig(&dir, &state.api_url)?;
+            controller_process::apply_rbac(&state.tools, &state.kubeconfig)?;
+            let kubeconfig = controller_process::kubeconfig(&dir, &state.api_url)?;
             let ready = start_component(state, lifetime, |ports| {
-                Ok(crate::controller_process::component(
+                Ok(controller_process::component(
                     ferry,
                     &kubeconfig,
                     ports.first(),
@@ -301,14 +301,9 @@ async fn start_all(state: &mut LabState, options: &LabOptions) -> Result<()> {
     Ok(())
 }
 
-fn standin(
-    ferry: &Path,
-    dir: &Path,
-    name: &str,
-    extra: Vec<String>,
-) -> crate::components::Component {
-    crate::components::Component {
-        spec: crate::process::ProcessSpec {
+fn standin(ferry: &Path, dir: &Path, name: &str, extra: Vec<String>) -> components::Component {
+    components::Component {
+        spec: process::ProcessSpec {
             name: format!("standin-{name}"),
             program: ferry.to_path_buf(),
             args: vec![

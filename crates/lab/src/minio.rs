@@ -6,10 +6,10 @@ use std::time::Duration;
 use anyhow::Result;
 use serde::{Deserialize, Serialize};
 
-use crate::components::Component;
-use crate::pki::{CertFiles, write_private};
-use crate::probe::Probe;
-use crate::process::{self, Lifetime, ProcessRecord, ProcessSpec, free_port};
+use crate::control_plane::components::Component;
+use crate::control_plane::pki::{CertFiles, write_private};
+use crate::control_plane::probe::Probe;
+use crate::control_plane::process::{self, Lifetime, ProcessRecord, ProcessSpec, free_port};
 
 pub const BUCKET: &str = "ferry-staging";
 const ACCESS_KEY: &str = "ferry-staging";
@@ -173,7 +173,7 @@ pub fn component(
     let secret = match std::fs::read_to_string(credentials_dir.join("secretKey")) {
         Ok(existing) => existing,
         Err(_) => {
-            let fresh = crate::vcsim::random_hex(20)?;
+            let fresh = crate::vsphere::vcsim::random_hex(20)?;
             write_private(&credentials_dir.join("accessKeyId"), ACCESS_KEY)?;
             write_private(&credentials_dir.join("secretKey"), &fresh)?;
             fresh
@@ -259,7 +259,9 @@ impl StandaloneMinio {
             let component = component(dir, tools, crate::LOOPBACK, port, console, false, None)?;
             let log = dir.join("minio.log");
             let record = process::start(&component.spec, &log, lifetime)?;
-            if let Err(e) = crate::probe::wait_ready(&component.probe, &record, dir).await {
+            if let Err(e) =
+                crate::control_plane::probe::wait_ready(&component.probe, &record, dir).await
+            {
                 let _ = process::stop(&record, Duration::from_secs(5));
                 last_error = Some(e);
                 continue;

@@ -6,7 +6,8 @@ use std::time::{Duration, Instant};
 fn the_demo_disk_boots_in_qemu_and_prints_its_marker() {
     let dir = tempfile::tempdir().unwrap();
     let disk = dir.path().join("demo.img");
-    let sha = ferry_lab::bootdisk::make_boot_disk(&disk, 8 << 20, "FERRY-DEMO-OK").unwrap();
+    let sha =
+        ferry_lab::vsphere::bootdisk::make_boot_disk(&disk, 8 << 20, "FERRY-DEMO-OK").unwrap();
     assert_eq!(sha.len(), 64);
     let serial = dir.path().join("serial.log");
     let mut qemu = std::process::Command::new("qemu-system-x86_64")

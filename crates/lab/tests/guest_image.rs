@@ -7,7 +7,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use ferry_lab::guest_image::{GuestImage, GuestImages, ensure_guest_images};
+use ferry_lab::vsphere::guest_image::{GuestImage, GuestImages, ensure_guest_images};
 
 const READY: &str = "FERRY-GUEST-READY";
 const OVMF_CODE: &str = "/usr/share/OVMF/OVMF_CODE_4M.secboot.fd";

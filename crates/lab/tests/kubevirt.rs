@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
-use ferry_lab::standins::agent::{self, Agent};
+use ferry_lab::standins::kubevirt::agent::{self, Agent};
 use ferry_lab::standins::kubevirt::{self, MARKER_ANNOTATION, READY_MARKER};
 use ferry_testkit::{Background, TestLab, eventually};
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
@@ -97,7 +97,8 @@ async fn a_vm_runs_its_domain_restarts_after_a_crash_and_halting_stops_it() {
     std::fs::create_dir_all(&boot_dir).unwrap();
     std::fs::create_dir_all(&data_dir).unwrap();
     let marker = format!("{READY_MARKER} kubevirt-test");
-    ferry_lab::bootdisk::make_boot_disk(&boot_dir.join("disk.img"), 8 << 20, &marker).unwrap();
+    ferry_lab::vsphere::bootdisk::make_boot_disk(&boot_dir.join("disk.img"), 8 << 20, &marker)
+        .unwrap();
     let mut volumes = Volumes(lab, vec![]);
     volumes
         .1

@@ -5,7 +5,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use ferry_api::{Firmware, PowerState};
-use ferry_lab::linux_vms::{LinuxVmSeed, NETWORK, seed_linux_vm};
+use ferry_lab::vsphere::linux_vms::{LinuxVmSeed, NETWORK, seed_linux_vm};
 use ferry_testkit::TestVcsim;
 use ferry_testkit::disks::{hex, write_pattern};
 use ferry_vsphere::Session;
@@ -154,7 +154,7 @@ async fn linux_vms_are_seeded_with_vmware_devices_and_read_back_as_a_migration_r
     }
 
     // Seeding again changes nothing: no VM is created, reconfigured or powered on, and the raw images stay.
-    let calls = vcsim.dir().join(ferry_lab::vcsim::CALLS_FILE);
+    let calls = vcsim.dir().join(ferry_lab::vsphere::vcsim::CALLS_FILE);
     let before = writes(&calls);
     assert!(before >= 6, "the first seeding wrote {before} times");
     for seed in &seeds {

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use ferry_api::{Firmware, PowerState};
 use ferry_lab::Lifetime;
-use ferry_lab::vcsim::{StandaloneVcsim, VcsimRealism};
+use ferry_lab::vsphere::vcsim::{StandaloneVcsim, VcsimRealism};
 use ferry_vsphere::inventory::{self, VmSelector};
 use ferry_vsphere::provision::{self, NewVm, Transfer, VmdkFiles};
 use ferry_vsphere::{Session, power};
@@ -29,7 +29,7 @@ async fn realism_options_reach_the_simulator() {
         fixtures: true,
         ..Default::default()
     };
-    let tools = ferry_lab::tools::bin_dir().unwrap();
+    let tools = ferry_lab::control_plane::tools::bin_dir().unwrap();
     let vcsim = Running(
         StandaloneVcsim::start_with(
             dir.path(),

@@ -269,7 +269,7 @@ async fn tls_fails_closed_and_a_pinned_thumbprint_connects() {
 
     // A CA that did not sign the certificate.
     let other = tempfile::tempdir().unwrap();
-    let other_ca = ferry_lab::pki::Pki::open_or_create(other.path()).unwrap();
+    let other_ca = ferry_lab::control_plane::pki::Pki::open_or_create(other.path()).unwrap();
     let e = Session::connect(config(
         &vcsim,
         TlsMode::CaBundle(std::fs::read_to_string(other_ca.ca_cert()).unwrap()),
@@ -290,7 +290,7 @@ async fn tls_fails_closed_and_a_pinned_thumbprint_connects() {
 async fn a_refused_certificate_means_no_request_is_ever_sent() {
     use tokio::io::AsyncReadExt;
     let dir = tempfile::tempdir().unwrap();
-    let pki = ferry_lab::pki::Pki::open_or_create(dir.path()).unwrap();
+    let pki = ferry_lab::control_plane::pki::Pki::open_or_create(dir.path()).unwrap();
     let cert = pki.issue_server("decoy").unwrap();
     let server_config = {
         use rustls::pki_types::{CertificateDer, PrivateKeyDer, pem::PemObject};

@@ -90,7 +90,7 @@ impl TestLab {
         let dir = fresh_dir()?;
         let options = LabOptions {
             dir: dir.clone(),
-            tools: ferry_lab::tools::bin_dir()?,
+            tools: ferry_lab::control_plane::tools::bin_dir()?,
             lifetime: Lifetime::TiedToThisProcess,
             demo_vms: standins.is_some(),
             controller: false,
@@ -137,7 +137,7 @@ impl TestLab {
 
     /// A kubeconfig for another identity: a client certificate signed by the lab's CA.
     pub fn kubeconfig_for(&self, user: &str, groups: &[&str]) -> Result<PathBuf> {
-        ferry_lab::components::write_identity_kubeconfig(
+        ferry_lab::control_plane::components::write_identity_kubeconfig(
             &self.state.dir,
             &self.state.api_url,
             user,
@@ -159,7 +159,7 @@ impl TestLab {
     /// A client for any identity, signed by the lab's CA.
     pub async fn client_as(&self, user: &str, groups: &[&str]) -> Result<Client> {
         let kubeconfig = self.kubeconfig_for(user, groups)?;
-        ferry_lab::probe::client_for(&kubeconfig, None).await
+        ferry_lab::control_plane::probe::client_for(&kubeconfig, None).await
     }
 
     /// Requests made by `user`, read from the API server's audit log (one entry per completed request).
@@ -222,14 +222,14 @@ impl Drop for TestLab {
 
 /// A vSphere simulator of its own (vCenter model, or ESXi with `esx`), stopped and removed on drop.
 pub struct TestVcsim {
-    inner: ferry_lab::vcsim::StandaloneVcsim,
+    inner: ferry_lab::vsphere::vcsim::StandaloneVcsim,
 }
 
 impl TestVcsim {
     pub async fn start(esx: bool) -> Result<Self> {
         let dir = fresh_dir()?;
-        let tools = ferry_lab::tools::bin_dir()?;
-        match ferry_lab::vcsim::StandaloneVcsim::start(
+        let tools = ferry_lab::control_plane::tools::bin_dir()?;
+        match ferry_lab::vsphere::vcsim::StandaloneVcsim::start(
             &dir,
             &tools,
             esx,
@@ -269,7 +269,7 @@ pub struct TestMinio {
 impl TestMinio {
     pub async fn start() -> Result<Self> {
         let dir = fresh_dir()?;
-        let tools = ferry_lab::tools::bin_dir()?;
+        let tools = ferry_lab::control_plane::tools::bin_dir()?;
         match ferry_lab::minio::StandaloneMinio::start(&dir, &tools, Lifetime::TiedToThisProcess)
             .await
         {
@@ -349,7 +349,8 @@ impl Drop for TestNamespace {
                 .enable_all()
                 .build()?
                 .block_on(async {
-                    let client = ferry_lab::probe::client_for(&kubeconfig, None).await?;
+                    let client =
+                        ferry_lab::control_plane::probe::client_for(&kubeconfig, None).await?;
                     Api::<Namespace>::all(client)
                         .delete(&name, &DeleteParams::background())
                         .await
@@ -393,7 +394,9 @@ fn sweep_abandoned(root: &Path) {
         let Some(pid) = name.split('-').next().and_then(|p| p.parse::<i32>().ok()) else {
             continue;
         };
-        if pid != std::process::id() as i32 && !ferry_lab::process::pid_is_running(pid) {
+        if pid != std::process::id() as i32
+            && !ferry_lab::control_plane::process::pid_is_running(pid)
+        {
             exit::teardown(&entry.path());
         }
     }

@@ -6,14 +6,14 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::Result;
-use ferry_lab::process::{self, Lifetime, ProcessRecord};
+use ferry_lab::control_plane::process::{self, Lifetime, ProcessRecord};
 use kube::Client;
 use serde_json::Value;
 
 use crate::TestLab;
 
-pub use ferry_lab::controller_process::SERVICE_ACCOUNT;
-pub use ferry_lab::demo::{PROVIDER, STAGING_SECRET, VSPHERE_SECRET};
+pub use ferry_lab::control_plane::controller_process::SERVICE_ACCOUNT;
+pub use ferry_lab::vsphere::demo::{PROVIDER, STAGING_SECRET, VSPHERE_SECRET};
 
 /// `ferry controller` as the deploy/ ServiceAccount, stopped on drop (and by the parent-death signal).
 pub struct ControllerProcess {
@@ -36,8 +36,9 @@ const LAUNCH_ATTEMPTS: u32 = 3;
 impl ControllerProcess {
     pub async fn start(lab: &TestLab, ferry: &Path) -> Result<Self> {
         let state = lab.state();
-        ferry_lab::controller_process::apply_rbac(&state.tools, &state.kubeconfig)?;
-        let kubeconfig = ferry_lab::controller_process::kubeconfig(lab.dir(), &state.api_url)?;
+        ferry_lab::control_plane::controller_process::apply_rbac(&state.tools, &state.kubeconfig)?;
+        let kubeconfig =
+            ferry_lab::control_plane::controller_process::kubeconfig(lab.dir(), &state.api_url)?;
         let mut controller = Self {
             record: None,
             ferry: ferry.to_path_buf(),
@@ -65,7 +66,7 @@ impl ControllerProcess {
             &format!("system:serviceaccounts:{namespace}"),
             "system:authenticated",
         ];
-        let kubeconfig = ferry_lab::components::write_identity_kubeconfig(
+        let kubeconfig = ferry_lab::control_plane::components::write_identity_kubeconfig(
             lab.dir(),
             &lab.state().api_url,
             &user,
@@ -107,7 +108,7 @@ impl ControllerProcess {
     async fn launch_once(&mut self) -> Result<bool> {
         self.starts += 1;
         self.metrics_port = process::free_port()?;
-        let mut spec = ferry_lab::controller_process::component(
+        let mut spec = ferry_lab::control_plane::controller_process::component(
             &self.ferry,
             &self.kubeconfig,
             self.metrics_port,
@@ -195,20 +196,20 @@ impl Drop for ControllerProcess {
     }
 }
 
-pub use ferry_lab::demo::{apply, apply_secret};
+pub use ferry_lab::vsphere::demo::{apply, apply_secret};
 
 /// The Provider for the lab's vcsim, its credentials Secret, and the staging Secret, in `ns`.
 pub async fn create_provider(client: &Client, lab: &TestLab, ns: &str) -> Result<()> {
-    ferry_lab::demo::create_provider(client, lab.state(), ns).await
+    ferry_lab::vsphere::demo::create_provider(client, lab.state(), ns).await
 }
 
 /// A migration of the lab VM `vm` with every vcsim network on the pod network, written straight into its
 /// volumes.
 pub fn migration(lab: &TestLab, ns: &str, name: &str, vm: &str) -> Value {
-    ferry_lab::demo::migration(lab.state(), ns, name, vm)
+    ferry_lab::vsphere::demo::migration(lab.state(), ns, name, vm)
 }
 
 /// [`migration`], staged in the lab's MinIO.
 pub fn staged_migration(lab: &TestLab, ns: &str, name: &str, vm: &str) -> Value {
-    ferry_lab::demo::staged_migration(lab.state(), ns, name, vm)
+    ferry_lab::vsphere::demo::staged_migration(lab.state(), ns, name, vm)
 }

@@ -175,7 +175,7 @@ impl FaultProxy {
             .ca_file
             .parent()
             .expect("vcsim's CA file is in its PKI folder");
-        let pki = ferry_lab::pki::Pki::open_or_create(pki_dir).unwrap();
+        let pki = ferry_lab::control_plane::pki::Pki::open_or_create(pki_dir).unwrap();
         let name = format!("fault-proxy-{}", NEXT.fetch_add(1, Ordering::SeqCst));
         let cert = pki.issue_server(&name).unwrap();
         let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(server_config(&cert)));
@@ -244,7 +244,7 @@ impl Drop for FaultProxy {
     }
 }
 
-fn server_config(cert: &ferry_lab::pki::CertFiles) -> rustls::ServerConfig {
+fn server_config(cert: &ferry_lab::control_plane::pki::CertFiles) -> rustls::ServerConfig {
     use rustls::pki_types::{CertificateDer, PrivateKeyDer, pem::PemObject};
     let chain = vec![CertificateDer::from_pem_file(&cert.cert).unwrap()];
     let key = PrivateKeyDer::from_pem_file(&cert.key).unwrap();

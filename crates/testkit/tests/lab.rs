@@ -121,7 +121,7 @@ async fn up_twice_starts_no_second_copy_and_down_leaves_nothing() {
     assert!(ferry_testkit::processes_mentioning(&dir).is_empty());
     for port in &state.ports {
         assert!(
-            ferry_lab::process::port_is_closed(*port),
+            ferry_lab::control_plane::process::port_is_closed(*port),
             "port {port} still open"
         );
     }

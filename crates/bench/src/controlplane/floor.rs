@@ -38,7 +38,7 @@ pub struct Floor {
 impl Floor {
     pub async fn new(client: kube::Client, session: Session, ns: &str) -> Result<Self> {
         let provider = Api::<Provider>::namespaced(client.clone(), ns)
-            .get(ferry_lab::demo::PROVIDER)
+            .get(ferry_lab::vsphere::demo::PROVIDER)
             .await?;
         let dynamic = |r: kube::core::ApiResource| {
             Watched::with(Api::namespaced_with(client.clone(), ns, &r), r)

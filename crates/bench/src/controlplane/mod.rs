@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use ferry_api::{Phase, VirtualMachineMigration};
-use ferry_lab::process::{self, Lifetime, ProcessRecord};
+use ferry_lab::control_plane::process::{self, Lifetime, ProcessRecord};
 use ferry_lab::{LabOptions, LabState};
 use ferry_vsphere::soap::MoRef;
 use futures::{StreamExt, TryStreamExt};
@@ -66,7 +66,7 @@ pub async fn run(options: &Options) -> Result<Report> {
     let mut lab = bench_lab(&dir, vcsim_vms)?;
     lab.vcsim_realism.hosts = options.hosts;
     let state = ferry_lab::up(&lab).await?.into_state();
-    ferry_lab::controller_process::apply_rbac(&state.tools, &state.kubeconfig)?;
+    ferry_lab::control_plane::controller_process::apply_rbac(&state.tools, &state.kubeconfig)?;
     let endpoint = state.vcsim.clone().context("no vcsim")?;
     let vms = sources::source_vms(&endpoint, &state.dir, n).await?;
     eprintln!(
@@ -79,13 +79,13 @@ pub async fn run(options: &Options) -> Result<Report> {
     let session =
         ferry_vsphere::Session::connect(endpoint.connect_config(Duration::from_secs(120))?).await?;
     // An identity of its own, so the audit log tells the floor's requests from the stand-ins' (admin).
-    let floor_kubeconfig = ferry_lab::components::write_identity_kubeconfig(
+    let floor_kubeconfig = ferry_lab::control_plane::components::write_identity_kubeconfig(
         &state.dir,
         &state.api_url,
         FLOOR_USER,
         &["system:masters"],
     )?;
-    let floor_client = ferry_lab::probe::client_for(&floor_kubeconfig, None).await?;
+    let floor_client = ferry_lab::control_plane::probe::client_for(&floor_kubeconfig, None).await?;
     let floor = floor::Floor::new(floor_client, session, &floor_ns).await?;
     let begun = Instant::now();
     let outcomes = futures::future::join_all(vms.iter().enumerate().map(|(i, (name, vm))| {
@@ -121,10 +121,13 @@ pub async fn run(options: &Options) -> Result<Report> {
         plan: options.plan,
         floor_wall,
         floor_requests: audit(FLOOR_USER, &floor_ns)?,
-        ferry_requests: audit(ferry_lab::controller_process::SERVICE_ACCOUNT, &ferry_ns)?,
+        ferry_requests: audit(
+            ferry_lab::control_plane::controller_process::SERVICE_ACCOUNT,
+            &ferry_ns,
+        )?,
         ferry_write_content: measure::writes_by_content(
             &state.dir,
-            ferry_lab::controller_process::SERVICE_ACCOUNT,
+            ferry_lab::control_plane::controller_process::SERVICE_ACCOUNT,
             &ferry_ns,
         )?,
         ferry,
@@ -136,7 +139,7 @@ pub async fn run(options: &Options) -> Result<Report> {
 pub(crate) fn bench_lab(dir: &std::path::Path, vcsim_vms: usize) -> Result<LabOptions> {
     Ok(LabOptions {
         dir: dir.to_path_buf(),
-        tools: ferry_lab::tools::bin_dir()?,
+        tools: ferry_lab::control_plane::tools::bin_dir()?,
         lifetime: Lifetime::TiedToThisProcess,
         standins: Some(std::env::current_exe()?),
         demo_vms: false,
@@ -162,10 +165,10 @@ pub(crate) async fn namespace(
             &serde_json::from_value(json!({"metadata": {"name": name}}))?,
         )
         .await?;
-    ferry_lab::demo::create_provider(client, state, name).await?;
+    ferry_lab::vsphere::demo::create_provider(client, state, name).await?;
     Api::<ferry_api::Provider>::namespaced(client.clone(), name)
         .patch(
-            ferry_lab::demo::PROVIDER,
+            ferry_lab::vsphere::demo::PROVIDER,
             &PatchParams::default(),
             &Patch::Merge(
                 &json!({"spec": {"limits": {"maxConcurrentDisksPerHost": disks_per_host}}}),
@@ -194,7 +197,7 @@ fn plan(state: &LabState, ns: &str, vms: &[(String, MoRef)]) -> serde_json::Valu
 
 /// Staged, as the floor's straight-line script migrates (its steps are the staged path's), so the two compare.
 fn manifest(state: &LabState, ns: &str, i: usize, vm: &str) -> serde_json::Value {
-    ferry_lab::demo::staged_migration(state, ns, &format!("m-{i:05}"), vm)
+    ferry_lab::vsphere::demo::staged_migration(state, ns, &format!("m-{i:05}"), vm)
 }
 
 /// What Ferry's run measured.
@@ -225,10 +228,10 @@ async fn ferry_run(
     let cpu_before = measure::cpu_seconds(pid)?;
     let begun = Instant::now();
     if options.plan {
-        ferry_lab::demo::apply(client, ns, plan(state, ns, vms)).await?;
+        ferry_lab::vsphere::demo::apply(client, ns, plan(state, ns, vms)).await?;
     } else {
         futures::stream::iter(vms.iter().enumerate().map(|(i, (name, _))| {
-            ferry_lab::demo::apply(client, ns, manifest(state, ns, i, name))
+            ferry_lab::vsphere::demo::apply(client, ns, manifest(state, ns, i, name))
         }))
         .buffer_unordered(APPLY_PARALLEL)
         .try_collect::<Vec<()>>()
@@ -308,9 +311,10 @@ fn host_peaks(migrations: &[std::sync::Arc<VirtualMachineMigration>]) -> BTreeMa
 
 /// The controller as the deploy/ ServiceAccount, leading.
 pub(crate) async fn start_controller(state: &LabState) -> Result<(ProcessRecord, u16)> {
-    let kubeconfig = ferry_lab::controller_process::kubeconfig(&state.dir, &state.api_url)?;
+    let kubeconfig =
+        ferry_lab::control_plane::controller_process::kubeconfig(&state.dir, &state.api_url)?;
     let port = process::free_port()?;
-    let component = ferry_lab::controller_process::component(
+    let component = ferry_lab::control_plane::controller_process::component(
         &std::env::current_exe()?,
         &kubeconfig,
         port,
@@ -318,7 +322,9 @@ pub(crate) async fn start_controller(state: &LabState) -> Result<(ProcessRecord,
     );
     let log = state.dir.join("bench-controller.log");
     let record = process::start(&component.spec, &log, Lifetime::TiedToThisProcess)?;
-    if let Err(e) = ferry_lab::probe::wait_ready(&component.probe, &record, &state.dir).await {
+    if let Err(e) =
+        ferry_lab::control_plane::probe::wait_ready(&component.probe, &record, &state.dir).await
+    {
         let _ = process::stop(&record, Duration::from_secs(5));
         return Err(e.context("starting the controller"));
     }

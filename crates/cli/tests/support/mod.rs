@@ -318,7 +318,7 @@ pub fn disk_stem(vm: &str, index: usize) -> String {
 /// controller; the first disk boots and prints the VM's marker, the others hold a pattern. Returns each disk's
 /// file stem and sha256. The files live under `dir` (in the lab's directory, removed with the lab).
 pub async fn seed_vm(dir: &Path, vm: &str, sizes_mib: &[u64]) -> Vec<(String, String)> {
-    seed_vm_on(dir, vm, sizes_mib, ferry_lab::linux_vms::HOST).await
+    seed_vm_on(dir, vm, sizes_mib, ferry_lab::vsphere::linux_vms::HOST).await
 }
 
 /// [`seed_vm`] on ESXi host `host` (`DC0_H0`, or a cluster's `DC0_C0_H0`).
@@ -334,7 +334,11 @@ pub async fn seed_vm_on(
         let stem = disk_stem(vm, i);
         let raw = dir.join(format!("{stem}.raw"));
         let sha = if i == 0 {
-            ferry_lab::bootdisk::make_boot_disk(&raw, mib << 20, &ferry_lab::demo::marker(vm))
+            ferry_lab::vsphere::bootdisk::make_boot_disk(
+                &raw,
+                mib << 20,
+                &ferry_lab::vsphere::demo::marker(vm),
+            )
         } else {
             ferry_lab::disks::write_pattern(&raw, mib << 20, 100 + i as u64)
         }
@@ -350,12 +354,12 @@ pub async fn seed_vm_on(
 
 /// Creates VM `vm` in the lab's vcsim, powered on, with `disks` on one PVSCSI controller.
 pub async fn provision_seeded(vm: &str, disks: &[ferry_lab::disks::FlatVmdk]) {
-    provision_seeded_on(vm, disks, ferry_lab::linux_vms::HOST).await
+    provision_seeded_on(vm, disks, ferry_lab::vsphere::linux_vms::HOST).await
 }
 
 /// [`provision_seeded`] on ESXi host `host`.
 pub async fn provision_seeded_on(vm: &str, disks: &[ferry_lab::disks::FlatVmdk], host: &str) {
-    use ferry_lab::linux_vms::{DATASTORE, GUEST_ID, NETWORK};
+    use ferry_lab::vsphere::linux_vms::{DATASTORE, GUEST_ID, NETWORK};
     use ferry_vsphere::provision::{self, NewVm, Transfer, VmdkFiles};
     let vcsim = lab().await.state().vcsim.clone().unwrap();
     let session =

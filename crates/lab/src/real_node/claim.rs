@@ -49,7 +49,8 @@ pub fn holder(lock: &Path) -> Option<Holder> {
     let pid: i32 = fields.next()?.parse().ok()?;
     let started: u64 = fields.next()?.parse().ok()?;
     let lab_dir = PathBuf::from(fields.next()?);
-    let writer_runs = crate::process::pid_is_running(pid) && start_time(pid) == Some(started);
+    let writer_runs =
+        crate::control_plane::process::pid_is_running(pid) && start_time(pid) == Some(started);
     (writer_runs || lab_node_runs(&lab_dir)).then_some(Holder { pid, lab_dir })
 }
 

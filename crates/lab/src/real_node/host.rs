@@ -94,7 +94,7 @@ pub fn in_use() -> Vec<String> {
     {
         found.push(format!("cgroup {}", root.join(POD_CGROUP).display()));
     }
-    if !crate::process::port_is_closed(KUBELET_PORT) {
+    if !crate::control_plane::process::port_is_closed(KUBELET_PORT) {
         found.push(format!("port {KUBELET_PORT} (a kubelet's)"));
     }
     for address in [
@@ -258,7 +258,7 @@ fn kill_until_none(find: impl Fn() -> Vec<i32>) -> Result<()> {
     loop {
         let pids: Vec<i32> = find()
             .into_iter()
-            .filter(|pid| crate::process::pid_is_running(*pid))
+            .filter(|pid| crate::control_plane::process::pid_is_running(*pid))
             .collect();
         if pids.is_empty() {
             return Ok(());

@@ -8,7 +8,7 @@ use std::process::Command;
 use anyhow::{Context, Result, bail};
 use sha2::{Digest, Sha256};
 
-use crate::oci::{self, ImageConfig};
+use crate::real_node::oci::{self, ImageConfig};
 
 /// The Dockerfile's `FROM debian:trixie-slim` and its `apt-get install` line.
 const SUITE: &str = "trixie";
@@ -105,7 +105,7 @@ pub fn build_ferry_image(cache: &Path, dir: &Path, ferry: &Path, name: &str) -> 
 
 /// Where base trees are cached: `images` beside the guest images' cache.
 pub fn default_cache() -> Result<PathBuf> {
-    let guests = crate::guest_image::default_cache_root()?;
+    let guests = crate::vsphere::guest_image::default_cache_root()?;
     Ok(guests
         .parent()
         .map_or_else(|| guests.join("images"), |p| p.join("images")))

@@ -8,13 +8,14 @@ use std::path::Path;
 use anyhow::{Context, Result};
 use serde_json::{Value, json};
 
-use crate::oci::{self, ImageConfig};
+use oci::ImageConfig;
 
 pub mod claim;
 pub mod host;
 pub mod image;
 pub mod install;
 mod node;
+pub mod oci;
 pub use claim::{Holder, claim, holder, host_refusal, release_claim};
 pub use node::{RealNode, prepare, release, start, stop_pods};
 

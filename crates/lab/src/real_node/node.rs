@@ -10,11 +10,11 @@ use anyhow::{Context, Result, bail};
 use serde::{Deserialize, Serialize};
 
 use super::host::{self, HostBefore};
-use crate::components::{Component, LabFiles, Ports};
+use crate::control_plane::components::{Component, LabFiles, Ports};
+use crate::control_plane::pki::CertFiles;
+use crate::control_plane::probe::Probe;
+use crate::control_plane::process::{Lifetime, ProcessSpec};
 use crate::lab::LabState;
-use crate::pki::CertFiles;
-use crate::probe::Probe;
-use crate::process::{Lifetime, ProcessSpec};
 
 /// The kubelet's health port: fixed, like its API port 10250 (one real node per machine).
 const KUBELET_HEALTHZ_PORT: u16 = 10248;
@@ -220,7 +220,8 @@ fn scheduler(node: &RealNode, kubeconfig: &Path, serving: &CertFiles, ports: &Po
 
 async fn wait_node_ready(kubeconfig: &Path, name: &str) -> Result<()> {
     use k8s_openapi::api::core::v1::Node;
-    let nodes: kube::Api<Node> = kube::Api::all(crate::probe::client_for(kubeconfig, None).await?);
+    let nodes: kube::Api<Node> =
+        kube::Api::all(crate::control_plane::probe::client_for(kubeconfig, None).await?);
     let deadline = Instant::now() + NODE_READY_TIMEOUT;
     loop {
         let ready = nodes.get_opt(name).await?.is_some_and(|node| {

@@ -9,7 +9,7 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use super::domain::Accel;
-use crate::process::{self, Lifetime, ProcessSpec};
+use crate::control_plane::process::{self, Lifetime, ProcessSpec};
 
 const MARKER: &str = "FERRY-KVM-PROBE";
 /// A boot sector reaches its marker in well under a second with working KVM, even on a loaded host.
@@ -58,7 +58,7 @@ fn kvm_boots(scratch: &Path) -> anyhow::Result<bool> {
 }
 
 fn boot_probe(dir: &Path) -> anyhow::Result<bool> {
-    let (disk, format, marker, timeout) = match crate::guest_image::cached_guest_images() {
+    let (disk, format, marker, timeout) = match crate::vsphere::guest_image::cached_guest_images() {
         // An overlay: the cached image is shared and must not change.
         Some(images) => {
             let overlay = dir.join("probe.qcow2");
@@ -70,7 +70,7 @@ fn boot_probe(dir: &Path) -> anyhow::Result<bool> {
         }
         None => {
             let disk = dir.join("probe.img");
-            crate::bootdisk::make_boot_disk(&disk, 1 << 20, MARKER)?;
+            crate::vsphere::bootdisk::make_boot_disk(&disk, 1 << 20, MARKER)?;
             (disk, "raw", MARKER, PROBE_TIMEOUT)
         }
     };

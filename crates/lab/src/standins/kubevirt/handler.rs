@@ -18,10 +18,10 @@ use serde_json::{Map, Value, json};
 
 use super::agent::{self, AgentReport, GuestInterface, GuestIpAddress, GuestOsInfo};
 use super::domain::{Domain, Firmware, Launch, Nic, Ovmf};
-use super::kubevirt::{
+use super::qemu::DomainState;
+use super::{
     Boot, Error, KubeVirt, MARKER_ANNOTATION, NO_BOOT_REASON, NODE, READY_MARKER, vmi_resource,
 };
-use super::qemu::DomainState;
 
 const FINALIZER: &str = "lab.ferry.dev/stop-qemu";
 /// How long one agent request may take; a guest without an agent costs each poll this much.

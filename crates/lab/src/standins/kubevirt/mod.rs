@@ -4,6 +4,12 @@
 //! as a QEMU domain shaped by its spec (`domain.rs`); `Ready` means the domain runs, `AgentConnected` that the
 //! guest's own qemu-guest-agent answered. Only what KubeVirt would do, nothing Ferry-specific.
 
+pub mod accel;
+pub mod agent;
+pub mod domain;
+mod handler;
+pub mod qemu;
+
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -18,8 +24,7 @@ use kube::runtime::watcher;
 use kube::{Api, Client, Resource, ResourceExt};
 use serde_json::{Value, json};
 
-use super::handler;
-use super::qemu::Guests;
+use qemu::Guests;
 
 /// What the lab's demo disks print on COM1 once booted; recorded on the VMI for people and tests, never a
 /// condition.
@@ -71,7 +76,7 @@ impl Identities {
     /// `kubeconfig`'s identity impersonating virt-controller, and virt-handler on the lab's node. The roles they
     /// need are KubeVirt's own, installed with its admission (`tools/kubevirt-admission`).
     pub async fn impersonated(kubeconfig: &std::path::Path) -> anyhow::Result<Self> {
-        use crate::probe::client_impersonating;
+        use crate::control_plane::probe::client_impersonating;
         Ok(Self {
             controller: client_impersonating(kubeconfig, CONTROLLER_USER, &[]).await?,
             handler: client_impersonating(kubeconfig, HANDLER_USER, &[(NODE_NAME_EXTRA, NODE)])
@@ -110,7 +115,7 @@ pub async fn run(
     if boot == Boot::Qemu {
         // Probe KVM while the controllers start; the first guest waits for the answer.
         let scratch = ctx.state_dir.clone();
-        tokio::task::spawn_blocking(move || super::accel::detect(&scratch));
+        tokio::task::spawn_blocking(move || accel::detect(&scratch));
     }
     let api = |r: &ApiResource| match namespace {
         Some(ns) => Api::<DynamicObject>::namespaced_with(client.clone(), ns, r),
@@ -382,7 +387,7 @@ async fn reconcile_vm(vm: Arc<DynamicObject>, ctx: Arc<KubeVirt>) -> Result<Acti
     let mut vmi = vmis.get_opt(&name).await?;
     let view = vmi.as_ref().map(VmiView::of);
     let now = Timestamp::now();
-    let jitter = (super::agent::random_id() % 1000) as f64 / 1000.0;
+    let jitter = (agent::random_id() % 1000) as f64 / 1000.0;
     let start_failure =
         sync_start_failure(StartFailure::of(&vm), view.as_ref(), &strategy, now, jitter);
     let backoff_left = start_failure

@@ -11,7 +11,7 @@ use ferry_api::Firmware;
 use ferry_vsphere::provision::{self, NewVm, Transfer, VmdkFiles};
 use ferry_vsphere::{Session, power};
 
-use crate::vcsim::VcsimEndpoint;
+use crate::vsphere::vcsim::VcsimEndpoint;
 
 /// Where the vCenter model puts them: the host of the demo VMs, its datastore, and the port group its VMs use.
 pub const HOST: &str = "DC0_H0";
@@ -25,9 +25,10 @@ pub const LINUX_EFI_VM: &str = "ferry-linux-efi";
 /// Seeds the lab's two Linux VMs from the cached Debian images (built first if the recipe changed): a BIOS VM
 /// with 2 vCPUs as one socket of 2 cores, and an EFI VM with Secure Boot on, both 1 GiB of memory.
 pub async fn seed_lab_linux_vms(endpoint: &VcsimEndpoint, dir: &Path) -> Result<()> {
-    let images = tokio::task::spawn_blocking(|| crate::guest_image::ensure_guest_images(None))
-        .await?
-        .context("building the lab's Debian guest images")?;
+    let images =
+        tokio::task::spawn_blocking(|| crate::vsphere::guest_image::ensure_guest_images(None))
+            .await?
+            .context("building the lab's Debian guest images")?;
     let seeds = [
         LinuxVmSeed {
             name: LINUX_BIOS_VM.into(),

@@ -11,7 +11,7 @@ use sha2::{Digest, Sha256};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::UnixStream;
 
-use crate::process::{self, Lifetime, ProcessRecord, ProcessSpec};
+use crate::control_plane::process::{self, Lifetime, ProcessRecord, ProcessSpec};
 
 /// A unix socket path longer than this cannot be bound.
 const MAX_SOCKET_PATH: usize = 107;

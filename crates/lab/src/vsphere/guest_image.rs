@@ -17,7 +17,7 @@ use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
 /// The recipe: a bash script, run as `bash debian12.sh build OUT`.
-pub const RECIPE: &str = include_str!("../guest/debian12.sh");
+pub const RECIPE: &str = include_str!("../../guest/debian12.sh");
 
 /// Overrides where the images are cached (default: a `guests` directory beside the Go tools' cache).
 pub const GUESTS_DIR_ENV: &str = "FERRY_GUESTS_DIR";

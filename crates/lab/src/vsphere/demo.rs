@@ -16,7 +16,7 @@ use serde_json::{Value, json};
 use crate::LabState;
 
 use crate::standins::kubevirt::READY_MARKER;
-use crate::vcsim::VcsimEndpoint;
+use crate::vsphere::vcsim::VcsimEndpoint;
 
 /// (VM, disk sizes in MiB); the first disk boots.
 pub const DEMO_VMS: [(&str, &[u64]); 4] = [
@@ -52,7 +52,7 @@ pub async fn seed_demo_vms(endpoint: &VcsimEndpoint, dir: &Path) -> Result<()> {
             if !descriptor.exists() || !extent.exists() {
                 let raw = disks_dir.join(format!("{stem}.raw"));
                 let sha = if i == 0 {
-                    crate::bootdisk::make_boot_disk(&raw, mib << 20, &marker(vm_name))?
+                    crate::vsphere::bootdisk::make_boot_disk(&raw, mib << 20, &marker(vm_name))?
                 } else {
                     crate::disks::write_pattern(&raw, mib << 20, i as u64)?
                 };
@@ -143,8 +143,8 @@ pub async fn apply(client: &Client, ns: &str, manifest: Value) -> Result<()> {
 /// sectors have none, and one that runs this long has printed its line.
 fn guest_check(vm: &str) -> Value {
     if [
-        crate::linux_vms::LINUX_BIOS_VM,
-        crate::linux_vms::LINUX_EFI_VM,
+        crate::vsphere::linux_vms::LINUX_BIOS_VM,
+        crate::vsphere::linux_vms::LINUX_EFI_VM,
     ]
     .contains(&vm)
     {

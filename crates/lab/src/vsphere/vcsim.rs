@@ -6,10 +6,10 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
 
-use crate::components::Component;
-use crate::pki::{CertFiles, Pki, write_private};
-use crate::probe::Probe;
-use crate::process::{self, Lifetime, ProcessRecord, ProcessSpec};
+use crate::control_plane::components::Component;
+use crate::control_plane::pki::{CertFiles, Pki, write_private};
+use crate::control_plane::probe::Probe;
+use crate::control_plane::process::{self, Lifetime, ProcessRecord, ProcessSpec};
 
 pub const USER: &str = "ferry";
 const PASSWORD_FILE: &str = "vcsim-password";
@@ -250,7 +250,7 @@ impl StandaloneVcsim {
         component.spec.args.extend(realism.args());
         let log = dir.join(format!("{}.log", component.spec.name));
         let process = process::start(&component.spec, &log, lifetime)?;
-        match crate::probe::wait_ready(&component.probe, &process, &dir).await {
+        match crate::control_plane::probe::wait_ready(&component.probe, &process, &dir).await {
             Ok(ready) => Ok(Self {
                 endpoint: endpoint(&dir, ready.url)?,
                 process,

@@ -7,9 +7,9 @@ use std::process::Stdio;
 
 use anyhow::{Context, Result};
 
-use crate::components::Component;
-use crate::probe::Probe;
-use crate::process::ProcessSpec;
+use crate::control_plane::components::Component;
+use crate::control_plane::probe::Probe;
+use crate::control_plane::process::ProcessSpec;
 
 pub const SERVICE_ACCOUNT: &str = "system:serviceaccount:ferry-system:ferry";
 const GROUPS: [&str; 3] = [
@@ -17,9 +17,9 @@ const GROUPS: [&str; 3] = [
     "system:serviceaccounts:ferry-system",
     "system:authenticated",
 ];
-const RBAC: &str = include_str!("../../../deploy/rbac/ferry-rbac.yaml");
-const ADMISSION: &str = include_str!("../../../deploy/rbac/ferry-admission.yaml");
-const PROVIDERS: &str = include_str!("../../../deploy/rbac/ferry-providers.yaml");
+const RBAC: &str = include_str!("../../../../deploy/rbac/ferry-rbac.yaml");
+const ADMISSION: &str = include_str!("../../../../deploy/rbac/ferry-admission.yaml");
+const PROVIDERS: &str = include_str!("../../../../deploy/rbac/ferry-providers.yaml");
 
 /// Applies deploy/rbac (namespace ferry-system, ServiceAccount, ClusterRole, Lease Role, and the admission policy
 /// on the Jobs the ServiceAccount creates) with the lab's kubectl.
@@ -48,7 +48,12 @@ pub fn apply_rbac(tools: &Path, kubeconfig: &Path) -> Result<()> {
 
 /// A kubeconfig with the ServiceAccount's identity (a client certificate the lab's CA signs).
 pub fn kubeconfig(lab_dir: &Path, api_url: &str) -> Result<PathBuf> {
-    crate::components::write_identity_kubeconfig(lab_dir, api_url, SERVICE_ACCOUNT, &GROUPS)
+    crate::control_plane::components::write_identity_kubeconfig(
+        lab_dir,
+        api_url,
+        SERVICE_ACCOUNT,
+        &GROUPS,
+    )
 }
 
 /// The controller process, ready once `/readyz/leader` answers 200 (it leads).

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 
-use crate::process::ProcessRecord;
+use crate::control_plane::process::ProcessRecord;
 
 /// Cold starts of kube-apiserver on 2 busy cores have been seen to take most of a minute.
 const READY_TIMEOUT: Duration = Duration::from_secs(120);
@@ -72,7 +72,7 @@ pub async fn wait_ready(probe: &Probe, process: &ProcessRecord, dir: &Path) -> R
 async fn check(probe: &Probe, process: &ProcessRecord) -> Result<Option<Ready>> {
     // A port chosen free can be bound by another test's process before ours binds it: its answer is not ours.
     if let Probe::EtcdHealth { port } | Probe::HttpOk { port, .. } = probe
-        && !crate::process::group_listens_on(process.pid, *port)
+        && !crate::control_plane::process::group_listens_on(process.pid, *port)
     {
         bail!(
             "nothing of {}'s process group listens on port {port} (yet)",

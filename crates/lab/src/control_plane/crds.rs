@@ -16,15 +16,15 @@ const MANAGER: &str = "ferry-lab";
 const STAND_IN_CRDS: [(&str, &str); 3] = [
     (
         "kubevirt-vm.yaml",
-        include_str!("../../../deploy/test-crds/kubevirt-vm.yaml"),
+        include_str!("../../../../deploy/test-crds/kubevirt-vm.yaml"),
     ),
     (
         "kubevirt-vmi.yaml",
-        include_str!("../../../deploy/test-crds/kubevirt-vmi.yaml"),
+        include_str!("../../../../deploy/test-crds/kubevirt-vmi.yaml"),
     ),
     (
         "cdi-datavolume.yaml",
-        include_str!("../../../deploy/test-crds/cdi-datavolume.yaml"),
+        include_str!("../../../../deploy/test-crds/cdi-datavolume.yaml"),
     ),
 ];
 

@@ -4,9 +4,9 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Result;
 
-use crate::pki::{CertFiles, Pki};
-use crate::probe::{Probe, Ready};
-use crate::process::{ProcessSpec, free_port};
+use crate::control_plane::pki::{CertFiles, Pki};
+use crate::control_plane::probe::{Probe, Ready};
+use crate::control_plane::process::{ProcessSpec, free_port};
 
 /// Controllers of kube-controller-manager that the lab relies on: owner-reference cascades, namespace
 /// deletion, Jobs, PersistentVolume binding, and the protection controllers that release a deleted claim once no
@@ -87,7 +87,7 @@ impl LabFiles {
     pub fn prepare(dir: &Path, tools: &Path, pki: &Pki, in_cluster: bool) -> Result<Self> {
         let audit_policy = dir.join("audit-policy.yaml");
         std::fs::write(&audit_policy, audit_policy_text())?;
-        crate::vcsim::ensure_password(dir)?;
+        crate::vsphere::vcsim::ensure_password(dir)?;
         let (sa_key, sa_pub) = pki.service_account_keys()?;
         Ok(Self {
             dir: dir.to_path_buf(),
@@ -325,7 +325,7 @@ impl LabFiles {
     }
 
     pub fn vcsim(&self, vms: usize) -> Component {
-        crate::vcsim::component(
+        crate::vsphere::vcsim::component(
             &self.dir,
             &self.tools,
             &self.serving,
