@@ -5,7 +5,6 @@
 //! a few stale blocks, as a recycled device may have). The annotation `lab.ferry.dev/fault: fail|stall`, or the namespace's
 //! fault switch (`faults`), injects failures.
 
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -62,7 +61,7 @@ struct Cdi {
     client: Client,
     volumes: PathBuf,
     /// Imports in flight, by DataVolume uid.
-    imports: Mutex<HashMap<String, tokio::task::JoinHandle<()>>>,
+    imports: super::Tasks,
     /// Importer pods running at once, as a node's pod capacity bounds CDI's; the rest stay ImportScheduled.
     importers: Arc<tokio::sync::Semaphore>,
 }
@@ -82,34 +81,13 @@ pub async fn run(
         imports: Mutex::default(),
         importers: Arc::new(tokio::sync::Semaphore::new(super::node::MAX_PODS)),
     });
-    let dvs = match namespace {
-        Some(ns) => Api::<DynamicObject>::namespaced_with(client.clone(), ns, &dv_resource()),
-        None => Api::<DynamicObject>::all_with(client.clone(), &dv_resource()),
-    };
-    let claims = match namespace {
-        Some(ns) => Api::<PersistentVolumeClaim>::namespaced(client.clone(), ns),
-        None => Api::<PersistentVolumeClaim>::all(client.clone()),
-    };
-    Controller::new_with(dvs, watcher::Config::default(), dv_resource())
-        .owns(claims, watcher::Config::default())
-        .graceful_shutdown_on(shutdown)
-        .run(reconcile, error_policy, ctx.clone())
-        .for_each(|_| async {})
-        .await;
-    for (_, task) in ctx
-        .imports
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .drain()
-    {
-        task.abort();
-    }
+    let dvs = super::scoped_dynamic(&client, namespace, &dv_resource());
+    let claims = super::scoped::<PersistentVolumeClaim>(&client, namespace);
+    let controller = Controller::new_with(dvs, watcher::Config::default(), dv_resource())
+        .owns(claims, watcher::Config::default());
+    super::run_controller("cdi stand-in", controller, shutdown, reconcile, ctx.clone()).await;
+    super::abort_all(&ctx.imports);
     Ok(())
-}
-
-fn error_policy(_dv: Arc<DynamicObject>, error: &Error, _ctx: Arc<Cdi>) -> Action {
-    tracing::warn!("cdi stand-in: {error}");
-    Action::requeue(Duration::from_secs(2))
 }
 
 async fn reconcile(dv: Arc<DynamicObject>, ctx: Arc<Cdi>) -> Result<Action, Error> {

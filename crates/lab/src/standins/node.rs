@@ -8,7 +8,6 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use futures::StreamExt;
 use k8s_openapi::api::core::v1::{
     Binding, ConfigMap, Container, Node, ObjectReference, PersistentVolume, PersistentVolumeClaim,
     Pod, PodSpec, Secret,
@@ -48,7 +47,7 @@ pub enum Error {
 struct NodeAgent {
     client: Client,
     config: NodeAgentConfig,
-    running: Mutex<HashMap<String, tokio::task::JoinHandle<()>>>,
+    running: super::Tasks,
     /// A container slot per pod the node runs at once; the rest wait, Pending, as on a full node.
     slots: tokio::sync::Semaphore,
 }
@@ -64,29 +63,16 @@ pub async fn run(
 ) -> anyhow::Result<()> {
     std::fs::create_dir_all(&config.state_dir)?;
     register_node(&client).await?;
-    let pods = match namespace {
-        Some(ns) => Api::<Pod>::namespaced(client.clone(), ns),
-        None => Api::<Pod>::all(client.clone()),
-    };
+    let pods = super::scoped::<Pod>(&client, namespace);
     let ctx = Arc::new(NodeAgent {
         client,
         config,
         running: Mutex::default(),
         slots: tokio::sync::Semaphore::new(MAX_PODS),
     });
-    Controller::new(pods, watcher::Config::default())
-        .graceful_shutdown_on(shutdown)
-        .run(reconcile, error_policy, ctx.clone())
-        .for_each(|_| async {})
-        .await;
-    for (_, task) in ctx
-        .running
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .drain()
-    {
-        task.abort();
-    }
+    let controller = Controller::new(pods, watcher::Config::default());
+    super::run_controller("node agent", controller, shutdown, reconcile, ctx.clone()).await;
+    super::abort_all(&ctx.running);
     Ok(())
 }
 
@@ -125,11 +111,6 @@ async fn register_node(client: &Client) -> anyhow::Result<()> {
         )
         .await?;
     Ok(())
-}
-
-fn error_policy(_pod: Arc<Pod>, error: &Error, _ctx: Arc<NodeAgent>) -> Action {
-    tracing::warn!("node agent: {error}");
-    Action::requeue(Duration::from_secs(2))
 }
 
 fn pod_dir(ctx: &NodeAgent, pod: &Pod) -> PathBuf {

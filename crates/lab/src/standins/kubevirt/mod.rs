@@ -15,7 +15,6 @@ use std::time::Duration;
 
 use ferry_api::foreign::VmiStatus;
 pub use ferry_api::foreign::{vm_resource, vmi_resource};
-use futures::StreamExt;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::api::{DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
 use kube::core::ApiResource;
@@ -32,6 +31,8 @@ pub const READY_MARKER: &str = "FERRY-GUEST-READY";
 /// The serial line with the marker, recorded on the VMI for people and tests to read.
 pub const MARKER_ANNOTATION: &str = "lab.ferry.dev/serial-marker";
 pub(super) const MANAGER: &str = "kubevirt-standin";
+/// The name its warnings carry.
+const NAME: &str = "kubevirt stand-in";
 pub const NODE: &str = "lab-node";
 /// virt-controller's longest crash-loop backoff.
 const MAX_BACKOFF_SECONDS: i64 = 300;
@@ -117,14 +118,11 @@ pub async fn run(
         let scratch = ctx.state_dir.clone();
         tokio::task::spawn_blocking(move || accel::detect(&scratch));
     }
-    let api = |r: &ApiResource| match namespace {
-        Some(ns) => Api::<DynamicObject>::namespaced_with(client.clone(), ns, r),
-        None => Api::<DynamicObject>::all_with(client.clone(), r),
-    };
+    let api = |r: &ApiResource| super::scoped_dynamic(&client, namespace, r);
     // One shutdown signal for both controllers.
     let (tx, rx) = tokio::sync::watch::channel(false);
     let (mut rx_vm, mut rx_vmi) = (rx.clone(), rx);
-    let vms = Controller::new_with(
+    let vm_controller = Controller::new_with(
         api(&vm_resource()),
         watcher::Config::default(),
         vm_resource(),
@@ -133,33 +131,36 @@ pub async fn run(
         api(&vmi_resource()),
         vmi_resource(),
         watcher::Config::default(),
-    )
-    .graceful_shutdown_on(async move {
-        let _ = rx_vm.wait_for(|s| *s).await;
-    })
-    .run(reconcile_vm, error_policy, ctx.clone())
-    .for_each(|_| async {});
-    let vmis = Controller::new_with(
+    );
+    let vms = super::run_controller(
+        NAME,
+        vm_controller,
+        async move {
+            let _ = rx_vm.wait_for(|s| *s).await;
+        },
+        reconcile_vm,
+        ctx.clone(),
+    );
+    let vmi_controller = Controller::new_with(
         api(&vmi_resource()),
         watcher::Config::default(),
         vmi_resource(),
-    )
-    .graceful_shutdown_on(async move {
-        let _ = rx_vmi.wait_for(|s| *s).await;
-    })
-    .run(handler::reconcile_vmi, error_policy, ctx.clone())
-    .for_each(|_| async {});
+    );
+    let vmis = super::run_controller(
+        NAME,
+        vmi_controller,
+        async move {
+            let _ = rx_vmi.wait_for(|s| *s).await;
+        },
+        handler::reconcile_vmi,
+        ctx.clone(),
+    );
     tokio::spawn(async move {
         shutdown.await;
         let _ = tx.send(true);
     });
     tokio::join!(vms, vmis);
     Ok(())
-}
-
-fn error_policy(_obj: Arc<DynamicObject>, error: &Error, _ctx: Arc<KubeVirt>) -> Action {
-    tracing::warn!("kubevirt stand-in: {error}");
-    Action::requeue(Duration::from_secs(2))
 }
 
 /// `spec.runStrategy`, or the deprecated `spec.running`; neither means Halted.
