@@ -6,7 +6,7 @@
 //! A second test black-holes one tenant's endpoint under 40 migrations: they hold at most their namespace's
 //! share of the controller's reconcile slots, and another tenant's migration takes its normal time meanwhile.
 //!
-//! Before the bounds of issue 23, the deep answer overflowed the controller's stack (every tenant's migrations
+//! Before vSphere answers were bounded, the deep answer overflowed the controller's stack (every tenant's migrations
 //! stopped, and the standby, taking over, crashed on the same Provider), and the endless answers grew its memory
 //! without limit.
 

@@ -7,7 +7,7 @@
 //! disk copied for over four minutes with a 60 s idle timeout, runs by hand:
 //! `FERRY_LONG_TRANSFER=1 cargo test -p ferry --test migrate_through_faults -- --nocapture`.
 //!
-//! Before the transfer work of issue 19 this failed three ways: the stream was cut at 120 s by a total timeout,
+//! Before downloads were hardened, this failed three ways: the stream was cut at 120 s by a total timeout,
 //! the 401 of the expired session was classed Permanent, and a 200 answering a resume was taken as the rest of
 //! the disk.
 

@@ -1,6 +1,6 @@
-//! A real node beside the lab (`ferry lab up --node real`, issue 25): containerd, the CNI bridge, the kubelet and
-//! kube-scheduler, configured as `../shared/design/facts/real-node.md` found works on a machine whose root lacks
-//! CAP_SYS_RESOURCE and still runs cgroup v1. Here: the pure builders of its configuration and the pause image;
+//! A real node beside the lab (`ferry lab up --node real`): containerd, the CNI bridge, the kubelet and
+//! kube-scheduler, configured so that they work on a machine whose root lacks CAP_SYS_RESOURCE and still runs
+//! cgroup v1. Here: the pure builders of its configuration and the pause image;
 //! the machine's claim, host changes, components, images and install in the modules below.
 
 use std::path::Path;

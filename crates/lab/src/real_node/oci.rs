@@ -1,5 +1,5 @@
 //! Images without a registry: an OCI image archive of one layer, written from a directory, that
-//! `ctr -n k8s.io image import` takes (the real node's pause and `ferry` images, issue 25).
+//! `ctr -n k8s.io image import` takes (the real node's pause and `ferry` images).
 
 use std::io::Write;
 use std::path::Path;
