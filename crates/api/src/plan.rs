@@ -123,6 +123,23 @@ impl PlanSelector {
     }
 }
 
+/// `folder /DC0/vm/web, names web-*, power state PoweredOn`: what `ferry plan create` and `ferry describe plan` say.
+impl std::fmt::Display for PlanSelector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut parts = Vec::new();
+        if let Some(folder) = &self.folder {
+            parts.push(format!("folder {folder}"));
+        }
+        if let Some(pattern) = &self.name_pattern {
+            parts.push(format!("names {pattern}"));
+        }
+        if let Some(power) = self.power_state {
+            parts.push(format!("power state {power:?}"));
+        }
+        f.write_str(&parts.join(", "))
+    }
+}
+
 /// `*` matches any run of characters (also none), `?` exactly one; everything else itself.
 pub fn glob_matches(pattern: &str, text: &str) -> bool {
     let (p, t): (Vec<char>, Vec<char>) = (pattern.chars().collect(), text.chars().collect());
@@ -328,5 +345,18 @@ mod tests {
         assert!(!selector.matches("web-1", None));
         assert!(!selector.matches("db-1", Some(PowerState::PoweredOn)));
         assert!(PlanSelector::default().matches("any", None));
+    }
+
+    #[test]
+    fn a_selector_reads_as_its_filters() {
+        let selector = PlanSelector {
+            folder: Some("/DC0/vm/web".into()),
+            name_pattern: Some("web-*".into()),
+            power_state: Some(PowerState::PoweredOn),
+        };
+        assert_eq!(
+            selector.to_string(),
+            "folder /DC0/vm/web, names web-*, power state PoweredOn"
+        );
     }
 }

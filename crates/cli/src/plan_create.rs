@@ -118,11 +118,7 @@ async fn create(args: CreateArgs) -> Result<()> {
     }
     session.logout().await;
     if chosen.is_empty() {
-        bail!(
-            "no VM of Provider {} matches {}",
-            args.provider,
-            describe_filter(&selector)
-        );
+        bail!("no VM of Provider {} matches {selector}", args.provider);
     }
     let network_map = match &args.network_map {
         Some(name) => Existing(
@@ -154,10 +150,9 @@ async fn create(args: CreateArgs) -> Result<()> {
     }
     let plan = plan(&args, &ns, &selector, &chosen, &network_map, &storage_map);
     let mut out = format!(
-        "# {} VM(s) of Provider {} chosen by {}.\n",
+        "# {} VM(s) of Provider {} chosen by {selector}.\n",
         chosen.len(),
-        args.provider,
-        describe_filter(&selector)
+        args.provider
     );
     if uncovered.is_empty() {
         out.push_str("# Every NIC and disk is covered by a map.\n");
@@ -201,20 +196,6 @@ impl<M: kube::Resource> MapChoice<M> {
 
 fn document<T: serde::Serialize>(object: &T) -> Result<String> {
     Ok(format!("---\n{}", serde_saphyr::to_string(object)?))
-}
-
-fn describe_filter(selector: &PlanSelector) -> String {
-    let mut parts = Vec::new();
-    if let Some(folder) = &selector.folder {
-        parts.push(format!("folder {folder}"));
-    }
-    if let Some(pattern) = &selector.name_pattern {
-        parts.push(format!("names {pattern}"));
-    }
-    if let Some(power) = selector.power_state {
-        parts.push(format!("power state {power:?}"));
-    }
-    parts.join(", ")
 }
 
 /// Networks by how many chosen VMs use them, most used first (then by name).

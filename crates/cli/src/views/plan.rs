@@ -97,10 +97,7 @@ pub fn render(plan: &MigrationPlan, now: Timestamp) -> String {
             Some(vms) => format!("chose {} VM(s)", vms.len()),
             None => "chooses when the plan starts".into(),
         };
-        line(
-            "Selector:",
-            format!("{}: {chosen}", selector_text(selector)),
-        );
+        line("Selector:", format!("{selector}: {chosen}"));
     }
     match (&s.started_at, &plan.spec.start_time) {
         (Some(started), _) => line("Started:", format!("{} ago", age(started.0, now))),
@@ -161,7 +158,6 @@ pub fn render(plan: &MigrationPlan, now: Timestamp) -> String {
     out
 }
 
-/// `folder /DC0/vm/web, names web-*, PoweredOn`.
 /// The plan's totals in one line, for `ferry watch plan`: `plan ns/name Running: 12 VMs, 3 running, 2 waiting,
 /// 7 succeeded, 0 failed; 62% (1.2 GiB of 2.0 GiB), 5.0 MiB/s, about 2 min left`.
 pub fn totals_line(plan: &MigrationPlan) -> String {
@@ -192,20 +188,6 @@ pub fn totals_line(plan: &MigrationPlan) -> String {
         line.push_str(&format!(", {eta} left"));
     }
     line
-}
-
-fn selector_text(selector: &ferry_api::PlanSelector) -> String {
-    let mut parts = Vec::new();
-    if let Some(folder) = &selector.folder {
-        parts.push(format!("folder {folder}"));
-    }
-    if let Some(pattern) = &selector.name_pattern {
-        parts.push(format!("names {pattern}"));
-    }
-    if let Some(power) = selector.power_state {
-        parts.push(format!("{power:?}"));
-    }
-    parts.join(", ")
 }
 
 #[cfg(test)]
