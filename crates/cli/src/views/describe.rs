@@ -2,7 +2,10 @@
 
 use anyhow::{Context, Result};
 use clap::Args;
-use ferry_api::{ErrorClass, MigrationPlan, Phase, Reason, VirtualMachineMigration};
+use ferry_api::{
+    ErrorClass, MigrationPlan, Phase, Reason, VirtualMachineMigration, VirtualMachineMigrationSpec,
+    VirtualMachineMigrationStatus,
+};
 use k8s_openapi::api::core::v1::Event;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
@@ -64,16 +67,46 @@ fn event_time(e: &Event) -> Timestamp {
 }
 
 pub fn render(vmm: &VirtualMachineMigration, events: &[Event], now: Timestamp) -> String {
-    let spec = &vmm.spec;
     let status = vmm.status.clone().unwrap_or_default();
     let mut out = String::new();
-    let line =
-        |out: &mut String, key: &str, value: String| out.push_str(&format!("{key:<12}{value}\n"));
+    asked(&mut out, vmm, &status);
+    standing(&mut out, &status);
+    checkpoints(&mut out, &status);
+    conditions(&mut out, &status, now);
+    disks(&mut out, &status);
+    retries(&mut out, &vmm.spec, &status);
+    what_went_wrong(&mut out, vmm, &status);
+    recent_events(&mut out, events, now);
+    out
+}
+
+/// One line of the header: the key, padded, then its value.
+fn line(out: &mut String, key: &str, value: String) {
+    out.push_str(&format!("{key:<12}{value}\n"));
+}
+
+/// What was asked: the migration, its source, target, devices and staging.
+fn asked(out: &mut String, vmm: &VirtualMachineMigration, status: &VirtualMachineMigrationStatus) {
+    let spec = &vmm.spec;
     line(
-        &mut out,
+        out,
         "Name:",
         format!("{}/{}", vmm.namespace().unwrap_or_default(), vmm.name_any()),
     );
+    line(out, "Source:", source(spec, status));
+    line(out, "Target:", target(vmm, status));
+    line(out, "Devices:", devices(spec));
+    line(
+        out,
+        "Staging:",
+        match &spec.staging {
+            Some(staging) => format!("{} ({:?})", staging.url, spec.conversion.format),
+            None => "none: each disk is written straight into its volume".to_string(),
+        },
+    );
+}
+
+fn source(spec: &VirtualMachineMigrationSpec, status: &VirtualMachineMigrationStatus) -> String {
     let vm = &spec.source.vm;
     let selector = vm
         .name
@@ -82,32 +115,60 @@ pub fn render(vmm: &VirtualMachineMigration, events: &[Event], now: Timestamp) -
         .or(vm.uuid.clone())
         .or(vm.moref.clone())
         .unwrap_or_default();
-    line(
-        &mut out,
-        "Source:",
-        format!(
-            "{selector} via Provider {} (power off: {:?}{}){}",
-            spec.source.provider_ref,
-            spec.source.power_off.mode,
-            if spec.source.restore_power_state {
-                ", restored if cancelled or failed"
-            } else {
-                ""
-            },
-            status
-                .source
-                .as_ref()
-                .map(|s| format!(", {} {} vCPU {} MiB", s.moref, s.cpus, s.memory_mib))
-                .unwrap_or_default()
-        ),
-    );
-    // What Validating resolved from the target and the maps, else what the target says.
+    format!(
+        "{selector} via Provider {} (power off: {:?}{}){}",
+        spec.source.provider_ref,
+        spec.source.power_off.mode,
+        if spec.source.restore_power_state {
+            ", restored if cancelled or failed"
+        } else {
+            ""
+        },
+        status
+            .source
+            .as_ref()
+            .map(|s| format!(", {} {} vCPU {} MiB", s.moref, s.cpus, s.memory_mib))
+            .unwrap_or_default()
+    )
+}
+
+fn target(vmm: &VirtualMachineMigration, status: &VirtualMachineMigrationStatus) -> String {
+    let spec = &vmm.spec;
+    let networks = networks(spec, status);
+    let placed = status.disks.first().and_then(|d| d.storage.as_ref());
+    let maps = super::map_names(&spec.target);
+    format!(
+        "VM {} ({:?}, {:?} volumes, StorageClass {}), networks: {}{}",
+        spec.target.name.clone().unwrap_or_else(|| vmm.name_any()),
+        spec.target.run_strategy,
+        placed.map_or(spec.target.volume_mode.unwrap_or_default(), |p| p
+            .volume_mode),
+        storage_classes(spec, status),
+        if networks.is_empty() {
+            "none".into()
+        } else {
+            networks.join(", ")
+        },
+        if maps.is_empty() {
+            String::new()
+        } else {
+            format!(" (from {})", maps.join(" and "))
+        }
+    )
+}
+
+/// Each source network and where it goes: what Validating resolved from the target and the maps, else what the
+/// target says.
+fn networks(
+    spec: &VirtualMachineMigrationSpec,
+    status: &VirtualMachineMigrationStatus,
+) -> Vec<String> {
     let mapped = if status.networks.is_empty() {
         &spec.target.networks
     } else {
         &status.networks
     };
-    let networks: Vec<String> = mapped
+    mapped
         .iter()
         .map(|n| {
             let to = match (&n.pod, &n.multus) {
@@ -117,8 +178,14 @@ pub fn render(vmm: &VirtualMachineMigration, events: &[Event], now: Timestamp) -
             };
             format!("{} -> {to}", n.source)
         })
-        .collect();
-    let placed = status.disks.first().and_then(|d| d.storage.as_ref());
+        .collect()
+}
+
+/// The StorageClasses the disks were placed on, else the one the target names.
+fn storage_classes(
+    spec: &VirtualMachineMigrationSpec,
+    status: &VirtualMachineMigrationStatus,
+) -> String {
     let classes: std::collections::BTreeSet<String> = status
         .disks
         .iter()
@@ -129,36 +196,17 @@ pub fn render(vmm: &VirtualMachineMigration, events: &[Event], now: Timestamp) -
                 .unwrap_or_else(|| "default".into())
         })
         .collect();
-    let classes = if classes.is_empty() {
+    if classes.is_empty() {
         spec.target
             .storage_class_name
             .clone()
             .unwrap_or_else(|| "default".into())
     } else {
         classes.into_iter().collect::<Vec<_>>().join(", ")
-    };
-    let maps = super::map_names(&spec.target);
-    line(
-        &mut out,
-        "Target:",
-        format!(
-            "VM {} ({:?}, {:?} volumes, StorageClass {classes}), networks: {}{}",
-            spec.target.name.clone().unwrap_or_else(|| vmm.name_any()),
-            spec.target.run_strategy,
-            placed.map_or(spec.target.volume_mode.unwrap_or_default(), |p| p
-                .volume_mode),
-            if networks.is_empty() {
-                "none".into()
-            } else {
-                networks.join(", ")
-            },
-            if maps.is_empty() {
-                String::new()
-            } else {
-                format!(" (from {})", maps.join(" and "))
-            }
-        ),
-    );
+    }
+}
+
+fn devices(spec: &VirtualMachineMigrationSpec) -> String {
     let devices = match spec.target.devices {
         Some(d) => format!("{d:?}"),
         None if spec.conversion.guest_adaptation == ferry_api::GuestAdaptation::VirtV2v => {
@@ -167,28 +215,21 @@ pub fn render(vmm: &VirtualMachineMigration, events: &[Event], now: Timestamp) -
         None => "Compatibility (default: SATA disks, e1000e NICs)".into(),
     };
     let check = &spec.guest_check;
+    format!(
+        "{devices}; guest check: agent {}, settle {} s, timeout {} s",
+        check
+            .agent
+            .map_or("Optional (default)".to_string(), |a| format!("{a:?}")),
+        check.settle_seconds,
+        check.timeout_seconds
+    )
+}
+
+/// Where it stands: phase, message, progress, and what is known of the source's power, the adaptation and the
+/// guest.
+fn standing(out: &mut String, status: &VirtualMachineMigrationStatus) {
     line(
-        &mut out,
-        "Devices:",
-        format!(
-            "{devices}; guest check: agent {}, settle {} s, timeout {} s",
-            check
-                .agent
-                .map_or("Optional (default)".to_string(), |a| format!("{a:?}")),
-            check.settle_seconds,
-            check.timeout_seconds
-        ),
-    );
-    line(
-        &mut out,
-        "Staging:",
-        match &spec.staging {
-            Some(staging) => format!("{} ({:?})", staging.url, spec.conversion.format),
-            None => "none: each disk is written straight into its volume".to_string(),
-        },
-    );
-    line(
-        &mut out,
+        out,
         "Phase:",
         format!(
             "{}  {}",
@@ -197,10 +238,10 @@ pub fn render(vmm: &VirtualMachineMigration, events: &[Event], now: Timestamp) -
         ),
     );
     if let Some(message) = &status.message {
-        line(&mut out, "Message:", message.clone());
+        line(out, "Message:", message.clone());
     }
     line(
-        &mut out,
+        out,
         "Progress:",
         status.progress.clone().unwrap_or_else(|| "-".into()),
     );
@@ -208,7 +249,7 @@ pub fn render(vmm: &VirtualMachineMigration, events: &[Event], now: Timestamp) -
         let state =
             |p: Option<ferry_api::PowerState>| p.map_or("unknown".into(), |p| format!("{p:?}"));
         line(
-            &mut out,
+            out,
             "Power:",
             format!(
                 "source VM {} now, {} before the migration{}",
@@ -224,7 +265,7 @@ pub fn render(vmm: &VirtualMachineMigration, events: &[Event], now: Timestamp) -
     }
     if let Some(adaptation) = &status.adaptation {
         line(
-            &mut out,
+            out,
             "Adapted:",
             format!(
                 "{} by virt-v2v in {} s (osinfo {})",
@@ -240,160 +281,193 @@ pub fn render(vmm: &VirtualMachineMigration, events: &[Event], now: Timestamp) -
     }
     if let Some(guest) = &status.guest {
         line(
-            &mut out,
+            out,
             "Guest:",
             format!("{:?}: {}", guest.evidence, guest.message),
         );
     }
+}
 
-    if !status.checkpoints.is_empty() {
-        out.push_str("\nCheckpoints:\n");
-        let start = status.checkpoints[0].entered.0;
-        let mut rows = vec![vec![
-            "  PHASE".to_string(),
-            "ENTERED".into(),
-            "AFTER START".into(),
-        ]];
-        for c in &status.checkpoints {
-            rows.push(vec![
-                format!("  {}", phase_name(Some(c.phase))),
-                c.entered.0.strftime("%H:%M:%S%.3f").to_string(),
-                format!("+{:.1}s", c.entered.0.duration_since(start).as_secs_f64()),
-            ]);
-        }
-        if let Some(end) = &status.completion_time {
-            rows.push(vec![
-                "  (ended)".into(),
-                end.0.strftime("%H:%M:%S").to_string(),
-                // Whole seconds (metav1.Time) against microseconds: never before the start.
-                format!(
-                    "+{:.1}s",
-                    end.0.duration_since(start).as_secs_f64().max(0.0)
-                ),
-            ]);
-        }
-        out.push_str(&table(&rows));
+/// When each checkpoint was entered, and when the migration ended.
+fn checkpoints(out: &mut String, status: &VirtualMachineMigrationStatus) {
+    let Some(first) = status.checkpoints.first() else {
+        return;
+    };
+    out.push_str("\nCheckpoints:\n");
+    let start = first.entered.0;
+    let mut rows = vec![vec![
+        "  PHASE".to_string(),
+        "ENTERED".into(),
+        "AFTER START".into(),
+    ]];
+    for c in &status.checkpoints {
+        rows.push(vec![
+            format!("  {}", phase_name(Some(c.phase))),
+            c.entered.0.strftime("%H:%M:%S%.3f").to_string(),
+            format!("+{:.1}s", c.entered.0.duration_since(start).as_secs_f64()),
+        ]);
     }
-    if !status.conditions.is_empty() {
-        out.push_str("\nConditions:\n");
-        let mut rows = vec![vec![
-            "  TYPE".to_string(),
-            "STATUS".into(),
-            "REASON".into(),
-            "AGE".into(),
-            "MESSAGE".into(),
-        ]];
-        for c in &status.conditions {
-            rows.push(vec![
-                format!("  {}", c.type_),
-                c.status.clone(),
-                c.reason.clone(),
-                age(c.last_transition_time.0, now),
-                c.message.clone(),
-            ]);
-        }
-        out.push_str(&table(&rows));
+    if let Some(end) = &status.completion_time {
+        rows.push(vec![
+            "  (ended)".into(),
+            end.0.strftime("%H:%M:%S").to_string(),
+            // Whole seconds (metav1.Time) against microseconds: never before the start.
+            format!(
+                "+{:.1}s",
+                end.0.duration_since(start).as_secs_f64().max(0.0)
+            ),
+        ]);
     }
-    if !status.disks.is_empty() {
-        out.push_str("\nDisks:\n");
-        let mut rows = vec![vec![
-            "  #".to_string(),
-            "SOURCE".into(),
-            "CAPACITY".into(),
-            "MOVED".into(),
-            "DATAVOLUME".into(),
-            "IMPORT".into(),
-            "SHA256".into(),
-            "VERIFIED".into(),
-        ]];
-        for d in &status.disks {
-            rows.push(vec![
-                format!("  {}", d.index),
-                d.source_file.clone(),
-                bytes(d.capacity_bytes as f64),
-                bytes(d.bytes_moved as f64),
-                d.data_volume.clone().unwrap_or_else(|| "-".into()),
-                d.progress.clone().unwrap_or_else(|| "-".into()),
-                d.sha256
-                    .as_ref()
-                    .map(|s| format!("{}…", &s[..s.len().min(12)]))
-                    .unwrap_or_else(|| "-".into()),
-                if d.verified {
-                    "yes".into()
-                } else {
-                    "no".into()
-                },
-            ]);
-        }
-        out.push_str(&table(&rows));
+    out.push_str(&table(&rows));
+}
+
+fn conditions(out: &mut String, status: &VirtualMachineMigrationStatus, now: Timestamp) {
+    if status.conditions.is_empty() {
+        return;
     }
-    if let Some(retry) = &status.retry
-        && (retry.attempts > 0 || !retry.budget_used.is_empty())
-    {
-        let used: Vec<String> = retry
-            .budget_used
-            .iter()
-            .map(|b| format!("{} {}", phase_name(Some(b.phase)), b.used))
-            .collect();
-        out.push_str(&format!(
-            "\nRetries:    {} attempt(s) in this checkpoint; budget used: {} (of {} per step){}\n",
-            retry.attempts,
-            if used.is_empty() {
-                "none".into()
-            } else {
-                used.join(", ")
-            },
-            spec.retry.budget,
-            retry
-                .next_attempt_time
+    out.push_str("\nConditions:\n");
+    let mut rows = vec![vec![
+        "  TYPE".to_string(),
+        "STATUS".into(),
+        "REASON".into(),
+        "AGE".into(),
+        "MESSAGE".into(),
+    ]];
+    for c in &status.conditions {
+        rows.push(vec![
+            format!("  {}", c.type_),
+            c.status.clone(),
+            c.reason.clone(),
+            age(c.last_transition_time.0, now),
+            c.message.clone(),
+        ]);
+    }
+    out.push_str(&table(&rows));
+}
+
+fn disks(out: &mut String, status: &VirtualMachineMigrationStatus) {
+    if status.disks.is_empty() {
+        return;
+    }
+    out.push_str("\nDisks:\n");
+    let mut rows = vec![vec![
+        "  #".to_string(),
+        "SOURCE".into(),
+        "CAPACITY".into(),
+        "MOVED".into(),
+        "DATAVOLUME".into(),
+        "IMPORT".into(),
+        "SHA256".into(),
+        "VERIFIED".into(),
+    ]];
+    for d in &status.disks {
+        rows.push(vec![
+            format!("  {}", d.index),
+            d.source_file.clone(),
+            bytes(d.capacity_bytes as f64),
+            bytes(d.bytes_moved as f64),
+            d.data_volume.clone().unwrap_or_else(|| "-".into()),
+            d.progress.clone().unwrap_or_else(|| "-".into()),
+            d.sha256
                 .as_ref()
-                .map(|t| format!("; next attempt at {}", t.0.strftime("%H:%M:%S")))
-                .unwrap_or_default()
-        ));
+                .map(|s| format!("{}…", &s[..s.len().min(12)]))
+                .unwrap_or_else(|| "-".into()),
+            if d.verified {
+                "yes".into()
+            } else {
+                "no".into()
+            },
+        ]);
     }
+    out.push_str(&table(&rows));
+}
+
+/// Attempts in this checkpoint and the retry budget each step used, once there is any.
+fn retries(
+    out: &mut String,
+    spec: &VirtualMachineMigrationSpec,
+    status: &VirtualMachineMigrationStatus,
+) {
+    let Some(retry) = status
+        .retry
+        .as_ref()
+        .filter(|r| r.attempts > 0 || !r.budget_used.is_empty())
+    else {
+        return;
+    };
+    let used: Vec<String> = retry
+        .budget_used
+        .iter()
+        .map(|b| format!("{} {}", phase_name(Some(b.phase)), b.used))
+        .collect();
+    out.push_str(&format!(
+        "\nRetries:    {} attempt(s) in this checkpoint; budget used: {} (of {} per step){}\n",
+        retry.attempts,
+        if used.is_empty() {
+            "none".into()
+        } else {
+            used.join(", ")
+        },
+        spec.retry.budget,
+        retry
+            .next_attempt_time
+            .as_ref()
+            .map(|t| format!("; next attempt at {}", t.0.strftime("%H:%M:%S")))
+            .unwrap_or_default()
+    ));
+}
+
+/// For a migration that stopped (Failed, or waiting for a person): its last error and what to do about it.
+fn what_went_wrong(
+    out: &mut String,
+    vmm: &VirtualMachineMigration,
+    status: &VirtualMachineMigrationStatus,
+) {
     let stopped = matches!(
         status.phase,
         Some(Phase::Failed) | Some(Phase::ManualInterventionRequired)
     );
-    if let (true, Some(error)) = (
-        stopped,
-        status.retry.as_ref().and_then(|r| r.last_error.as_ref()),
-    ) {
-        out.push_str("\nWhat went wrong:\n");
-        out.push_str(&format!(
-            "  Checkpoint: {}\n",
-            phase_name(Some(error.phase))
-        ));
-        out.push_str(&format!(
-            "  Error:      {:?} {}: {}\n",
-            error.class, error.reason, error.message
-        ));
-        out.push_str(&format!(
-            "  Next step:  {}\n",
-            next_step(&error.reason, error.class, status.phase, &vmm.name_any())
-        ));
-    }
+    let last_error = status.retry.as_ref().and_then(|r| r.last_error.as_ref());
+    let (true, Some(error)) = (stopped, last_error) else {
+        return;
+    };
+    out.push_str("\nWhat went wrong:\n");
+    out.push_str(&format!(
+        "  Checkpoint: {}\n",
+        phase_name(Some(error.phase))
+    ));
+    out.push_str(&format!(
+        "  Error:      {:?} {}: {}\n",
+        error.class, error.reason, error.message
+    ));
+    out.push_str(&format!(
+        "  Next step:  {}\n",
+        next_step(&error.reason, error.class, status.phase, &vmm.name_any())
+    ));
+}
+
+/// The last 15 events, oldest first.
+fn recent_events(out: &mut String, events: &[Event], now: Timestamp) {
     out.push_str("\nEvents:\n");
     if events.is_empty() {
         out.push_str("  none\n");
-    } else {
-        let mut rows = vec![vec![
-            "  AGE".to_string(),
-            "TYPE".into(),
-            "REASON".into(),
-            "MESSAGE".into(),
-        ]];
-        for e in events.iter().rev().take(15).rev() {
-            rows.push(vec![
-                format!("  {}", age(event_time(e), now)),
-                e.type_.clone().unwrap_or_default(),
-                e.reason.clone().unwrap_or_default(),
-                e.message.clone().unwrap_or_default(),
-            ]);
-        }
-        out.push_str(&table(&rows));
+        return;
     }
-    out
+    let mut rows = vec![vec![
+        "  AGE".to_string(),
+        "TYPE".into(),
+        "REASON".into(),
+        "MESSAGE".into(),
+    ]];
+    for e in events.iter().rev().take(15).rev() {
+        rows.push(vec![
+            format!("  {}", age(event_time(e), now)),
+            e.type_.clone().unwrap_or_default(),
+            e.reason.clone().unwrap_or_default(),
+            e.message.clone().unwrap_or_default(),
+        ]);
+    }
+    out.push_str(&table(&rows));
 }
 
 /// What a person should do about a stopped migration.
