@@ -228,7 +228,12 @@ async fn start_all(state: &mut LabState, options: &LabOptions) -> Result<()> {
     crds::install(&probe::client_for(&state.kubeconfig, None).await?).await?;
     start_component(state, lifetime, |ports| ctx.kube_controller_manager(ports)).await?;
     if options.real_node.is_some() {
-        crate::real_node::start(state, lifetime, &ctx, options.standins.as_deref()).await?;
+        // The image holds the binary users run, not this lab's: built without the lab and vSphere provisioning.
+        let shipped = match options.standins {
+            Some(_) => Some(crate::real_node::image::shipped_binary()?),
+            None => None,
+        };
+        crate::real_node::start(state, lifetime, &ctx, shipped.as_deref()).await?;
     }
     // Before anything writes a VM: from here on the API server admits what virt-api admits.
     start_component(state, lifetime, |ports| Ok(ctx.kubevirt_admission(ports))).await?;

@@ -1,6 +1,6 @@
 //! The `ferry` image without a registry: the Dockerfile's runtime stage, built from the same Debian packages with
-//! mmdebstrap (cached: a tree of about 1 GiB, built once per package list), and the `ferry` binary the lab runs as a
-//! layer on top; same user, entrypoint and environment as the Dockerfile.
+//! mmdebstrap (cached: a tree of about 1 GiB, built once per package list), and the `ferry` binary built as the
+//! Dockerfile builds it (without the lab) as a layer on top; same user, entrypoint and environment as the Dockerfile.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -77,6 +77,42 @@ pub fn base_rootfs(cache: &Path) -> Result<PathBuf> {
     }
     std::fs::rename(&staging, &tree)?;
     Ok(tree)
+}
+
+/// The `ferry` binary the image ships, built as the Dockerfile builds it: without the `lab` feature, so without the
+/// lab, the benchmarks and vSphere provisioning. It has a target directory of its own so that the lab's binary (with
+/// them) is not replaced; `FERRY_SHIPPED_BIN` names one already built.
+pub fn shipped_binary() -> Result<PathBuf> {
+    if let Some(binary) = std::env::var_os("FERRY_SHIPPED_BIN") {
+        return Ok(binary.into());
+    }
+    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let target = workspace.join("target/shipped");
+    tracing::info!(
+        "building the shipped ferry binary (--no-default-features) into {}",
+        target.display()
+    );
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let status = Command::new(cargo)
+        .args([
+            "build",
+            "--quiet",
+            "--locked",
+            "--no-default-features",
+            "--bin",
+            "ferry",
+        ])
+        .arg("--target-dir")
+        .arg(&target)
+        .current_dir(&workspace)
+        .status()
+        .context("running cargo to build the shipped ferry binary")?;
+    if !status.success() {
+        bail!(
+            "building the shipped ferry binary failed ({status}); set FERRY_SHIPPED_BIN to one built with --no-default-features"
+        );
+    }
+    Ok(target.join("debug/ferry"))
 }
 
 /// Writes the `ferry` image (`name`) to `dir` as an OCI archive: the cached base and `ferry` at
