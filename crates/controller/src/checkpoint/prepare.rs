@@ -17,7 +17,7 @@ const POLL: Duration = Duration::from_secs(2);
 
 /// What to do about power, from what was observed. Pure.
 #[derive(Debug, PartialEq)]
-pub enum Plan {
+pub enum PowerStep {
     RecordOriginal(PowerState),
     Done,
     FollowTask(String),
@@ -27,31 +27,31 @@ pub enum Plan {
     RefuseRunning,
 }
 
-pub fn plan(
+pub fn decide(
     mode: PowerOffMode,
     recorded: &PowerStatus,
     observed: PowerState,
     tools_running: bool,
     shutdown_overdue: bool,
-) -> Plan {
+) -> PowerStep {
     if recorded.original.is_none() {
-        return Plan::RecordOriginal(observed);
+        return PowerStep::RecordOriginal(observed);
     }
     if observed == PowerState::PoweredOff {
-        return Plan::Done;
+        return PowerStep::Done;
     }
     if let Some(task) = &recorded.task {
-        return Plan::FollowTask(task.clone());
+        return PowerStep::FollowTask(task.clone());
     }
     match mode {
-        PowerOffMode::RequireOff => Plan::RefuseRunning,
-        PowerOffMode::Force => Plan::PowerOff,
+        PowerOffMode::RequireOff => PowerStep::RefuseRunning,
+        PowerOffMode::Force => PowerStep::PowerOff,
         PowerOffMode::Graceful => match (&recorded.shutdown_requested, shutdown_overdue) {
-            (Some(_), false) => Plan::WaitForShutdown,
-            (Some(_), true) => Plan::PowerOff,
+            (Some(_), false) => PowerStep::WaitForShutdown,
+            (Some(_), true) => PowerStep::PowerOff,
             // Without VMware Tools (or when suspended) the guest cannot be asked.
-            (None, _) if observed != PowerState::PoweredOn || !tools_running => Plan::PowerOff,
-            (None, _) => Plan::RequestShutdown,
+            (None, _) if observed != PowerState::PoweredOn || !tools_running => PowerStep::PowerOff,
+            (None, _) => PowerStep::RequestShutdown,
         },
     }
 }
@@ -81,16 +81,16 @@ pub async fn run(step: &mut Step<'_>) -> Result<Next> {
         && recorded.shutdown_requested.is_none()
         && view.tools_running;
     recorded.current = Some(observed);
-    let next = match plan(spec.mode, &recorded, observed, tools, overdue) {
-        Plan::RecordOriginal(state) => {
+    let next = match decide(spec.mode, &recorded, observed, tools, overdue) {
+        PowerStep::RecordOriginal(state) => {
             recorded.original = Some(state);
             Next::persist("PowerStateRecorded", format!("the source was {state:?}"))
         }
-        Plan::Done => {
+        PowerStep::Done => {
             recorded.task = None;
             Next::advance("SourcePoweredOff", "the source is powered off")
         }
-        Plan::FollowTask(task) => {
+        PowerStep::FollowTask(task) => {
             match power::task_state(&session, &MoRef::new("Task", task.clone())).await? {
                 TaskState::Running { progress } => Next::wait(
                     "PoweringOff",
@@ -121,7 +121,7 @@ pub async fn run(step: &mut Step<'_>) -> Result<Next> {
                 }
             }
         }
-        Plan::RequestShutdown => {
+        PowerStep::RequestShutdown => {
             power::request_guest_shutdown(&session, &vm).await?;
             recorded.shutdown_requested = Some(step.now.clone());
             Next::wait(
@@ -133,12 +133,12 @@ pub async fn run(step: &mut Step<'_>) -> Result<Next> {
                 POLL,
             )
         }
-        Plan::WaitForShutdown => Next::wait(
+        PowerStep::WaitForShutdown => Next::wait(
             "GuestShuttingDown",
             "waiting for the guest to shut down",
             POLL,
         ),
-        Plan::PowerOff => {
+        PowerStep::PowerOff => {
             recorded.task = power::start_power_off(&session, &vm)
                 .await?
                 .map(|t| t.value);
@@ -148,7 +148,7 @@ pub async fn run(step: &mut Step<'_>) -> Result<Next> {
                 Duration::from_millis(500),
             )
         }
-        Plan::RefuseRunning => {
+        PowerStep::RefuseRunning => {
             return Err(Failure::fixable(
                 Reason::SourcePoweredOn,
                 "powerOff.mode is RequireOff and the source VM is running; shut it down, and the migration resumes",
@@ -179,8 +179,8 @@ mod tests {
             PowerOffMode::RequireOff,
         ] {
             assert_eq!(
-                plan(mode, &recorded(None), PowerState::PoweredOn, true, false),
-                Plan::RecordOriginal(PowerState::PoweredOn)
+                decide(mode, &recorded(None), PowerState::PoweredOn, true, false),
+                PowerStep::RecordOriginal(PowerState::PoweredOn)
             );
         }
     }
@@ -189,76 +189,76 @@ mod tests {
     fn each_mode_powers_off_its_way() {
         let on = Some(PowerState::PoweredOn);
         assert_eq!(
-            plan(
+            decide(
                 PowerOffMode::Force,
                 &recorded(on),
                 PowerState::PoweredOn,
                 true,
                 false
             ),
-            Plan::PowerOff
+            PowerStep::PowerOff
         );
         assert_eq!(
-            plan(
+            decide(
                 PowerOffMode::RequireOff,
                 &recorded(on),
                 PowerState::PoweredOn,
                 true,
                 false
             ),
-            Plan::RefuseRunning
+            PowerStep::RefuseRunning
         );
         assert_eq!(
-            plan(
+            decide(
                 PowerOffMode::Graceful,
                 &recorded(on),
                 PowerState::PoweredOn,
                 true,
                 false
             ),
-            Plan::RequestShutdown
+            PowerStep::RequestShutdown
         );
         assert_eq!(
-            plan(
+            decide(
                 PowerOffMode::Graceful,
                 &recorded(on),
                 PowerState::PoweredOn,
                 false,
                 false
             ),
-            Plan::PowerOff
+            PowerStep::PowerOff
         );
         let mut asked = recorded(on);
         asked.shutdown_requested = Some(Time(k8s_openapi::jiff::Timestamp::now()));
         assert_eq!(
-            plan(
+            decide(
                 PowerOffMode::Graceful,
                 &asked,
                 PowerState::PoweredOn,
                 false,
                 false
             ),
-            Plan::WaitForShutdown
+            PowerStep::WaitForShutdown
         );
         assert_eq!(
-            plan(
+            decide(
                 PowerOffMode::Graceful,
                 &asked,
                 PowerState::PoweredOn,
                 false,
                 true
             ),
-            Plan::PowerOff
+            PowerStep::PowerOff
         );
         assert_eq!(
-            plan(
+            decide(
                 PowerOffMode::Force,
                 &recorded(on),
                 PowerState::PoweredOff,
                 true,
                 false
             ),
-            Plan::Done
+            PowerStep::Done
         );
     }
 
@@ -267,14 +267,14 @@ mod tests {
         let mut with_task = recorded(Some(PowerState::PoweredOn));
         with_task.task = Some("task-7".into());
         assert_eq!(
-            plan(
+            decide(
                 PowerOffMode::Force,
                 &with_task,
                 PowerState::PoweredOn,
                 true,
                 false
             ),
-            Plan::FollowTask("task-7".into())
+            PowerStep::FollowTask("task-7".into())
         );
     }
 }
