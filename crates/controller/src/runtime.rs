@@ -310,15 +310,16 @@ async fn run_controllers(
         .reconcile_on(plan_woken)
         .graceful_shutdown_on(shutdown.requested())
         .run(
-            |plan, ctx| async move {
-                let _slot = ctx
+            |plan, plans| async move {
+                let _slot = plans
+                    .ctx
                     .fairness
                     .admit(&plan.namespace().unwrap_or_default())
                     .await;
-                crate::reconcile::within_deadline(crate::plan::reconcile(plan, ctx)).await
+                crate::reconcile::within_deadline(crate::plan::reconcile(plan, plans)).await
             },
             crate::plan::error_policy,
-            ctx,
+            Arc::new(crate::plan::PlanContext::new(ctx)),
         )
         .for_each(|_| async {});
     futures::future::join3(migrations, providers, plans).await;
