@@ -14,6 +14,7 @@ use ferry_api::keys::{MANAGER, PLAN_UID_LABEL};
 use ferry_api::{
     ErrorClass, MigrationPlan, MigrationPlanStatus, PlanPhase, VirtualMachineMigration,
 };
+use ferry_kube::status::apply_guarded;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{ListParams, Patch, PatchParams};
@@ -237,19 +238,7 @@ async fn write_status(
     }
     let api: Api<MigrationPlan> =
         Api::namespaced(ctx.client.clone(), &plan.namespace().unwrap_or_default());
-    let patch = json!({
-        "apiVersion": ferry_api::API_VERSION,
-        "kind": "MigrationPlan",
-        "metadata": {"name": plan.name_any(), "resourceVersion": plan.resource_version()},
-        "status": status,
-    });
-    let written = api
-        .patch_status(
-            &plan.name_any(),
-            &PatchParams::apply(MANAGER).force(),
-            &Patch::Apply(&patch),
-        )
-        .await?;
+    let written = apply_guarded(&api, plan, status, MANAGER).await?;
     ctx.wrote(&key(plan), written.resource_version());
     plan.metadata.resource_version = written.resource_version();
     plan.status = Some(status.clone());
