@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use anyhow::{Context as _, Result};
 use ferry_api::{MigrationPlan, Provider, VirtualMachineMigration};
-use futures::StreamExt;
 use futures::channel::mpsc::{UnboundedReceiver, UnboundedSender};
+use futures::{Stream, StreamExt};
 use k8s_openapi::api::batch::v1::Job;
 use kube::api::DynamicObject;
 use kube::runtime::controller::{self, Controller};
@@ -191,48 +191,15 @@ fn migration_controller(
     shutdown: &Shutdown,
 ) -> impl Future<Output = ()> {
     let (store, writer) = reflector::store::<VirtualMachineMigration>();
-    let migration_events = reflector(
-        writer,
-        watched
-            .events::<VirtualMachineMigration>(client, config)
-            .modify(trim_migration),
-    )
-    .inspect(move |event| {
-        if let Ok(
-            watcher::Event::Apply(m) | watcher::Event::InitApply(m) | watcher::Event::Delete(m),
-        ) = event
-            && let Some(plan) = crate::plan::owner_of(m)
-        {
-            let _ = plan_wake.unbounded_send(plan);
-        }
-    })
-    .applied_objects();
-    let migrations = Controller::for_stream(migration_events, store.clone());
+    let migrations = Controller::for_stream(
+        migration_events(client, watched, config, writer, plan_wake),
+        store.clone(),
+    );
     let by_provider = store.clone();
     let by_vm = store.clone();
     let (wake, woken) = futures::channel::mpsc::unbounded();
     ctx.slots.attach(store, wake);
-    // Jobs and DataVolumes are polled while they run: their watches keep caches the checkpoints read first.
-    let job_cache = Writer::<Job>::default();
-    let dv_cache = Writer::<DynamicObject>::new(dv_resource());
-    ctx.caches
-        .attach(job_cache.as_reader(), dv_cache.as_reader());
-    let jobs = crate::wake::significant(
-        reflector(
-            job_cache,
-            watched.events::<Job>(client, config).modify(trim_job),
-        ),
-        crate::wake::job_summary,
-    );
-    let data_volumes = crate::wake::significant(
-        reflector(
-            dv_cache,
-            watched
-                .dynamic_events(client, &dv_resource(), config)
-                .modify(forget_managed_fields),
-        ),
-        crate::wake::data_volume_summary,
-    );
+    let (jobs, data_volumes) = job_and_volume_changes(&ctx, client, watched, config);
     migrations
         .reconcile_on(woken)
         .owns_stream(jobs)
@@ -273,6 +240,67 @@ fn migration_controller(
             ctx,
         )
         .for_each(|_| async {})
+}
+
+/// The migrations' changes, cached by `writer`. Each also wakes the plan that controls the migration, after the
+/// cache has it.
+fn migration_events(
+    client: &Client,
+    watched: &Watched,
+    config: &watcher::Config,
+    writer: Writer<VirtualMachineMigration>,
+    plan_wake: UnboundedSender<ObjectRef<MigrationPlan>>,
+) -> impl Stream<Item = watcher::Result<VirtualMachineMigration>> + Send + use<> {
+    reflector(
+        writer,
+        watched
+            .events::<VirtualMachineMigration>(client, config)
+            .modify(trim_migration),
+    )
+    .inspect(move |event| {
+        if let Ok(
+            watcher::Event::Apply(m) | watcher::Event::InitApply(m) | watcher::Event::Delete(m),
+        ) = event
+            && let Some(plan) = crate::plan::owner_of(m)
+        {
+            let _ = plan_wake.unbounded_send(plan);
+        }
+    })
+    .applied_objects()
+}
+
+/// The Jobs' and DataVolumes' changes that wake their migration. Both are polled while they run: their watches
+/// keep the caches the checkpoints read first.
+fn job_and_volume_changes(
+    ctx: &Context,
+    client: &Client,
+    watched: &Watched,
+    config: &watcher::Config,
+) -> (
+    impl Stream<Item = watcher::Result<Job>> + Send + use<>,
+    impl Stream<Item = watcher::Result<DynamicObject>> + Send + use<>,
+) {
+    let job_cache = Writer::<Job>::default();
+    let dv_cache = Writer::<DynamicObject>::new(dv_resource());
+    ctx.caches
+        .attach(job_cache.as_reader(), dv_cache.as_reader());
+    let jobs = crate::wake::significant(
+        reflector(
+            job_cache,
+            watched.events::<Job>(client, config).modify(trim_job),
+        ),
+        crate::wake::job_summary,
+    );
+    let data_volumes = crate::wake::significant(
+        reflector(
+            dv_cache,
+            watched
+                .dynamic_events(client, &dv_resource(), config)
+                .modify(forget_managed_fields),
+        ),
+        crate::wake::data_volume_summary,
+    );
+    (jobs, data_volumes)
 }
 
 /// Reconciles Providers; its cache also serves the migrations' lagging reads of a Provider.
