@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use ferry_api::Provider;
 use ferry_api::keys::HOLD_ANNOTATION;
-use ferry_controller::chaos::{Fault, PLAN_ENV, Plan};
+use ferry_controller::chaos::{Fault, FaultPlan, PLAN_ENV};
 use ferry_lab::control_plane::process::{self, Lifetime, ProcessRecord};
 use ferry_lab::{LabOptions, LabState};
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
@@ -63,7 +63,7 @@ impl ChaosLab {
         let _ = std::fs::remove_dir_all(&self.state.dir);
     }
 
-    pub fn controller(&self, plan: Option<Plan>, log: &Path) -> Result<(ProcessRecord, u16)> {
+    pub fn controller(&self, plan: Option<FaultPlan>, log: &Path) -> Result<(ProcessRecord, u16)> {
         let kubeconfig = ferry_lab::control_plane::controller_process::kubeconfig(
             &self.state.dir,
             &self.state.api_url,
@@ -171,7 +171,7 @@ impl ChaosLab {
             .len();
 
         // Always a plan, so that the controller logs its vSphere calls; the reference injects nothing.
-        let plan = trial.and_then(|t| t.plan).unwrap_or(Plan {
+        let plan = trial.and_then(|t| t.plan).unwrap_or(FaultPlan {
             fault: Fault::Observe,
             at: 0,
         });

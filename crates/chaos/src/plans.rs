@@ -1,6 +1,6 @@
 //! The perturbations, and the trials each makes of a workload's fault-free run. Pure.
 
-use ferry_controller::chaos::{Fault, Plan};
+use ferry_controller::chaos::{Fault, FaultPlan};
 use serde::{Deserialize, Serialize};
 
 /// Where a perturbation strikes.
@@ -66,7 +66,7 @@ pub struct Trial {
     /// What it hits, for the report: `write 7`, `vsphere call 3`, `pod of m-convert-1`.
     pub target: String,
     #[serde(default)]
-    pub plan: Option<Plan>,
+    pub plan: Option<FaultPlan>,
     #[serde(default)]
     pub lab_fault: Option<LabFault>,
 }
@@ -109,7 +109,7 @@ pub fn trials(wanted: &[String], targets: &Targets) -> Vec<Trial> {
     };
     let mut all = vec![];
     for perturbation in PERTURBATIONS.iter().filter(|p| wanted(p.name)) {
-        let trial = |target: String, plan: Option<Plan>, lab_fault: Option<LabFault>| Trial {
+        let trial = |target: String, plan: Option<FaultPlan>, lab_fault: Option<LabFault>| Trial {
             perturbation: perturbation.name.into(),
             target,
             plan,
@@ -118,12 +118,17 @@ pub fn trials(wanted: &[String], targets: &Targets) -> Vec<Trial> {
         match perturbation.strikes {
             Strikes::Write(fault) => all.extend(
                 (1..=targets.writes as u32)
-                    .map(|at| trial(format!("write {at}"), Some(Plan { fault, at }), None)),
+                    .map(|at| trial(format!("write {at}"), Some(FaultPlan { fault, at }), None)),
             ),
-            Strikes::VsphereCall(fault) => all.extend(
-                (1..=targets.vsphere_calls as u32)
-                    .map(|at| trial(format!("vsphere call {at}"), Some(Plan { fault, at }), None)),
-            ),
+            Strikes::VsphereCall(fault) => {
+                all.extend((1..=targets.vsphere_calls as u32).map(|at| {
+                    trial(
+                        format!("vsphere call {at}"),
+                        Some(FaultPlan { fault, at }),
+                        None,
+                    )
+                }))
+            }
             Strikes::JobPod => all.extend(targets.jobs.iter().map(|job| {
                 let fault = LabFault {
                     key: "kill-pods".into(),
@@ -173,7 +178,7 @@ mod tests {
         assert_eq!(p1.len(), 3);
         assert_eq!(
             p1[2].plan,
-            Some(Plan {
+            Some(FaultPlan {
                 fault: Fault::CrashAfter,
                 at: 3
             })

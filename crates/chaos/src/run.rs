@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Result;
 use ferry_api::{MigrationPlan, Phase, PowerState, VirtualMachineMigration};
-use ferry_controller::chaos::{Fault, Plan, VSPHERE_CALL_LOG};
+use ferry_controller::chaos::{Fault, FaultPlan, VSPHERE_CALL_LOG};
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
 use kube::{Api, ResourceExt};
@@ -23,7 +23,7 @@ use super::workload::{Act, Workload};
 pub struct Run {
     pub workload: Workload,
     pub trial: Option<Trial>,
-    pub plan: Plan,
+    pub plan: FaultPlan,
     pub client: kube::Client,
     pub ns: String,
     pub api: Api<VirtualMachineMigration>,

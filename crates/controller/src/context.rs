@@ -65,8 +65,6 @@ pub struct Context {
     pub slots: crate::slots::Slots,
     /// The watch caches of Jobs and DataVolumes.
     pub caches: crate::cache::Caches,
-    /// When each plan was last summed up.
-    pub plan_throttle: crate::plan::Throttle,
     /// The Provider controller's cache, for reads that may lag a moment (a waiter's look at its limits).
     providers: std::sync::OnceLock<kube::runtime::reflector::Store<ferry_api::Provider>>,
 }
@@ -117,7 +115,6 @@ impl Context {
             stores: Mutex::default(),
             slots: Default::default(),
             caches: Default::default(),
-            plan_throttle: Default::default(),
             providers: Default::default(),
         }
     }

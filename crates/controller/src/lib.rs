@@ -9,8 +9,8 @@
 //! - `build`: pure builders of the Jobs, DataVolumes and VM a migration creates.
 //! - `status`: pure status edits (phases, conditions, retries, progress).
 //! - `reconcile`: one reconcile: finalizer, cancel, dispatch, status write, Events.
-//! - `runtime`: watches, leader election, metrics and health endpoints; `wake`: which child changes wake a
-//!   migration; `watched`: the namespaces served, one watch each merged into one stream.
+//! - `runtime`: watches, leader election, metrics and health endpoints; `wake`: which changes of children, VMIs
+//!   and Providers wake a migration; `watched`: the namespaces served, one watch each merged into one stream.
 
 mod backoff;
 pub(crate) mod build;

@@ -5,11 +5,10 @@ use std::time::Duration;
 
 use ferry_api::{Provider, ProviderStatus};
 use ferry_kube::conditions::{ConditionUpdate, set_condition};
+use ferry_kube::status::apply_guarded;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::api::{Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::{Api, ResourceExt};
-use serde_json::json;
 
 use crate::children::MANAGER;
 use crate::context::Context;
@@ -88,18 +87,7 @@ async fn write(ctx: &Context, provider: &Provider, status: &ProviderStatus) -> R
         ctx.client.clone(),
         &provider.namespace().unwrap_or_default(),
     );
-    let patch = json!({
-        "apiVersion": ferry_api::API_VERSION,
-        "kind": "Provider",
-        "metadata": {"name": provider.name_any(), "resourceVersion": provider.resource_version()},
-        "status": status,
-    });
-    api.patch_status(
-        &provider.name_any(),
-        &PatchParams::apply(MANAGER).force(),
-        &Patch::Apply(&patch),
-    )
-    .await?;
+    apply_guarded(&api, provider, status, MANAGER).await?;
     Ok(())
 }
 
@@ -123,6 +111,7 @@ fn backoff_key(provider: &Provider) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     #[tokio::test]
     async fn a_failed_provider_reconcile_is_retried_in_a_second_then_backs_off() {

@@ -8,8 +8,9 @@ use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::Duration;
 
 use anyhow::{Context as _, Result};
-use ferry_api::{MigrationPlan, Phase, Provider, VirtualMachineMigration};
-use futures::StreamExt;
+use ferry_api::{MigrationPlan, Provider, VirtualMachineMigration};
+use futures::channel::mpsc::{UnboundedReceiver, UnboundedSender};
+use futures::{Stream, StreamExt};
 use k8s_openapi::api::batch::v1::Job;
 use kube::api::DynamicObject;
 use kube::runtime::controller::{self, Controller};
@@ -22,7 +23,9 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::build::{dv_resource, vm_resource, vmi_resource};
 use crate::context::{Config, Context};
+use crate::fair::Fairness;
 use crate::metrics::Metrics;
+use crate::reconcile::within_deadline;
 use crate::watched::Watched;
 
 #[derive(Clone, Debug)]
@@ -167,14 +170,91 @@ async fn run_controllers(
     shutdown: &Shutdown,
 ) {
     let config = watcher::Config::default().any_semantic();
-    let (store, writer) = reflector::store::<VirtualMachineMigration>();
-    // A plan learns of its migrations' changes from this one watch, after the cache has them: a second watch of
-    // every migration's metadata cost a decode of each write's managed fields.
+    // A plan learns of its migrations' changes from the migrations' watch, after the cache has them: a second
+    // watch of every migration's metadata cost a decode of each write's managed fields.
     let (plan_wake, plan_woken) = futures::channel::mpsc::unbounded();
-    let migration_events = reflector(
+    let migrations =
+        migration_controller(&client, ctx.clone(), watched, &config, plan_wake, shutdown);
+    let providers = provider_controller(&client, ctx.clone(), watched, &config, shutdown);
+    let plans = plan_controller(&client, ctx, watched, &config, plan_woken, shutdown);
+    futures::future::join3(migrations, providers, plans).await;
+}
+
+/// Reconciles migrations, woken by their own changes, their children's (Jobs and DataVolumes only when it
+/// matters, VMs, VMIs), their Provider's, and a freed disk slot; each migration's change also wakes its plan.
+fn migration_controller(
+    client: &Client,
+    ctx: Arc<Context>,
+    watched: &Watched,
+    config: &watcher::Config,
+    plan_wake: UnboundedSender<ObjectRef<MigrationPlan>>,
+    shutdown: &Shutdown,
+) -> impl Future<Output = ()> {
+    let (store, writer) = reflector::store::<VirtualMachineMigration>();
+    let migrations = Controller::for_stream(
+        migration_events(client, watched, config, writer, plan_wake),
+        store.clone(),
+    );
+    let by_provider = store.clone();
+    let by_vm = store.clone();
+    let (wake, woken) = futures::channel::mpsc::unbounded();
+    ctx.slots.attach(store, wake);
+    let (jobs, data_volumes) = job_and_volume_changes(&ctx, client, watched, config);
+    migrations
+        .reconcile_on(woken)
+        .owns_stream(jobs)
+        .owns_stream_with(data_volumes, dv_resource())
+        .owns_stream_with(
+            watched
+                .dynamic_metadata_events(client, &vm_resource(), config)
+                .touched_objects(),
+            vm_resource(),
+        )
+        .watches_stream_with(
+            watched
+                .dynamic_events(client, &vmi_resource(), config)
+                .touched_objects(),
+            move |vmi| crate::wake::migrations_of_vmi(&by_vm.state(), &vmi),
+            vmi_resource(),
+        )
+        .watches_stream(
+            watched.events::<Provider>(client, config).touched_objects(),
+            move |provider| {
+                crate::wake::unfinished_migrations_of_provider(&by_provider.state(), &provider)
+            },
+        )
+        // Unbounded here: `fair::Fairness` bounds the reconciles, overall and per namespace.
+        .with_config(controller::Config::default().debounce(ctx.config.debounce))
+        .graceful_shutdown_on(shutdown.requested())
+        .run(
+            |vmm, ctx| async move {
+                // The migration's reconcile sets its own deadline, within what its metrics measure.
+                fair(
+                    &ctx.fairness,
+                    vmm.namespace(),
+                    crate::reconcile::reconcile(vmm, ctx.clone()),
+                )
+                .await
+            },
+            crate::reconcile::error_policy,
+            ctx,
+        )
+        .for_each(|_| async {})
+}
+
+/// The migrations' changes, cached by `writer`. Each also wakes the plan that controls the migration, after the
+/// cache has it.
+fn migration_events(
+    client: &Client,
+    watched: &Watched,
+    config: &watcher::Config,
+    writer: Writer<VirtualMachineMigration>,
+    plan_wake: UnboundedSender<ObjectRef<MigrationPlan>>,
+) -> impl Stream<Item = watcher::Result<VirtualMachineMigration>> + Send + use<> {
+    reflector(
         writer,
         watched
-            .events::<VirtualMachineMigration>(&client, &config)
+            .events::<VirtualMachineMigration>(client, config)
             .modify(trim_migration),
     )
     .inspect(move |event| {
@@ -186,13 +266,20 @@ async fn run_controllers(
             let _ = plan_wake.unbounded_send(plan);
         }
     })
-    .applied_objects();
-    let migrations = Controller::for_stream(migration_events, store.clone());
-    let by_provider = store.clone();
-    let by_vm = store.clone();
-    let (wake, woken) = futures::channel::mpsc::unbounded();
-    ctx.slots.attach(store, wake);
-    // Jobs and DataVolumes are polled while they run: their watches keep caches the checkpoints read first.
+    .applied_objects()
+}
+
+/// The Jobs' and DataVolumes' changes that wake their migration. Both are polled while they run: their watches
+/// keep the caches the checkpoints read first.
+fn job_and_volume_changes(
+    ctx: &Context,
+    client: &Client,
+    watched: &Watched,
+    config: &watcher::Config,
+) -> (
+    impl Stream<Item = watcher::Result<Job>> + Send + use<>,
+    impl Stream<Item = watcher::Result<DynamicObject>> + Send + use<>,
+) {
     let job_cache = Writer::<Job>::default();
     let dv_cache = Writer::<DynamicObject>::new(dv_resource());
     ctx.caches
@@ -200,7 +287,7 @@ async fn run_controllers(
     let jobs = crate::wake::significant(
         reflector(
             job_cache,
-            watched.events::<Job>(&client, &config).modify(trim_job),
+            watched.events::<Job>(client, config).modify(trim_job),
         ),
         crate::wake::job_summary,
     );
@@ -208,120 +295,80 @@ async fn run_controllers(
         reflector(
             dv_cache,
             watched
-                .dynamic_events(&client, &dv_resource(), &config)
+                .dynamic_events(client, &dv_resource(), config)
                 .modify(forget_managed_fields),
         ),
         crate::wake::data_volume_summary,
     );
-    let migrations = migrations
-        .reconcile_on(woken)
-        .owns_stream(jobs)
-        .owns_stream_with(data_volumes, dv_resource())
-        .owns_stream_with(
-            watched
-                .dynamic_metadata_events(&client, &vm_resource(), &config)
-                .touched_objects(),
-            vm_resource(),
-        )
-        // VMIs belong to their VM, not to the migration: map them by the target name the migration recorded.
-        .watches_stream_with(
-            watched
-                .dynamic_events(&client, &vmi_resource(), &config)
-                .touched_objects(),
-            // Every VMI event looks at every migration: compare in place, allocate nothing per migration.
-            move |vmi| {
-                let (ns, name) = (
-                    vmi.metadata.namespace.as_deref(),
-                    vmi.metadata.name.as_deref(),
-                );
-                by_vm
-                    .state()
-                    .into_iter()
-                    .filter(|m| {
-                        name.is_some()
-                            && m.metadata.namespace.as_deref() == ns
-                            && m.status.as_ref().and_then(|s| s.target_vm.as_deref()) == name
-                    })
-                    .map(|m| ObjectRef::from_obj(&*m))
-                    .collect::<Vec<_>>()
-            },
-            vmi_resource(),
-        )
-        .watches_stream(
-            watched
-                .events::<Provider>(&client, &config)
-                .touched_objects(),
-            move |provider| {
-                let ns = provider.namespace();
-                by_provider
-                    .state()
-                    .into_iter()
-                    // A finished migration needs nothing of its Provider: at the end of a big plan, a Provider's
-                    // change would otherwise wake every migration it ever served.
-                    .filter(|m| {
-                        ns.as_deref() == Some(m.provider_namespace())
-                            && m.spec.source.provider_ref.name == provider.name_any()
-                            && (m.metadata.deletion_timestamp.is_some()
-                                || !m
-                                    .status
-                                    .as_ref()
-                                    .and_then(|s| s.phase)
-                                    .is_some_and(Phase::is_terminal))
-                    })
-                    .map(|m| ObjectRef::from_obj(&*m))
-                    .collect::<Vec<_>>()
-            },
-        )
-        // Unbounded here: `fair::Fairness` bounds the reconciles, overall and per namespace.
-        .with_config(controller::Config::default().debounce(ctx.config.debounce))
-        .graceful_shutdown_on(shutdown.requested())
-        .run(
-            |vmm, ctx| async move {
-                let _slot = ctx
-                    .fairness
-                    .admit(&vmm.namespace().unwrap_or_default())
-                    .await;
-                crate::reconcile::reconcile(vmm, ctx).await
-            },
-            crate::reconcile::error_policy,
-            ctx.clone(),
-        )
-        .for_each(|_| async {});
+    (jobs, data_volumes)
+}
+
+/// Reconciles Providers; its cache also serves the migrations' lagging reads of a Provider.
+fn provider_controller(
+    client: &Client,
+    ctx: Arc<Context>,
+    watched: &Watched,
+    config: &watcher::Config,
+    shutdown: &Shutdown,
+) -> impl Future<Output = ()> {
     let (provider_store, writer) = reflector::store::<Provider>();
     ctx.attach_providers(provider_store.clone());
-    let provider_events = reflector(writer, watched.events::<Provider>(&client, &config));
-    let providers = Controller::for_stream(provider_events.applied_objects(), provider_store)
+    let provider_events = reflector(writer, watched.events::<Provider>(client, config));
+    Controller::for_stream(provider_events.applied_objects(), provider_store)
         .graceful_shutdown_on(shutdown.requested())
         .run(
             |provider, ctx| async move {
-                let _slot = ctx
-                    .fairness
-                    .admit(&provider.namespace().unwrap_or_default())
-                    .await;
-                crate::reconcile::within_deadline(crate::provider::reconcile(provider, ctx)).await
+                fair(
+                    &ctx.fairness,
+                    provider.namespace(),
+                    within_deadline(crate::provider::reconcile(provider, ctx.clone())),
+                )
+                .await
             },
             crate::provider::error_policy,
-            ctx.clone(),
+            ctx,
         )
-        .for_each(|_| async {});
+        .for_each(|_| async {})
+}
+
+/// Reconciles plans, woken also by their migrations' changes (`plan_woken`).
+fn plan_controller(
+    client: &Client,
+    ctx: Arc<Context>,
+    watched: &Watched,
+    config: &watcher::Config,
+    plan_woken: UnboundedReceiver<ObjectRef<MigrationPlan>>,
+    shutdown: &Shutdown,
+) -> impl Future<Output = ()> {
     let (plan_store, writer) = reflector::store::<MigrationPlan>();
-    let plan_events = reflector(writer, watched.events::<MigrationPlan>(&client, &config));
-    let plans = Controller::for_stream(plan_events.applied_objects(), plan_store)
+    let plan_events = reflector(writer, watched.events::<MigrationPlan>(client, config));
+    Controller::for_stream(plan_events.applied_objects(), plan_store)
         .reconcile_on(plan_woken)
         .graceful_shutdown_on(shutdown.requested())
         .run(
-            |plan, ctx| async move {
-                let _slot = ctx
-                    .fairness
-                    .admit(&plan.namespace().unwrap_or_default())
-                    .await;
-                crate::reconcile::within_deadline(crate::plan::reconcile(plan, ctx)).await
+            |plan, plans| async move {
+                fair(
+                    &plans.ctx.fairness,
+                    plan.namespace(),
+                    within_deadline(crate::plan::reconcile(plan, plans.clone())),
+                )
+                .await
             },
             crate::plan::error_policy,
-            ctx,
+            Arc::new(crate::plan::PlanContext::new(ctx)),
         )
-        .for_each(|_| async {});
-    futures::future::join3(migrations, providers, plans).await;
+        .for_each(|_| async {})
+}
+
+/// Runs `reconcile` once a reconcile slot is free for its object's `namespace`: a tenant whose reconciles hang
+/// leaves the other tenants theirs.
+async fn fair<T>(
+    fairness: &Fairness,
+    namespace: Option<String>,
+    reconcile: impl Future<Output = T>,
+) -> T {
+    let _slot = fairness.admit(&namespace.unwrap_or_default()).await;
+    reconcile.await
 }
 
 /// What this process is doing, as its HTTP port reports it.

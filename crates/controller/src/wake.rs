@@ -1,15 +1,19 @@
 //! Which changes of a child wake its migration. A Job's pod counts and a DataVolume's percentage change many times
 //! while the migration can only wait: those wake it at most once per [`PROGRESS_INTERVAL`] (the rate its progress
-//! is written at), while a change it acts on (a Job ended, a volume's phase, a deletion) wakes it at once.
+//! is written at), while a change it acts on (a Job ended, a volume's phase, a deletion) wakes it at once. Kinds
+//! a migration does not own (VMIs, Providers) are mapped to the migrations they concern.
 
 use std::collections::HashMap;
 use std::hash::{DefaultHasher, Hash, Hasher};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use ferry_api::{Phase, Provider, VirtualMachineMigration};
 use futures::{Stream, TryStreamExt};
 use k8s_openapi::api::batch::v1::Job;
 use kube::ResourceExt;
 use kube::api::DynamicObject;
+use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 
 use crate::reconcile::PROGRESS_INTERVAL;
@@ -113,6 +117,52 @@ where
 }
 
 const MAX_REMEMBERED: usize = 100_000;
+
+/// The migrations whose target is `vmi`: VMIs belong to their VM, not to the migration, so they are matched by
+/// the target name the migration recorded.
+pub fn migrations_of_vmi(
+    migrations: &[Arc<VirtualMachineMigration>],
+    vmi: &DynamicObject,
+) -> Vec<ObjectRef<VirtualMachineMigration>> {
+    // Every VMI event looks at every migration: compare in place, allocate nothing per migration.
+    let (ns, name) = (
+        vmi.metadata.namespace.as_deref(),
+        vmi.metadata.name.as_deref(),
+    );
+    migrations
+        .iter()
+        .filter(|m| {
+            name.is_some()
+                && m.metadata.namespace.as_deref() == ns
+                && m.status.as_ref().and_then(|s| s.target_vm.as_deref()) == name
+        })
+        .map(|m| ObjectRef::from_obj(&**m))
+        .collect()
+}
+
+/// The migrations reading from `provider` that are not finished (or are being deleted). A finished migration
+/// needs nothing of its Provider: at the end of a big plan, a Provider's change would otherwise wake every
+/// migration it ever served.
+pub fn unfinished_migrations_of_provider(
+    migrations: &[Arc<VirtualMachineMigration>],
+    provider: &Provider,
+) -> Vec<ObjectRef<VirtualMachineMigration>> {
+    let ns = provider.namespace();
+    migrations
+        .iter()
+        .filter(|m| {
+            ns.as_deref() == Some(m.provider_namespace())
+                && m.spec.source.provider_ref.name == provider.name_any()
+                && (m.metadata.deletion_timestamp.is_some()
+                    || !m
+                        .status
+                        .as_ref()
+                        .and_then(|s| s.phase)
+                        .is_some_and(Phase::is_terminal))
+        })
+        .map(|m| ObjectRef::from_obj(&**m))
+        .collect()
+}
 
 #[cfg(test)]
 mod tests {
@@ -219,5 +269,91 @@ mod tests {
         assert_eq!(seen.len(), 3, "{seen:?}");
         assert_eq!(seen[0], Default::default());
         assert!(seen[1].conditions.is_some() && seen[2].conditions.is_some());
+    }
+
+    fn migration(name: &str, extra: serde_json::Value) -> Arc<VirtualMachineMigration> {
+        let mut value = json!({
+            "apiVersion": ferry_api::API_VERSION, "kind": "VirtualMachineMigration",
+            "metadata": {"name": name, "namespace": "team"},
+            "spec": {"source": {"providerRef": {"name": "vc"}, "vm": {"name": "x"}}, "target": {}},
+        });
+        merge(&mut value, extra);
+        Arc::new(serde_json::from_value(value).unwrap())
+    }
+
+    fn merge(into: &mut serde_json::Value, from: serde_json::Value) {
+        match (into, from) {
+            (serde_json::Value::Object(into), serde_json::Value::Object(from)) => {
+                for (key, value) in from {
+                    merge(into.entry(key).or_insert(json!({})), value);
+                }
+            }
+            (into, from) => *into = from,
+        }
+    }
+
+    fn names(refs: Vec<ObjectRef<VirtualMachineMigration>>) -> Vec<String> {
+        refs.into_iter().map(|r| r.name).collect()
+    }
+
+    #[test]
+    fn a_vmi_wakes_the_migrations_that_target_it_in_its_namespace() {
+        let migrations = [
+            migration("a", json!({"status": {"targetVM": "web"}})),
+            migration("b", json!({"status": {"targetVM": "db"}})),
+            migration(
+                "c",
+                json!({"metadata": {"namespace": "other"}, "status": {"targetVM": "web"}}),
+            ),
+            migration("d", json!({})),
+        ];
+        let vmi = |meta: serde_json::Value| -> DynamicObject {
+            serde_json::from_value(
+                json!({"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
+                "metadata": meta}),
+            )
+            .unwrap()
+        };
+        let woken = migrations_of_vmi(
+            &migrations,
+            &vmi(json!({"name": "web", "namespace": "team"})),
+        );
+        assert_eq!(names(woken.clone()), ["a"]);
+        assert_eq!(woken[0].namespace.as_deref(), Some("team"));
+        assert!(migrations_of_vmi(&migrations, &vmi(json!({"namespace": "team"}))).is_empty());
+    }
+
+    #[test]
+    fn a_provider_wakes_only_its_unfinished_migrations_and_those_being_deleted() {
+        let migrations = [
+            migration("running", json!({"status": {"phase": "Converting"}})),
+            migration("new", json!({})),
+            migration("done", json!({"status": {"phase": "Succeeded"}})),
+            migration(
+                "deleted",
+                json!({"metadata": {"deletionTimestamp": "2026-01-01T00:00:00Z", "finalizers": ["f"]},
+                    "status": {"phase": "Succeeded"}}),
+            ),
+            migration(
+                "elsewhere",
+                json!({"spec": {"source": {"providerRef": {"name": "other"}}}}),
+            ),
+            migration(
+                "lent",
+                json!({"metadata": {"namespace": "tenant"},
+                "spec": {"source": {"providerRef": {"namespace": "team"}}}}),
+            ),
+            migration("own", json!({"metadata": {"namespace": "tenant"}})),
+        ];
+        let provider: Provider = serde_json::from_value(json!({
+            "apiVersion": ferry_api::API_VERSION, "kind": "Provider",
+            "metadata": {"name": "vc", "namespace": "team"},
+            "spec": {"type": "vsphere", "url": "https://vc/sdk", "secretRef": {"name": "s"}, "tls": {}},
+        }))
+        .unwrap();
+        assert_eq!(
+            names(unfinished_migrations_of_provider(&migrations, &provider)),
+            ["running", "new", "deleted", "lent"]
+        );
     }
 }

@@ -68,15 +68,15 @@ impl Fault {
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Plan {
+pub struct FaultPlan {
     pub fault: Fault,
     /// The write (or vSphere call) it hits, counting from 1.
     #[serde(alias = "write")]
     pub at: u32,
 }
 
-impl Plan {
-    pub fn from_env() -> Option<Plan> {
+impl FaultPlan {
+    pub fn from_env() -> Option<FaultPlan> {
         serde_json::from_str(&std::env::var(PLAN_ENV).ok()?).ok()
     }
 }
@@ -85,7 +85,7 @@ impl Plan {
 pub const VSPHERE_CALL_LOG: &str = "chaos: vsphere call";
 
 /// Counts and logs every SOAP call, and answers the plan's call with its fault.
-fn install_vsphere_hook(plan: Plan) {
+fn install_vsphere_hook(plan: FaultPlan) {
     let calls = AtomicU32::new(0);
     ferry_vsphere::chaos::install(move |method| {
         let n = calls.fetch_add(1, Ordering::SeqCst) + 1;
@@ -135,12 +135,12 @@ const STALE_FOR: std::time::Duration = std::time::Duration::from_secs(2);
 
 #[derive(Clone)]
 pub struct ChaosLayer {
-    plan: Plan,
+    plan: FaultPlan,
     shared: Arc<Shared>,
 }
 
 impl ChaosLayer {
-    pub fn new(plan: Plan) -> Self {
+    pub fn new(plan: FaultPlan) -> Self {
         Self {
             plan,
             shared: Arc::default(),
@@ -162,7 +162,7 @@ impl<S> tower::Layer<S> for ChaosLayer {
 #[derive(Clone)]
 pub struct ChaosService<S> {
     inner: S,
-    plan: Plan,
+    plan: FaultPlan,
     shared: Arc<Shared>,
 }
 
@@ -310,7 +310,7 @@ where
 /// A client with the plan's fault layer and vSphere hook, when `FERRY_CHAOS_PLAN` holds a plan.
 pub fn client(config: kube::Config) -> kube::Result<kube::Client> {
     let builder = kube::client::ClientBuilder::try_from(config)?;
-    Ok(match Plan::from_env() {
+    Ok(match FaultPlan::from_env() {
         Some(plan) => {
             eprintln!("{{\"chaos\":\"plan {plan:?}\"}}");
             install_vsphere_hook(plan);

@@ -14,6 +14,7 @@ use ferry_api::keys::{MANAGER, PLAN_UID_LABEL};
 use ferry_api::{
     ErrorClass, MigrationPlan, MigrationPlanStatus, PlanPhase, VirtualMachineMigration,
 };
+use ferry_kube::status::apply_guarded;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{ListParams, Patch, PatchParams};
@@ -69,19 +70,35 @@ impl Throttle {
     }
 }
 
+/// What the plan controller's reconciles share: what every reconcile does, and when each plan was last summed up.
+pub struct PlanContext {
+    pub ctx: Arc<Context>,
+    throttle: Throttle,
+}
+
+impl PlanContext {
+    pub fn new(ctx: Arc<Context>) -> Self {
+        Self {
+            ctx,
+            throttle: Throttle::default(),
+        }
+    }
+}
+
 /// A scheduled plan looks again at least this often (an edit of its start time wakes it anyway).
 const SCHEDULED_RECHECK: Duration = Duration::from_secs(3600);
 
-pub async fn reconcile(plan: Arc<MigrationPlan>, ctx: Arc<Context>) -> Result<Action> {
+pub async fn reconcile(plan: Arc<MigrationPlan>, plans: Arc<PlanContext>) -> Result<Action> {
     // Its migrations are owned by it: the garbage collector deletes them, and each cleans up.
     let key = key(&plan);
     if plan.metadata.deletion_timestamp.is_some() {
-        ctx.plan_throttle.forget(&key);
+        plans.throttle.forget(&key);
         return Ok(Action::await_change());
     }
-    if let Some(wait) = ctx.plan_throttle.wait(&key, interval(&plan)) {
+    if let Some(wait) = plans.throttle.wait(&key, interval(&plan)) {
         return Ok(Action::requeue(wait));
     }
+    let ctx = &plans.ctx;
     if ctx.is_stale(&key, plan.resource_version().as_deref()) {
         return Ok(Action::requeue(Duration::from_secs(2)));
     }
@@ -89,10 +106,10 @@ pub async fn reconcile(plan: Arc<MigrationPlan>, ctx: Arc<Context>) -> Result<Ac
     let api: Api<VirtualMachineMigration> = Api::namespaced(ctx.client.clone(), &ns);
     let mut plan = (*plan).clone();
     let now = Timestamp::now();
-    if let Some(wait) = not_started(&mut plan, &ctx, now).await? {
+    if let Some(wait) = not_started(&mut plan, ctx, now).await? {
         return Ok(wait);
     }
-    let observed = observe(&ctx, &api, &mut plan).await?;
+    let observed = observe(ctx, &api, &mut plan).await?;
     let refs: BTreeMap<String, &VirtualMachineMigration> =
         observed.iter().map(|(k, v)| (k.clone(), &**v)).collect();
     let decision = decide(&plan, &refs, now);
@@ -106,7 +123,7 @@ pub async fn reconcile(plan: Arc<MigrationPlan>, ctx: Arc<Context>) -> Result<Ac
             .await?;
         tracing::info!(plan = %key, migration = %name, "cancelled");
     }
-    write_status(&ctx, &mut plan, &decision.status).await?;
+    write_status(ctx, &mut plan, &decision.status).await?;
     ctx.succeeded(&key);
     Ok(match decision.status.phase {
         Some(PlanPhase::Running | PlanPhase::Cancelling) => Action::requeue(RECHECK),
@@ -221,28 +238,16 @@ async fn write_status(
     }
     let api: Api<MigrationPlan> =
         Api::namespaced(ctx.client.clone(), &plan.namespace().unwrap_or_default());
-    let patch = json!({
-        "apiVersion": ferry_api::API_VERSION,
-        "kind": "MigrationPlan",
-        "metadata": {"name": plan.name_any(), "resourceVersion": plan.resource_version()},
-        "status": status,
-    });
-    let written = api
-        .patch_status(
-            &plan.name_any(),
-            &PatchParams::apply(MANAGER).force(),
-            &Patch::Apply(&patch),
-        )
-        .await?;
+    let written = apply_guarded(&api, plan, status, MANAGER).await?;
     ctx.wrote(&key(plan), written.resource_version());
     plan.metadata.resource_version = written.resource_version();
     plan.status = Some(status.clone());
     Ok(())
 }
 
-pub fn error_policy(plan: Arc<MigrationPlan>, error: &Failure, ctx: Arc<Context>) -> Action {
+pub fn error_policy(plan: Arc<MigrationPlan>, error: &Failure, plans: Arc<PlanContext>) -> Action {
     tracing::warn!(plan = %key(&plan), class = ?error.class, reason = %error.reason, "{error}");
-    Action::requeue(ctx.failed(&key(&plan)))
+    Action::requeue(plans.ctx.failed(&key(&plan)))
 }
 
 /// The plan that controls migration `m`, if a plan created it. Pure.

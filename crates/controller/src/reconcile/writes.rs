@@ -1,6 +1,7 @@
 //! The reconcile's writes: the guarded status write, the finalizer, and Events.
 
 use ferry_api::{FINALIZER, VirtualMachineMigration, VirtualMachineMigrationStatus as Status};
+use ferry_kube::status::apply_guarded;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::events::{Event, EventType};
 use kube::{Api, Resource, ResourceExt};
@@ -40,19 +41,7 @@ pub(super) async fn write_status(
     }
     let api: Api<VirtualMachineMigration> =
         Api::namespaced(ctx.client.clone(), &vmm.namespace().unwrap_or_default());
-    let patch = json!({
-        "apiVersion": ferry_api::API_VERSION,
-        "kind": "VirtualMachineMigration",
-        "metadata": {"name": vmm.name_any(), "resourceVersion": vmm.resource_version()},
-        "status": status,
-    });
-    let written = api
-        .patch_status(
-            &vmm.name_any(),
-            &PatchParams::apply(MANAGER).force(),
-            &Patch::Apply(&patch),
-        )
-        .await?;
+    let written = apply_guarded(&api, vmm, &*status, MANAGER).await?;
     ctx.wrote(&key(vmm), written.resource_version());
     crate::slots::wrote(&ctx.slots, vmm, before, status);
     Ok(None)
