@@ -20,7 +20,7 @@ test: lint
 	hack/fuzz.sh 30
 
 ## test-unit: the fast tiers only: every crate's unit tests and the reconcile tier (one reconcile against a mock
-## API server, crates/controller/src/reconcile_tests.rs). No lab, no Go tools, no network.
+## API server, crates/controller/src/reconcile/tests/). No lab, no Go tools, no network.
 test-unit:
 	cargo test --workspace --lib --bins --features ferry/chaos
 

@@ -22,16 +22,12 @@ pub(crate) mod children;
 pub(crate) mod context;
 pub(crate) mod error;
 pub(crate) mod fair;
-#[cfg(test)]
-mod fixtures;
 pub(crate) mod maps;
 pub(crate) mod metrics;
 mod owned;
 pub(crate) mod plan;
 pub(crate) mod provider;
 pub(crate) mod reconcile;
-#[cfg(test)]
-mod reconcile_tests;
 pub(crate) mod runtime;
 pub(crate) mod slots;
 pub(crate) mod staging;

@@ -19,6 +19,9 @@ use stages::{Reconcile, Stop};
 mod stages;
 mod writes;
 
+#[cfg(test)]
+mod tests;
+
 pub(crate) use writes::PROGRESS_INTERVAL;
 
 /// `migration.platform.example/hold-before: Preparing` stops a migration before it runs that checkpoint, for

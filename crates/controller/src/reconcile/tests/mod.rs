@@ -1,5 +1,7 @@
-//! The reconcile tier: one `reconcile()` each, against the exact requests it must make (see [`crate::fixtures`]).
+//! The reconcile tier: one `reconcile()` each, against the exact requests it must make (see [`fixtures`]).
 //! No lab, no network: each test runs in milliseconds.
+
+mod fixtures;
 
 use std::time::Duration;
 
@@ -7,8 +9,8 @@ use ferry_api::{FINALIZER, VirtualMachineMigration};
 use kube::runtime::controller::Action;
 use serde_json::{Value, json};
 
-use crate::fixtures::{ApiServer, Exchange};
 use crate::reconcile::HOLD_ANNOTATION;
+use fixtures::{ApiServer, Exchange};
 
 const KEY: &str = "apps/web";
 const EARLIER: &str = "2026-01-01T00:00:00Z";
