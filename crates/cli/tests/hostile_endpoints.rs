@@ -1,4 +1,4 @@
-//! Issue 23: a tenant points Providers at its own server posing as vCenter, which answers with elements nested a
+//! A tenant points Providers at its own server posing as vCenter, which answers with elements nested a
 //! million deep, a body without end, property listings whose continuation tokens never end, and one byte a
 //! second. Each Provider (or its migration) stops with a reason that says what was wrong, the controller never
 //! restarts, and a migration in another namespace succeeds meanwhile.

@@ -516,7 +516,7 @@ async fn wait_for_reason(client: &kube::Client, ns: &str, name: &str, reason: &s
     .await
 }
 
-/// Issue 23: a second migration of a VM waits for the first instead of powering it off under it, and no power
+/// A second migration of a VM waits for the first instead of powering it off under it, and no power
 /// operation or Job acts on a moref that stopped naming the VM discovered. Before, the second powered the VM off
 /// while the first held it, and the first went on with whatever VM the moref named.
 #[tokio::test]

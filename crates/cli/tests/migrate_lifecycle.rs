@@ -433,7 +433,7 @@ async fn a_controller_killed_ten_times_still_migrates_with_one_of_everything() {
     assert_eq!(source_power(vm).await, PowerState::PoweredOff);
 }
 
-/// Issue 23: cleanup waits for its own VM's instance, never for another under the target's name (an instance a
+/// Cleanup waits for its own VM's instance, never for another under the target's name (an instance a
 /// person started by hand). Before, deleting the migration waited for that instance forever.
 #[tokio::test]
 async fn cleanup_ends_beside_an_instance_that_is_not_ours() {

@@ -3,7 +3,7 @@
 //! "503 Out of HTTP sessions" on the first tries of each file. The migration succeeds and the disk hashes to its
 //! source; vcsim's log proves each fault was met.
 //!
-//! In CI the disk is 48 MiB at 1.5 MiB/s (about 35 s) with a 10 s idle timeout. The full case, a 2 GiB
+//! In CI the disk is 48 MiB at 1.5 MiB/s (about 35 s) with a 10 s idle timeout. The full case, a 2 GiB
 //! disk copied for over four minutes with a 60 s idle timeout, runs by hand:
 //! `FERRY_LONG_TRANSFER=1 cargo test -p ferry --test migrate_through_faults -- --nocapture`.
 //!

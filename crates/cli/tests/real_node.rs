@@ -1,4 +1,4 @@
-//! Issue 25's acceptance on a real node (kubelet, containerd, runc): `ferry lab demo --node real` installs Ferry
+//! The acceptance test of the real node (kubelet, containerd, runc): `ferry lab demo --node real` installs Ferry
 //! from deploy/ unchanged and migrates the demo's VMs with its Jobs as containers; then a rolling update of the
 //! Deployment completes; the leader's pod is deleted while a migration runs, the standby takes the Lease and the
 //! migration succeeds; and `ferry lab down` leaves nothing of the node on the machine.
