@@ -1,7 +1,9 @@
 //! The floor: N migrations as a straight-line script would run them, with no controller. Each creates the same
 //! objects Ferry creates, from the same builders, waits for the same real work (conversion and verification Jobs,
 //! CDI imports, the VMI), and writes status once per checkpoint it passes. No reconcile, no retry, no second
-//! look: what is left of Ferry's wall time over this is the controller's own cost.
+//! look (but a create whose admission webhook timed out, as KubeVirt's and CDI's may under a thousand creates at
+//! once, is sent again, as any script would): what is left of Ferry's wall time over this is the controller's own
+//! cost.
 
 use std::time::{Duration, Instant};
 
@@ -20,6 +22,24 @@ use kube::{Api, ResourceExt};
 use serde_json::json;
 
 use super::watch::Watched;
+
+/// Creates `object`, sending it again while an admission webhook's call times out (at most 6 tries).
+async fn create_admitted(api: &Api<DynamicObject>, object: &DynamicObject) -> Result<()> {
+    let mut pause = Duration::from_secs(1);
+    for _ in 1..6 {
+        match api.create(&PostParams::default(), object).await {
+            Err(kube::Error::Api(e))
+                if e.code == 500 && e.message.contains("failed calling webhook") =>
+            {
+                tokio::time::sleep(pause).await;
+                pause *= 2;
+            }
+            other => return Ok(other.map(drop)?),
+        }
+    }
+    api.create(&PostParams::default(), object).await?;
+    Ok(())
+}
 
 /// One child may take this long (a thousand of them queue for the node's pod slots).
 const CHILD_TIMEOUT: Duration = Duration::from_secs(1800);
@@ -110,7 +130,7 @@ impl Floor {
         for disk in &mut status.disks {
             let dv =
                 build::data_volume(&vmm, disk, &Default::default()).context("a staged disk")?;
-            dvs.create(&PostParams::default(), &dv).await?;
+            create_admitted(&dvs, &dv).await?;
             self.dvs
                 .until(
                     &self.ns,
@@ -143,7 +163,7 @@ impl Floor {
         target.data["spec"]["runStrategy"] = json!("Always");
         let vms =
             Api::<DynamicObject>::namespaced_with(self.client.clone(), &self.ns, &vm_resource());
-        vms.create(&PostParams::default(), &target).await?;
+        create_admitted(&vms, &target).await?;
         self.record(&name, Phase::ValidatingGuest, &status).await?;
         self.vmis
             .until(&self.ns, &target.name_any(), CHILD_TIMEOUT, |vmi| {
