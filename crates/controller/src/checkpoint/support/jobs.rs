@@ -89,14 +89,14 @@ pub async fn attempt(step: &mut Step<'_>, kind: &JobAttempt) -> Result<Attempt> 
         JobState::Succeeded(report) => Attempt::Succeeded { name, report },
         JobState::Failed(failure, uid) => {
             (kind.failed)(step.status, &failure);
-            Attempt::Wait(retry(step, kind, &name, &uid, failure).await?)
+            Attempt::Wait(charge_failed(step, kind, &name, &uid, failure).await?)
         }
     })
 }
 
 /// A failed attempt: charged (recorded first), then its Job removed on the next pass, which makes room for the
 /// next attempt's.
-async fn retry(
+async fn charge_failed(
     step: &mut Step<'_>,
     kind: &JobAttempt,
     job: &str,
@@ -297,7 +297,7 @@ async fn pods_running(
 }
 
 /// A wait while a pod of `steps` still runs: the next writer of the volumes starts only after it.
-pub async fn wait_for_writers(
+async fn wait_for_writers(
     ctx: &Context,
     ns: &str,
     vmm: &VirtualMachineMigration,
