@@ -212,19 +212,39 @@ async fn three_disks_go_straight_into_block_volumes_over_their_stale_bytes() {
     );
 }
 
-/// Local storage binds a volume where its first consumer runs: the conversion pod is that consumer, so every
-/// disk's claim gets the node it was scheduled to, CDI populates the blank volumes there, and the pod writes them.
+/// Local storage without volume populators (no `CSIDriver` for its provisioner: CDI's legacy path) keeps a blank
+/// volume `WaitForFirstConsumer`, and CDI v1.65.0's importer makes `disk.img` anew once the claim's first consumer
+/// has ended. So Ferry's own first-consumer Job binds every disk's claim on one node, and the conversion pod writes
+/// only once CDI says `Succeeded`.
 #[tokio::test]
-async fn a_wait_for_first_consumer_class_binds_the_volumes_where_the_conversion_pod_runs() {
-    use k8s_openapi::api::core::v1::PersistentVolumeClaim;
-    let vm = "ferry-direct-wffc";
-    let (client, ns) = setup("direct-wffc").await;
+async fn a_wait_for_first_consumer_class_without_populators_is_bound_by_a_first_consumer_that_writes_nothing()
+ {
+    let class = ferry_lab::standins::cdi::WFFC_STORAGE_CLASS;
+    let bound_by = wait_for_first_consumer("ferry-direct-wffc", "direct-wffc", class).await;
+    assert_eq!(bound_by, vec!["direct-wffc-bind".to_string()]);
+}
+
+/// With populators (a `CSIDriver` for the class's provisioner) the claim binds only once populated, so the
+/// conversion pod is the first consumer: no Job of Ferry's binds it.
+#[tokio::test]
+async fn a_wait_for_first_consumer_class_with_populators_binds_the_volumes_where_the_conversion_pod_runs()
+ {
+    let class = ferry_lab::standins::cdi::POPULATED_WFFC_STORAGE_CLASS;
+    let bound_by = wait_for_first_consumer("ferry-direct-wffc-csi", "direct-wffc-csi", class).await;
+    assert_eq!(bound_by, Vec::<String>::new());
+}
+
+/// Migrates `vm` (two disks) into `class` and checks what it must hold whoever bound the claims: every claim on
+/// the node its first consumer ran on, every volume equal to its source, the guest booted. Returns the
+/// migration's first-consumer Jobs that ran (from the Job controller's Events).
+async fn wait_for_first_consumer(vm: &str, name: &str, class: &str) -> Vec<String> {
+    use k8s_openapi::api::batch::v1::Job;
+    use k8s_openapi::api::core::v1::{Event, PersistentVolumeClaim};
+    let (client, ns) = setup(name).await;
     let lab = lab().await;
     let sources = seed_vm(&lab.dir().join(vm), vm, &[4, 2]).await;
-    let name = "direct-wffc";
     let mut manifest = direct_migration(lab, ns.name(), name, vm, "Filesystem");
-    manifest["spec"]["target"]["storageClassName"] =
-        ferry_lab::standins::cdi::WFFC_STORAGE_CLASS.into();
+    manifest["spec"]["target"]["storageClassName"] = class.into();
     let done = migrate(&client, ns.name(), name, manifest).await;
     let status = done.status.clone().unwrap();
     let claims = Api::<PersistentVolumeClaim>::namespaced(client.clone(), ns.name());
@@ -248,6 +268,29 @@ async fn a_wait_for_first_consumer_class_binds_the_volumes_where_the_conversion_
             .contains(&ferry_lab::vsphere::demo::marker(vm)),
         "the guest booted from its first volume"
     );
+    // Nothing of the first consumer is left once the migration is done.
+    let jobs = Api::<Job>::namespaced(client.clone(), ns.name())
+        .list(&Default::default())
+        .await
+        .unwrap();
+    let names: Vec<String> = jobs.items.iter().map(|j| j.name_any()).collect();
+    assert!(
+        !names.iter().any(|n| n.ends_with("-bind")),
+        "left behind: {names:?}"
+    );
+    let events = Api::<Event>::namespaced(client.clone(), ns.name())
+        .list(&Default::default())
+        .await
+        .unwrap();
+    let mut bound_by: Vec<String> = events
+        .items
+        .iter()
+        .filter(|e| e.involved_object.kind.as_deref() == Some("Job"))
+        .filter_map(|e| e.involved_object.name.clone())
+        .filter(|job| job.ends_with("-bind"))
+        .collect();
+    bound_by.dedup();
+    bound_by
 }
 
 #[tokio::test]

@@ -100,6 +100,11 @@ pub fn rewrite_job(vmm: &VirtualMachineMigration, attempt: i32) -> String {
     child_name(&vmm.name_any(), &format!("rewrite-{attempt}"))
 }
 
+/// The Job that is the first consumer of volumes that wait for one, whatever the attempt: `<name>-bind`.
+pub fn bind_job(vmm: &VirtualMachineMigration) -> String {
+    child_name(&vmm.name_any(), "bind")
+}
+
 /// The staging CA bundle CDI's importer trusts (`certConfigMap`): `<name>-staging-ca`.
 pub fn staging_ca(vmm: &VirtualMachineMigration) -> String {
     child_name(&vmm.name_any(), "staging-ca")

@@ -319,6 +319,41 @@ pub fn verify_job(
     job(vmm, &children::verify_job(vmm, disk, attempt), image, work)
 }
 
+/// The first consumer of volumes that wait for one (see `checkpoint::support::first_consumer`): one pod that
+/// mounts every disk's volume read-only, so the scheduler binds them all on one node, and exits at once.
+pub fn bind_job(
+    vmm: &VirtualMachineMigration,
+    indexes: impl IntoIterator<Item = u32>,
+    image: &str,
+) -> Job {
+    let mut work = Work {
+        step: "bind",
+        args: vec!["--version".into()],
+        volumes: vec![],
+        mounts: vec![],
+        devices: vec![],
+        memory_limit_mib: DEFAULT_MEMORY_MIB,
+        user: QEMU_ID,
+        deadline_seconds: DEADLINE_START,
+        scratch_mib: None,
+    };
+    let block = block(vmm);
+    for index in indexes {
+        let name = format!("disk-{index}");
+        work.volumes.push(claim_volume(&name, vmm, index, true));
+        if block {
+            work.devices.push(VolumeDevice {
+                name,
+                device_path: disk_path(vmm, index),
+            });
+        } else {
+            work.mounts
+                .push(mount(&name, &format!("{DISKS_MOUNT}/{index}"), true));
+        }
+    }
+    job(vmm, &children::bind_job(vmm), image, work)
+}
+
 /// What one Job does: its step (the container's name and the step label), its arguments to `ferry`, and what it
 /// mounts.
 pub(super) struct Work {

@@ -1,9 +1,10 @@
 //! Allocating (the direct path), before the source is touched: a quota, StorageClass or provisioning failure
 //! shows here while the source VM still runs. Desired: a blank DataVolume `<name>-disk-<i>` per disk, allocated
-//! by CDI (`Succeeded`) or waiting for its first consumer (`PendingPopulation`: the conversion pod will be, as
-//! in Forklift's AllocateDisks). Observed: each DataVolume's phase, and a claim of its name left behind.
-//! Action: create an absent DataVolume; a failed one is charged to the budget, then removed and created again.
-//! Recorded: each disk's DataVolume.
+//! by CDI (`Succeeded`) or waiting for its first consumer with populators (`PendingPopulation`: the conversion
+//! pod will be, as in Forklift's AllocateDisks). On CDI's legacy path (`WaitForFirstConsumer`) a Job of its own
+//! binds them first (`support::first_consumer`). Observed: each DataVolume's phase, a claim of its name left
+//! behind, the first-consumer Job. Action: create an absent DataVolume, or the first consumer; a failed volume is
+//! charged to the budget, then removed and created again. Recorded: each disk's DataVolume.
 
 use std::time::Duration;
 

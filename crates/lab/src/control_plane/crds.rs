@@ -39,18 +39,45 @@ pub fn all() -> Result<Vec<CustomResourceDefinition>> {
     Ok(crds)
 }
 
-/// The lab's StorageClasses, served by the CDI stand-in's hostPath volumes: the default binds at once, the other
-/// waits for the first consumer (as local storage does).
+/// The lab's StorageClasses, served by the CDI stand-in's hostPath volumes: the default binds at once, the others
+/// wait for the first consumer (as local storage does), one of them with a `CSIDriver` for its provisioner, so
+/// that CDI fills its volumes with populators rather than on its legacy path.
 async fn install_storage_class(client: &Client) -> Result<()> {
-    use crate::standins::cdi::{STORAGE_CLASS, WFFC_STORAGE_CLASS};
-    for (name, mode, default) in [
-        (STORAGE_CLASS, "Immediate", "true"),
-        (WFFC_STORAGE_CLASS, "WaitForFirstConsumer", "false"),
+    use crate::standins::cdi::{
+        CSI_PROVISIONER, POPULATED_WFFC_STORAGE_CLASS, PROVISIONER, STORAGE_CLASS,
+        WFFC_STORAGE_CLASS,
+    };
+    let driver = serde_json::json!({
+        "apiVersion": "storage.k8s.io/v1", "kind": "CSIDriver", "metadata": {"name": CSI_PROVISIONER},
+        "spec": {"attachRequired": false, "podInfoOnMount": false, "volumeLifecycleModes": ["Persistent"]},
+    });
+    Api::<k8s_openapi::api::storage::v1::CSIDriver>::all(client.clone())
+        .patch(
+            CSI_PROVISIONER,
+            &PatchParams::apply(MANAGER).force(),
+            &Patch::Apply(&driver),
+        )
+        .await
+        .with_context(|| format!("creating the lab's CSIDriver {CSI_PROVISIONER}"))?;
+    for (name, provisioner, mode, default) in [
+        (STORAGE_CLASS, PROVISIONER, "Immediate", "true"),
+        (
+            WFFC_STORAGE_CLASS,
+            PROVISIONER,
+            "WaitForFirstConsumer",
+            "false",
+        ),
+        (
+            POPULATED_WFFC_STORAGE_CLASS,
+            CSI_PROVISIONER,
+            "WaitForFirstConsumer",
+            "false",
+        ),
     ] {
         let class = serde_json::json!({
             "apiVersion": "storage.k8s.io/v1", "kind": "StorageClass",
             "metadata": {"name": name, "annotations": {"storageclass.kubernetes.io/is-default-class": default}},
-            "provisioner": "lab.ferry.dev/hostpath", "reclaimPolicy": "Delete", "volumeBindingMode": mode,
+            "provisioner": provisioner, "reclaimPolicy": "Delete", "volumeBindingMode": mode,
         });
         Api::<k8s_openapi::api::storage::v1::StorageClass>::all(client.clone())
             .patch(

@@ -4,6 +4,12 @@
 //! the usable size on a Filesystem volume, and on a Block volume nothing at all (the lab's device is a file, with
 //! a few stale blocks, as a recycled device may have). The annotation `lab.ferry.dev/fault: fail|stall`, or the namespace's
 //! fault switch (`faults`), injects failures.
+//!
+//! On a WaitForFirstConsumer class it takes the path CDI v1.65.0 takes. With a `CSIDriver` named like the class's
+//! provisioner, volume populators: `PendingPopulation` until a pod is scheduled, and the claim binds only once the
+//! blank image is made, so that pod never sees it unpopulated. Without one (the legacy path):
+//! `WaitForFirstConsumer` until a pod binds the claim, `PVCBound` while any pod that has not ended uses it, then
+//! the blank importer, which makes `disk.img` anew over whatever that pod wrote.
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -11,8 +17,8 @@ use std::time::{Duration, Instant};
 
 pub use ferry_api::foreign::dv_resource;
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Secret};
-use k8s_openapi::api::storage::v1::StorageClass;
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod, Secret};
+use k8s_openapi::api::storage::v1::{CSIDriver, StorageClass};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{DynamicObject, Patch, PatchParams, PostParams};
 use kube::runtime::controller::{Action, Controller};
@@ -26,6 +32,12 @@ pub const STORAGE_CLASS: &str = "lab-hostpath";
 pub const WFFC_STORAGE_CLASS: &str = "lab-hostpath-wffc";
 /// What the scheduler writes on a WaitForFirstConsumer claim once it picked a node for its first consumer.
 pub const SELECTED_NODE: &str = "volume.kubernetes.io/selected-node";
+/// The lab's WaitForFirstConsumer class whose provisioner has a `CSIDriver`, so CDI fills its volumes with
+/// populators.
+pub const POPULATED_WFFC_STORAGE_CLASS: &str = "lab-hostpath-wffc-csi";
+/// The provisioner of the lab's classes, and that of [`POPULATED_WFFC_STORAGE_CLASS`] (a `CSIDriver` of its name).
+pub const PROVISIONER: &str = "lab.ferry.dev/hostpath";
+pub const CSI_PROVISIONER: &str = "hostpath.csi.lab.ferry.dev";
 /// CDI's request to bind a DataVolume's claim now, without waiting for a consumer (Forklift's imports set it).
 const BIND_IMMEDIATE: &str = "cdi.kubevirt.io/storage.bind.immediate.requested";
 const MANAGER: &str = "cdi-standin";
@@ -135,7 +147,7 @@ async fn reconcile(dv: Arc<DynamicObject>, ctx: Arc<Cdi>) -> Result<Action, Erro
         .join(&ns)
         .join(format!("{name}-{}", &uid[..uid.len().min(8)]));
     let volume = ensure_volume(&ctx.client, &dv, &dir).await?;
-    if volume == Volume::AwaitingConsumer {
+    if volume == Volume::AwaitingConsumer(Populators::Used) {
         // CDI's volume populators wait for the claim's first consumer, then populate on its node.
         set_status(
             &ctx.client,
@@ -145,6 +157,47 @@ async fn reconcile(dv: Arc<DynamicObject>, ctx: Arc<Cdi>) -> Result<Action, Erro
             false,
             "PendingPopulation",
             "PVC is WaitForFirstConsumer: population starts once a pod uses it",
+        )
+        .await?;
+        return Ok(Action::requeue(Duration::from_secs(1)));
+    }
+    if volume == Volume::AwaitingConsumer(Populators::NotUsed) {
+        // CDI's legacy path (HonorWaitForFirstConsumer, as its release turns on): somebody else binds the claim.
+        set_status(
+            &ctx.client,
+            &dv,
+            "WaitForFirstConsumer",
+            "N/A",
+            false,
+            "Pending",
+            &format!("target PVC {name} Pending and waiting for first consumer to be created before binding"),
+        )
+        .await?;
+        return Ok(Action::requeue(Duration::from_secs(1)));
+    }
+    if volume == Volume::Populated {
+        set_status(
+            &ctx.client,
+            &dv,
+            "Succeeded",
+            "100.0%",
+            true,
+            "Completed",
+            "Import Complete",
+        )
+        .await?;
+        return Ok(Action::await_change());
+    }
+    if volume == Volume::InUse {
+        // CDI's import controller creates no importer while a pod uses the claim (ImportTargetInUse).
+        set_status(
+            &ctx.client,
+            &dv,
+            "PVCBound",
+            "N/A",
+            false,
+            "Bound",
+            &format!("PVC {name} Bound"),
         )
         .await?;
         return Ok(Action::requeue(Duration::from_secs(1)));
@@ -196,26 +249,54 @@ enum Volume {
     Bound,
     Pending,
     /// A WaitForFirstConsumer claim no pod has used yet.
-    AwaitingConsumer,
+    AwaitingConsumer(Populators),
+    /// Bound on CDI's legacy path, and a pod that has not ended uses it: the importer waits.
+    InUse,
+    /// A blank volume populated before its claim bound.
+    Populated,
 }
 
-/// The StorageClass a DataVolume asks for (the lab's default if none), and whether its claim waits for a first
-/// consumer: the class binds on first use and the DataVolume did not ask for immediate binding.
-async fn storage_class(client: &Client, dv: &DynamicObject) -> Result<(String, bool), Error> {
+/// Whether CDI fills a WaitForFirstConsumer claim with volume populators (its class's provisioner has a
+/// `CSIDriver`) or takes its legacy path.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Populators {
+    Used,
+    NotUsed,
+}
+
+/// The StorageClass a DataVolume asks for (the lab's default if none), whether its claim waits for a first
+/// consumer (the class binds on first use and the DataVolume did not ask for immediate binding), and whether CDI
+/// would fill it with populators.
+async fn storage_class(
+    client: &Client,
+    dv: &DynamicObject,
+) -> Result<(String, bool, Populators), Error> {
     let spec = &dv.data["spec"];
     let class = spec["storage"]["storageClassName"]
         .as_str()
         .or(spec["pvc"]["storageClassName"].as_str())
         .unwrap_or(STORAGE_CLASS)
         .to_string();
-    let mode = Api::<StorageClass>::all(client.clone())
+    let found = Api::<StorageClass>::all(client.clone())
         .get_opt(&class)
-        .await?
-        .and_then(|c| c.volume_binding_mode);
+        .await?;
+    let mode = found.as_ref().and_then(|c| c.volume_binding_mode.clone());
     let immediate = dv.annotations().get(BIND_IMMEDIATE).map(String::as_str) == Some("true");
+    let csi_driver = match &found {
+        Some(class) => Api::<CSIDriver>::all(client.clone())
+            .get_opt(&class.provisioner)
+            .await?
+            .is_some(),
+        None => false,
+    };
     Ok((
         class,
         mode.as_deref() == Some("WaitForFirstConsumer") && !immediate,
+        if csi_driver {
+            Populators::Used
+        } else {
+            Populators::NotUsed
+        },
     ))
 }
 
@@ -224,7 +305,7 @@ async fn storage_class(client: &Client, dv: &DynamicObject) -> Result<(String, b
 async fn ensure_volume(client: &Client, dv: &DynamicObject, dir: &Path) -> Result<Volume, Error> {
     let ns = dv.namespace().unwrap_or_default();
     let name = dv.name_any();
-    let (class, wait_for_consumer) = storage_class(client, dv).await?;
+    let (class, wait_for_consumer, populators) = storage_class(client, dv).await?;
     std::fs::create_dir_all(dir)
         .and_then(|()| as_importer(dir))
         .map_err(|e| Error::Volume(format!("{}: {e}", dir.display())))?;
@@ -279,10 +360,17 @@ async fn ensure_volume(client: &Client, dv: &DynamicObject, dir: &Path) -> Resul
         .as_ref()
         .and_then(|c| c.annotations().get(SELECTED_NODE).cloned());
     if wait_for_consumer && selected_node.is_none() {
-        return Ok(Volume::AwaitingConsumer);
+        return Ok(Volume::AwaitingConsumer(populators));
     }
+    let populated_first = wait_for_consumer
+        && populators == Populators::Used
+        && dv.data["spec"]["source"]["blank"].is_object();
     let pvs: Api<PersistentVolume> = Api::all(client.clone());
     if pvs.get_opt(&pv_name).await?.is_none() {
+        if populated_first {
+            // A populator fills the volume before the claim binds: its consumer never sees it unpopulated.
+            create_blank(dv, dir).map_err(|e| Error::Volume(format!("{e:#}")))?;
+        }
         let mut pv = json!({
             "metadata": {"name": pv_name, "labels": {"lab.ferry.dev/datavolume-uid": dv.uid()}},
             "spec": {"capacity": {"storage": size}, "accessModes": ["ReadWriteOnce"], "storageClassName": class,
@@ -300,11 +388,36 @@ async fn ensure_volume(client: &Client, dv: &DynamicObject, dir: &Path) -> Resul
         pvs.create(&PostParams::default(), &pv).await?;
     }
     let bound = existing.and_then(|c| c.status).and_then(|s| s.phase);
-    Ok(if bound.as_deref() == Some("Bound") {
-        Volume::Bound
-    } else {
-        Volume::Pending
-    })
+    if bound.as_deref() != Some("Bound") {
+        return Ok(Volume::Pending);
+    }
+    if populated_first {
+        return Ok(Volume::Populated);
+    }
+    if wait_for_consumer && claim_in_use(client, &ns, &name).await? {
+        return Ok(Volume::InUse);
+    }
+    Ok(Volume::Bound)
+}
+
+/// Whether a pod that has not ended uses claim `name`, as CDI's `GetPodsUsingPVCs` counts them.
+async fn claim_in_use(client: &Client, ns: &str, name: &str) -> Result<bool, Error> {
+    let pods = Api::<Pod>::namespaced(client.clone(), ns)
+        .list(&Default::default())
+        .await?;
+    Ok(pods.items.iter().any(|pod| {
+        let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
+        !matches!(phase, Some("Succeeded" | "Failed"))
+            && pod
+                .spec
+                .iter()
+                .flat_map(|s| s.volumes.iter().flatten())
+                .any(|v| {
+                    v.persistent_volume_claim
+                        .as_ref()
+                        .is_some_and(|c| c.claim_name == name)
+                })
+    }))
 }
 
 /// The claim's size as CDI renders it, and whether it is a Block volume. `spec.storage` on a Filesystem volume
@@ -370,12 +483,18 @@ fn stale_device(path: &Path, size: u64) -> std::io::Result<()> {
 /// CDI's importer for a `blank` source: on a Filesystem volume a sparse `disk.img` of the usable size, mode 0660
 /// and synced; on a Block volume nothing.
 fn create_blank(dv: &DynamicObject, dir: &Path) -> anyhow::Result<()> {
-    use std::os::unix::fs::PermissionsExt;
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
     let (size, block) = claim_size(dv);
     if block {
         return Ok(());
     }
     let image = dir.join("disk.img");
+    if let Ok(found) = std::fs::metadata(&image)
+        && found.blocks() > 0
+    {
+        // `qemu-img create` truncates what is there, as CDI's importer runs it.
+        tracing::info!(dv = %dv.name_any(), "blank import over a written disk.img ({} bytes): made anew", found.len());
+    }
     let file = std::fs::File::create(&image)?;
     file.set_len(usable_space(size))?;
     file.set_permissions(std::fs::Permissions::from_mode(0o660))?;
@@ -400,7 +519,7 @@ async fn set_status(
         "restartCount": restarts,
         "claimName": dv.name_any(),
         "conditions": [
-            {"type": "Bound", "status": if phase == "Pending" { "False" } else { "True" }, "reason": reason, "message": message,
+            {"type": "Bound", "status": if matches!(phase, "Pending" | "WaitForFirstConsumer" | "PendingPopulation") { "False" } else { "True" }, "reason": reason, "message": message,
              "lastTransitionTime": Timestamp::now().to_string(), "lastHeartbeatTime": Timestamp::now().to_string()},
             {"type": "Ready", "status": if ready { "True" } else { "False" }, "reason": reason, "message": message,
              "lastTransitionTime": Timestamp::now().to_string(), "lastHeartbeatTime": Timestamp::now().to_string()},

@@ -1,11 +1,12 @@
 //! What the checkpoints share: driving a Job attempt and reading its result, observing and removing DataVolumes,
-//! the source and the credentials lent to Jobs, the one-migration-per-VM guard, the source's disk files, and the
-//! cleanup of a migration that ends or is deleted.
+//! a first consumer for the volumes that wait for one, the source and the credentials lent to Jobs, the
+//! one-migration-per-VM guard, the source's disk files, and the cleanup of a migration that ends or is deleted.
 
 pub(crate) mod cleanup;
 pub(crate) mod conversion;
 pub(crate) mod credentials;
 pub(crate) mod disk_files;
+pub(crate) mod first_consumer;
 pub(crate) mod host_slot;
 pub(crate) mod jobs;
 pub(crate) mod one_per_vm;

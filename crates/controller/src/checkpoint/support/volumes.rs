@@ -9,7 +9,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{DynamicObject, Patch, PatchParams};
 use kube::{Api, ResourceExt};
 
-use super::retry;
+use super::{first_consumer, retry};
 use crate::build::dv_resource;
 use crate::checkpoint::step::{Next, Step};
 use crate::error::{Failure, Result};
@@ -62,7 +62,9 @@ pub fn data_volumes(step: &Step<'_>, ns: &str) -> Api<DynamicObject> {
     Api::namespaced_with(step.ctx.client.clone(), ns, &dv_resource())
 }
 
-/// CDI's phases of a blank volume that a writer can use: allocated, or bound by its first consumer.
+/// CDI's phases of a blank volume that a writer can use: allocated, or populated once its first consumer binds
+/// it (`PendingPopulation`: the claim binds only after population, so the writer can be that consumer). Not
+/// `WaitForFirstConsumer`: there CDI's importer runs after the first consumer ends ([`first_consumer`]).
 pub fn usable(state: &DvState) -> bool {
     match state {
         DvState::Succeeded => true,
@@ -87,6 +89,8 @@ pub async fn ensure_blank(step: &mut Step<'_>) -> Result<Ensured> {
     let ns = step.vmm.namespace().unwrap_or_default();
     let dvs = data_volumes(step, &ns);
     let mut waiting = Vec::new();
+    // Whether some volume waits for a first consumer, and whether every disk's volume is there to be bound.
+    let (mut awaiting_consumer, mut all_there) = (false, true);
     for i in 0..step.status.disks.len() {
         let disk = step.status.disks[i].clone();
         // A volume the cache shows usable or on its way is only checked again.
@@ -100,6 +104,8 @@ pub async fn ensure_blank(step: &mut Step<'_>) -> Result<Ensured> {
             charged,
             uid,
         } = seen.await?;
+        awaiting_consumer |= first_consumer::waits_for_consumer(&state);
+        all_there &= matches!(state, DvState::InProgress { .. } | DvState::Succeeded) && !charged;
         if let Some(dv) = &dv
             && charged
         {
@@ -171,6 +177,9 @@ pub async fn ensure_blank(step: &mut Step<'_>) -> Result<Ensured> {
             DvState::Succeeded => {}
         }
     }
+    if let Some(consumer) = first_consumer::ensure(step, awaiting_consumer && all_there).await? {
+        waiting.push(consumer);
+    }
     Ok(if waiting.is_empty() {
         Ensured::Usable
     } else {
@@ -225,15 +234,17 @@ pub fn dv_state(dv: Option<&DynamicObject>) -> DvState {
 }
 
 /// How long a DataVolume may stay `Pending` (its claim not bound, or not even created: a quota, no capacity, a
-/// StorageClass nobody provisions) before the attempt counts as failed. CDI binds in seconds when it can; a
-/// volume waiting for its first consumer is `WaitForFirstConsumer` or `PendingPopulation`, not `Pending`.
+/// StorageClass nobody provisions), or `WaitForFirstConsumer` with Ferry's first consumer there (no node can take
+/// it and the volumes), before the attempt counts as failed. CDI binds in seconds when it can. A volume in
+/// `PendingPopulation` is the conversion pod's to bind, and is usable.
 pub const BIND_DEADLINE_SECONDS: i64 = 15 * 60;
 
-/// Why `dv` is still `Pending` past [`BIND_DEADLINE_SECONDS`] after it was created, as CDI says it; None while
-/// it has time or has moved on. Pure.
+/// Why `dv` is still `Pending` or `WaitForFirstConsumer` past [`BIND_DEADLINE_SECONDS`] after it was created, as
+/// CDI says it; None while it has time or has moved on. Pure.
 pub fn unbound_past_deadline(dv: &DynamicObject, now: &Time) -> Option<String> {
     let status = DataVolumeStatus::of(dv);
-    if status.phase.as_deref().unwrap_or("Pending") != "Pending" {
+    let phase = status.phase.as_deref().unwrap_or("Pending");
+    if phase != "Pending" && phase != first_consumer::WAITING_PHASE {
         return None;
     }
     let created = dv.metadata.creation_timestamp.as_ref()?;
@@ -243,11 +254,13 @@ pub fn unbound_past_deadline(dv: &DynamicObject, now: &Time) -> Option<String> {
             .message_of(&["Bound", "Ready", "Running"])
             .filter(|m| !m.is_empty())
             .unwrap_or("no condition says why");
-        format!(
-            "still Pending {}s after it was created (its claim is not bound: a quota, no capacity, or a \
-             StorageClass nobody provisions?): {said}",
-            waited
-        )
+        let why = if phase == "Pending" {
+            "its claim is not bound: a quota, no capacity, or a StorageClass nobody provisions?"
+        } else {
+            "its claim waits for a first consumer: can no node take the first-consumer Job and all of the VM's \
+             volumes?"
+        };
+        format!("still {phase} {waited}s after it was created ({why}): {said}")
     })
 }
 
@@ -330,9 +343,20 @@ mod tests {
         assert_eq!(unbound_past_deadline(&dv, &at(created + 60)), None);
         let late = unbound_past_deadline(&dv, &at(created + BIND_DEADLINE_SECONDS)).unwrap();
         assert!(late.contains("exceeded quota: storage"), "{late}");
+        // Populators bind the claim once the conversion pod uses it: no deadline before that.
+        let mut populating = dv.clone();
+        populating.data["status"]["phase"] = json!("PendingPopulation");
+        assert_eq!(
+            unbound_past_deadline(&populating, &at(created + 86_400)),
+            None
+        );
+        // CDI's legacy path waits for a consumer Ferry provides: one that never binds runs out of time.
         let mut waiting = dv.clone();
         waiting.data["status"]["phase"] = json!("WaitForFirstConsumer");
-        assert_eq!(unbound_past_deadline(&waiting, &at(created + 86_400)), None);
+        assert_eq!(unbound_past_deadline(&waiting, &at(created + 60)), None);
+        let late = unbound_past_deadline(&waiting, &at(created + BIND_DEADLINE_SECONDS)).unwrap();
+        assert!(late.starts_with("still WaitForFirstConsumer"), "{late}");
+        assert!(late.contains("first-consumer Job"), "{late}");
     }
 
     #[test]

@@ -644,3 +644,118 @@ async fn a_vm_admission_rewrites_is_kept_as_admitted_not_patched_forever() {
         .await
         .expect("advanced");
 }
+
+/// `apps/web` allocating its one blank volume on the direct path, on a WaitForFirstConsumer class.
+fn allocating() -> VirtualMachineMigration {
+    vmm(migration(
+        json!({
+            "phase": "Allocating", "observedGeneration": 1, "reason": "Allocating",
+            "message": "web-disk-0 created", "targetVM": "web", "source": discovered(),
+            "disks": [{"index": 0, "sourceFile": "[ds1] web-vm/web-vm.vmdk", "capacityBytes": 1073741824,
+                "dataVolume": "web-disk-0"}],
+        }),
+        json!({"staging": null, "target": {"networks": [{"source": "VM Network", "pod": {}}],
+            "storage": {"storageClassName": "local-wffc"}}}),
+    ))
+}
+
+const DV_PATH: &str = "/apis/cdi.kubevirt.io/v1beta1/namespaces/apps/datavolumes/web-disk-0";
+const BIND_JOB_PATH: &str = "/apis/batch/v1/namespaces/apps/jobs/web-bind";
+
+/// Blank DataVolume `web-disk-0` of `apps/web` with `status` as CDI writes it.
+fn blank_data_volume(status: Value) -> Value {
+    json!({
+        "apiVersion": "cdi.kubevirt.io/v1beta1", "kind": "DataVolume",
+        "metadata": {"name": "web-disk-0", "namespace": "apps", "uid": "dv-uid-0",
+            "creationTimestamp": k8s_openapi::jiff::Timestamp::now().to_string(),
+            "labels": {ferry_api::keys::UID_LABEL: "6f1c2a9e-0000-4000-8000-000000000001"},
+            "ownerReferences": [{"apiVersion": "migration.platform.example/v1alpha1",
+                "kind": "VirtualMachineMigration", "name": "web",
+                "uid": "6f1c2a9e-0000-4000-8000-000000000001", "controller": true}]},
+        "spec": {"source": {"blank": {}}, "storage": {"storageClassName": "local-wffc"}},
+        "status": status,
+    })
+}
+
+/// CDI v1.65.0 on a WaitForFirstConsumer class without a CSIDriver (no volume populators) leaves a blank volume
+/// in `WaitForFirstConsumer`, and runs its importer (which makes `disk.img` anew) only once the claim's first
+/// consumer ended: so that consumer is a Job of its own, never the conversion pod. The status is CDI's own.
+#[tokio::test]
+async fn a_volume_cdi_keeps_for_its_first_consumer_gets_one_that_writes_nothing() {
+    let vmm = allocating();
+    let waiting = blank_data_volume(json!({
+        "phase": "WaitForFirstConsumer", "progress": "N/A", "claimName": "web-disk-0",
+        "conditions": [
+            {"type": "Bound", "status": "False", "reason": "Pending",
+                "message": "target PVC web-disk-0 Pending and waiting for first consumer to be created before binding"},
+            {"type": "Ready", "status": "False"},
+            {"type": "Running", "status": "False"},
+        ],
+    }));
+    let script = vec![
+        Exchange::get(DV_PATH).reply(waiting),
+        Exchange::get(BIND_JOB_PATH).not_found("jobs.batch", "web-bind"),
+        Exchange::new(http::Method::POST, "/apis/batch/v1/namespaces/apps/jobs?")
+            .content_type("application/json")
+            .check(|job| {
+                assert_eq!(job["metadata"]["name"], "web-bind", "{job:#}");
+                assert_eq!(
+                    job["metadata"]["labels"][ferry_api::keys::UID_LABEL],
+                    "6f1c2a9e-0000-4000-8000-000000000001"
+                );
+                let pod = &job["spec"]["template"]["spec"];
+                // It binds every disk's claim, read-only, and runs nothing that writes.
+                assert_eq!(
+                    pod["volumes"],
+                    json!([{"name": "disk-0", "persistentVolumeClaim":
+                        {"claimName": "web-disk-0", "readOnly": true}}]),
+                    "{pod:#}"
+                );
+                let container = &pod["containers"][0];
+                assert_eq!(container["args"], json!(["--version"]), "{container:#}");
+                assert_eq!(container["volumeMounts"][0]["readOnly"], true);
+                assert_eq!(pod["securityContext"]["runAsNonRoot"], true);
+            })
+            .reply_with(|job| job.clone()),
+        Exchange::status_write(&vmm, "101", |status| {
+            assert_eq!(status["phase"], "Allocating", "{status:#}");
+            assert_eq!(status["reason"], "Allocating", "{status:#}");
+            assert_eq!(
+                status["message"],
+                "web-disk-0 WaitForFirstConsumer; Job web-bind created to be the volumes' first consumer"
+            );
+        }),
+    ];
+    let action = ApiServer::new()
+        .reconcile(vmm, script)
+        .await
+        .expect("waiting for the volume");
+    assert_eq!(action, Action::requeue(Duration::from_secs(60)));
+}
+
+/// Bound by the first consumer, CDI's blank importer still has to run (`PVCBound`, then `ImportScheduled`...):
+/// nothing is written into the volume until CDI says `Succeeded`, and the first consumer is left to end.
+#[tokio::test]
+async fn a_volume_bound_but_not_yet_imported_by_cdi_is_not_written() {
+    let vmm = allocating();
+    let bound = blank_data_volume(json!({
+        "phase": "PVCBound", "progress": "N/A", "claimName": "web-disk-0",
+        "conditions": [
+            {"type": "Bound", "status": "True", "reason": "Bound", "message": "PVC web-disk-0 Bound"},
+            {"type": "Ready", "status": "False"},
+            {"type": "Running", "status": "False"},
+        ],
+    }));
+    let script = vec![
+        Exchange::get(DV_PATH).reply(bound),
+        Exchange::status_write(&vmm, "101", |status| {
+            assert_eq!(status["phase"], "Allocating", "{status:#}");
+            assert_eq!(status["message"], "web-disk-0 PVCBound");
+        }),
+    ];
+    let action = ApiServer::new()
+        .reconcile(vmm, script)
+        .await
+        .expect("waiting for CDI's import");
+    assert_eq!(action, Action::requeue(Duration::from_secs(60)));
+}
