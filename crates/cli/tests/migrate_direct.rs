@@ -213,9 +213,10 @@ async fn three_disks_go_straight_into_block_volumes_over_their_stale_bytes() {
 }
 
 /// Local storage without volume populators (no `CSIDriver` for its provisioner: CDI's legacy path) keeps a blank
-/// volume `WaitForFirstConsumer`, and CDI v1.65.0's importer makes `disk.img` anew once the claim's first consumer
-/// has ended. So Ferry's own first-consumer Job binds every disk's claim on one node, and the conversion pod writes
-/// only once CDI says `Succeeded`.
+/// volume `WaitForFirstConsumer`, and CDI v1.65.0's importer makes `disk.img` (or, preallocating, zeroes a Block
+/// device) only once the claim's first consumer has ended. So Ferry's own first-consumer Job binds every disk's
+/// claim on one node, and the conversion pod writes only once CDI says `Succeeded`: as the first consumer it would
+/// find no image (a failed attempt), or have its writes zeroed.
 #[tokio::test]
 async fn a_wait_for_first_consumer_class_without_populators_is_bound_by_a_first_consumer_that_writes_nothing()
  {
@@ -247,6 +248,13 @@ async fn wait_for_first_consumer(vm: &str, name: &str, class: &str) -> Vec<Strin
     manifest["spec"]["target"]["storageClassName"] = class.into();
     let done = migrate(&client, ns.name(), name, manifest).await;
     let status = done.status.clone().unwrap();
+    // One conversion attempt: it never met a volume CDI had not made yet (the worker never creates `disk.img`, so
+    // a conversion pod that is the legacy path's first consumer fails, and CDI then makes the image).
+    let retries = status.retry.as_ref().map(|r| r.budget_used.clone());
+    assert!(
+        retries.iter().flatten().all(|b| b.used == 0),
+        "retries spent: {retries:?}"
+    );
     let claims = Api::<PersistentVolumeClaim>::namespaced(client.clone(), ns.name());
     for (disk, (_, sha)) in status.disks.iter().zip(&sources) {
         assert!(disk.verified, "{disk:?}");
