@@ -145,7 +145,7 @@ pub fn adapt_job(
         work.volumes.push(volume);
         work.mounts.push(mount("virtio-win", VIRTIO_WIN, true));
     }
-    mount_disks(&mut work, vmm, disks.iter().map(|d| d.index as u32));
+    mount_disks(&mut work, vmm, disks.iter().map(|d| d.index as u32), false);
     job(vmm, &children::adapt_job(vmm, attempt), image, work)
 }
 

@@ -187,22 +187,24 @@ fn convert_work(
         }
         (Some(_), None) => {}
         (None, _) => {
-            mount_disks(&mut work, vmm, spec.volumes.iter().map(|v| v.index));
+            mount_disks(&mut work, vmm, spec.volumes.iter().map(|v| v.index), false);
             work.user = QEMU_ID;
         }
     }
     work
 }
 
-/// Every disk's volume, writable, where [`disk_path`] says the Job finds it.
+/// Every disk's volume, writable unless `read_only`, where [`disk_path`] says the Job finds it.
 pub(super) fn mount_disks(
     work: &mut Work,
     vmm: &VirtualMachineMigration,
     indexes: impl IntoIterator<Item = u32>,
+    read_only: bool,
 ) {
     for index in indexes {
         let name = format!("disk-{index}");
-        work.volumes.push(claim_volume(&name, vmm, index, false));
+        work.volumes
+            .push(claim_volume(&name, vmm, index, read_only));
         if block(vmm) {
             work.devices.push(VolumeDevice {
                 name,
@@ -210,7 +212,7 @@ pub(super) fn mount_disks(
             });
         } else {
             work.mounts
-                .push(mount(&name, &format!("{DISKS_MOUNT}/{index}"), false));
+                .push(mount(&name, &format!("{DISKS_MOUNT}/{index}"), read_only));
         }
     }
 }
@@ -337,20 +339,7 @@ pub fn bind_job(
         deadline_seconds: DEADLINE_START,
         scratch_mib: None,
     };
-    let block = block(vmm);
-    for index in indexes {
-        let name = format!("disk-{index}");
-        work.volumes.push(claim_volume(&name, vmm, index, true));
-        if block {
-            work.devices.push(VolumeDevice {
-                name,
-                device_path: disk_path(vmm, index),
-            });
-        } else {
-            work.mounts
-                .push(mount(&name, &format!("{DISKS_MOUNT}/{index}"), true));
-        }
-    }
+    mount_disks(&mut work, vmm, indexes, true);
     job(vmm, &children::bind_job(vmm), image, work)
 }
 

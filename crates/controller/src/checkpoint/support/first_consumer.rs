@@ -64,10 +64,7 @@ pub async fn ensure(step: &Step<'_>, waiting: bool) -> Result<Option<String>> {
 }
 
 fn failed(job: &Job) -> bool {
-    job.status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Failed" && c.status == "True"))
+    jobs::condition(job, "Failed")
 }
 
 #[cfg(test)]

@@ -172,7 +172,8 @@ pub async fn observe(ctx: &Context, vmm: &VirtualMachineMigration, name: &str) -
     )
 }
 
-fn condition(job: &Job, kind: &str) -> bool {
+/// Whether `job` has condition `kind` (`Complete`, `Failed`) true.
+pub fn condition(job: &Job, kind: &str) -> bool {
     job.status
         .as_ref()
         .and_then(|s| s.conditions.as_ref())
