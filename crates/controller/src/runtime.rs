@@ -229,11 +229,9 @@ fn migration_controller(
         .run(
             |vmm, ctx| async move {
                 // The migration's reconcile sets its own deadline, within what its metrics measure.
-                fair(
-                    &ctx.fairness,
-                    vmm.namespace(),
-                    crate::reconcile::reconcile(vmm, ctx.clone()),
-                )
+                fair(&ctx.fairness, vmm.namespace(), || {
+                    crate::reconcile::reconcile(vmm, ctx.clone())
+                })
                 .await
             },
             crate::reconcile::error_policy,
@@ -318,11 +316,9 @@ fn provider_controller(
         .graceful_shutdown_on(shutdown.requested())
         .run(
             |provider, ctx| async move {
-                fair(
-                    &ctx.fairness,
-                    provider.namespace(),
-                    within_deadline(crate::provider::reconcile(provider, ctx.clone())),
-                )
+                fair(&ctx.fairness, provider.namespace(), || {
+                    within_deadline(crate::provider::reconcile(provider, ctx.clone()))
+                })
                 .await
             },
             crate::provider::error_policy,
@@ -347,11 +343,9 @@ fn plan_controller(
         .graceful_shutdown_on(shutdown.requested())
         .run(
             |plan, plans| async move {
-                fair(
-                    &plans.ctx.fairness,
-                    plan.namespace(),
-                    within_deadline(crate::plan::reconcile(plan, plans.clone())),
-                )
+                fair(&plans.ctx.fairness, plan.namespace(), || {
+                    within_deadline(crate::plan::reconcile(plan, plans.clone()))
+                })
                 .await
             },
             crate::plan::error_policy,
@@ -360,15 +354,17 @@ fn plan_controller(
         .for_each(|_| async {})
 }
 
-/// Runs `reconcile` once a reconcile slot is free for its object's `namespace`: a tenant whose reconciles hang
-/// leaves the other tenants theirs.
-async fn fair<T>(
+/// Runs the reconcile that `reconcile` makes once a reconcile slot is free for its object's `namespace`: a
+/// tenant whose reconciles hang leaves the other tenants theirs. The reconcile is made only once admitted, on the
+/// heap: the many that wait for a slot (a whole plan's at its start) hold a few words each, not a reconcile's state
+/// (about 17 KiB for a migration's).
+async fn fair<T, F: Future<Output = T>>(
     fairness: &Fairness,
     namespace: Option<String>,
-    reconcile: impl Future<Output = T>,
+    reconcile: impl FnOnce() -> F,
 ) -> T {
     let _slot = fairness.admit(&namespace.unwrap_or_default()).await;
-    reconcile.await
+    Box::pin(reconcile()).await
 }
 
 /// What this process is doing, as its HTTP port reports it.
@@ -472,6 +468,20 @@ mod tests {
         for role in [Role::Starting, Role::Standby, Role::Leading, Role::Stopping] {
             assert_eq!(Role::from_u8(role as u8), role);
         }
+    }
+
+    #[tokio::test]
+    async fn a_reconcile_waiting_for_its_slot_holds_none_of_its_state() {
+        let big = || async {
+            let state = [7u8; 16 * 1024];
+            tokio::task::yield_now().await;
+            state.iter().map(|b| *b as usize).sum::<usize>()
+        };
+        assert!(std::mem::size_of_val(&big()) >= 16 * 1024);
+        let fairness = Fairness::new(1, 1);
+        let waiting = fair(&fairness, None, big);
+        assert!(std::mem::size_of_val(&waiting) < 1024);
+        assert_eq!(waiting.await, 7 * 16 * 1024);
     }
 
     #[test]
