@@ -2,7 +2,8 @@
 # Builds the lab's Go tools (kube-apiserver, kube-controller-manager, kubectl, etcd, vcsim, MinIO, KubeVirt's
 # and CDI's admission) from the pinned modules
 # under tools/, once, into a cache outside the repo. Prints the bin directory on stdout. With --node, the tools of a
-# real node (kubelet, kube-scheduler, containerd, CNI plugins) into a bin directory of their own.
+# real node (kubelet, kube-scheduler, containerd, CNI plugins, CDI's controller and importer) into a bin directory of
+# their own.
 # A second run finds the stamp and returns in well under a second.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -42,6 +43,13 @@ build_kubevirt_admission() {
   (cd "$root/tools/kubevirt-admission" && go build -ldflags "-s -w" -o "$1/kubevirt-admission" .)
 }
 build_cdi_admission() { (cd "$root/tools/cdi-admission" && go build -ldflags "-s -w" -o "$1/cdi-admission" .); }
+# CDI's controller and importer from CDI's own module (without cgo: a stand-in for the proxy-refused libnbd), and
+# the installer that renders them from CDI's operator factories; for a real node, which runs them as pods.
+build_cdi() {
+  local p=kubevirt.io/containerized-data-importer/cmd
+  (cd "$root/tools/cdi" && go build -ldflags "-s -w" -o "$1/" "$p/cdi-controller" "$p/cdi-importer" &&
+    go build -ldflags "-s -w" -o "$1/cdi-install" .)
+}
 # A real node (`ferry lab up --node real`): the kubelet and kube-scheduler of the same Kubernetes release, built with
 # the same flags; containerd with its runc shim and `ctr`, and the CNI plugins the lab's bridge network uses (in cni/).
 build_node_kube() {
@@ -65,7 +73,7 @@ flock 9
 
 # The lab's tools; with --node, those of a real node instead (built only when a real node is asked for).
 case ${1:-} in
-  --node) tools=(node-kube containerd) ;;
+  --node) tools=(node-kube containerd cdi) ;;
   "") tools=(etcd vcsim minio kube kubevirt-admission cdi-admission) ;;
   *) echo "usage: hack/tools.sh [--node]" >&2; exit 2 ;;
 esac

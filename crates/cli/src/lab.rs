@@ -44,10 +44,11 @@ enum LabCommand {
     /// Crash and fail the controller at every write of a workload, judged against a fault-free run (feature chaos).
     #[cfg(feature = "chaos")]
     Chaos(ferry_chaos::ChaosArgs),
-    /// Run one stand-in (node, cdi or kubevirt) against the lab in DIR; `ferry lab up` starts them.
+    /// Run one stand-in (node, cdi, kubevirt, or the volume provisioner of a real node with real CDI) against the lab
+    /// in DIR; `ferry lab up` starts them.
     #[command(hide = true)]
     Standin {
-        #[arg(value_parser = ["node", "cdi", "kubevirt"])]
+        #[arg(value_parser = ["node", "cdi", "kubevirt", "provisioner"])]
         name: String,
         #[arg(long)]
         dir: PathBuf,
@@ -215,6 +216,7 @@ pub async fn print_summary(state: &LabState) {
             ferry_lab::real_node::BRIDGE
         );
     }
+    println!("  CDI                      {}", cdi_running(state));
     if let Some(s) = &state.staging {
         println!(
             "  staging (S3, MinIO)      {} bucket {}",
@@ -233,6 +235,20 @@ pub async fn print_summary(state: &LabState) {
     }
     for p in &state.processes {
         println!("  {:<24} pid {:<8} log {}", p.name, p.pid, p.log.display());
+    }
+}
+
+/// Which CDI fills the lab's DataVolumes: CDI's own on a real node (beside the lab's provisioner), or the stand-in.
+fn cdi_running(state: &LabState) -> String {
+    let runs = |name: &str| state.processes.iter().any(|p| p.name == name);
+    match (runs("standin-provisioner"), runs("standin-cdi")) {
+        (true, _) => format!(
+            "CDI v1.65.0's controller and importer (Deployment {}/{}), volumes by the lab's provisioner",
+            ferry_lab::real_node::cdi::NAMESPACE,
+            ferry_lab::real_node::cdi::DEPLOYMENT
+        ),
+        (false, true) => "the lab's CDI stand-in (ferry lab standin cdi)".into(),
+        (false, false) => "none".into(),
     }
 }
 
@@ -270,7 +286,7 @@ async fn admission_webhooks(state: &LabState) -> Result<Vec<String>> {
 }
 
 async fn standin(name: &str, dir: &std::path::Path, no_boot: bool) -> Result<()> {
-    use ferry_lab::standins::{cdi, kubevirt, node};
+    use ferry_lab::standins::{cdi, kubevirt, node, provisioner};
     let state =
         LabState::load(dir)?.ok_or_else(|| anyhow::anyhow!("no lab in {}", dir.display()))?;
     let client = state.client().await?;
@@ -293,6 +309,7 @@ async fn standin(name: &str, dir: &std::path::Path, no_boot: bool) -> Result<()>
             node::run(client, None, config, shutdown).await
         }
         "cdi" => cdi::run(client, None, &state_dir, shutdown).await,
+        "provisioner" => provisioner::run(client, &state_dir, shutdown).await,
         _ => {
             let boot = if no_boot {
                 kubevirt::Boot::ReportReadyWithoutBooting

@@ -1,6 +1,6 @@
 //! The acceptance test of the real node (kubelet, containerd, runc): `ferry lab demo --node real` installs Ferry
-//! from deploy/ unchanged and migrates the demo's VMs with its Jobs as containers; then a rolling update of the
-//! Deployment completes; the leader's pod is deleted while a migration runs, the standby takes the Lease and the
+//! from deploy/ unchanged and migrates the demo's VMs with its Jobs as containers, into volumes real CDI v1.65.0
+//! filled; then a rolling update of the Deployment completes; the leader's pod is deleted while a migration runs, the standby takes the Lease and the
 //! migration succeeds; and `ferry lab down` leaves nothing of the node on the machine.
 //!
 //! It needs root, runc and the node's tools, and changes the machine while it runs (a bridge, `/kubepods`, three
@@ -139,6 +139,40 @@ async fn ferry_from_deploy_on_a_real_node_migrates_rolls_out_hands_over_and_leav
     assert!(
         started_by_kubelet.len() >= 3,
         "conversion pods started by the kubelet: {started_by_kubelet:?}"
+    );
+    // Every volume was filled by real CDI: an importer pod of CDI v1.65.0's controller per DataVolume, started by
+    // the kubelet in that `restricted` namespace, and the lab's stand-in for CDI never ran.
+    let events = Api::<Event>::namespaced(client.clone(), "ferry-demo")
+        .list(&ListParams::default().fields("reason=Started"))
+        .await
+        .unwrap()
+        .items;
+    let volumes = Api::<kube::api::DynamicObject>::namespaced_with(
+        client.clone(),
+        "ferry-demo",
+        &ferry_api::foreign::dv_resource(),
+    )
+    .list(&ListParams::default())
+    .await
+    .unwrap()
+    .items;
+    assert!(volumes.len() >= 6, "{} DataVolumes", volumes.len());
+    for dv in &volumes {
+        let importer = format!("importer-{}", dv.name_any());
+        assert!(
+            events
+                .iter()
+                .any(|e| e.involved_object.name.as_deref() == Some(&importer)
+                    && e.source.as_ref().and_then(|s| s.host.as_deref())
+                        == Some(node.name.as_str())),
+            "no {importer} started by the kubelet"
+        );
+        assert_eq!(dv.data["status"]["phase"], "Succeeded", "{}", dv.name_any());
+    }
+    assert!(!state.processes.iter().any(|p| p.name == "standin-cdi"));
+    assert!(
+        text(&ferry(&["lab", "status", "--dir", &d]))
+            .contains("CDI v1.65.0's controller and importer")
     );
 
     // A rolling update (a changed pod template, as `kubectl rollout restart` makes) completes.

@@ -238,6 +238,13 @@ async fn start_all(state: &mut LabState, options: &LabOptions) -> Result<()> {
     // Before anything writes a VM: from here on the API server admits what virt-api admits.
     start_component(state, lifetime, |ports| Ok(ctx.kubevirt_admission(ports))).await?;
     start_component(state, lifetime, |ports| Ok(ctx.cdi_admission(ports))).await?;
+    // A real node runs CDI's own controller and importer, which the lab's provisioner gives volumes.
+    let real_cdi = options.real_node.is_some() && options.standins.is_some();
+    if real_cdi && let Some(node) = state.real_node.clone() {
+        crate::real_node::cdi::images(&node)?;
+        let client = probe::client_for(&state.kubeconfig, None).await?;
+        crate::real_node::cdi::install(state, &node, &client).await?;
+    }
     let vcsim = start_component(state, lifetime, |_| {
         let mut vcsim = ctx.vcsim(options.vcsim_vms);
         vcsim.spec.args.extend(options.vcsim_realism.args());
@@ -274,7 +281,7 @@ async fn start_all(state: &mut LabState, options: &LabOptions) -> Result<()> {
     state.save()?;
     if let Some(ferry) = &options.standins {
         for name in STANDINS {
-            if name == "node" && options.real_node.is_some() {
+            if (name == "node" || name == "cdi") && options.real_node.is_some() {
                 continue;
             }
             let extra = if name == "kubevirt" && !options.boot_guests {
@@ -284,6 +291,12 @@ async fn start_all(state: &mut LabState, options: &LabOptions) -> Result<()> {
             };
             start_component(state, lifetime, |_| {
                 Ok(standin(ferry, &dir, name, extra.clone()))
+            })
+            .await?;
+        }
+        if real_cdi {
+            start_component(state, lifetime, |_| {
+                Ok(standin(ferry, &dir, "provisioner", vec![]))
             })
             .await?;
         }

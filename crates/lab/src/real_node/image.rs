@@ -118,12 +118,6 @@ pub fn shipped_binary() -> Result<PathBuf> {
 /// Writes the `ferry` image (`name`) to `dir` as an OCI archive: the cached base and `ferry` at
 /// `/usr/local/bin/ferry`. Returns the archive's path.
 pub fn build_ferry_image(cache: &Path, dir: &Path, ferry: &Path, name: &str) -> Result<PathBuf> {
-    let base = base_rootfs(cache)?;
-    let top = dir.join("ferry-layer");
-    let _ = std::fs::remove_dir_all(&top);
-    std::fs::create_dir_all(top.join("usr/local/bin"))?;
-    std::fs::copy(ferry, top.join("usr/local/bin/ferry"))
-        .with_context(|| format!("copying {}", ferry.display()))?;
     let image = ImageConfig {
         name: name.into(),
         user: USER.into(),
@@ -133,8 +127,34 @@ pub fn build_ferry_image(cache: &Path, dir: &Path, ferry: &Path, name: &str) -> 
             "LIBGUESTFS_BACKEND=direct".into(),
         ],
     };
-    let archive = dir.join("ferry.oci.tar");
-    oci::write_layered_archive(&[&base, &top], &image, &archive)?;
+    build_on_base(
+        cache,
+        dir,
+        &[(ferry, "usr/local/bin/ferry")],
+        &image,
+        "ferry",
+    )
+}
+
+/// Writes an image of the cached base with `files` (each a host file and its path in the image) on top to `dir`
+/// as an OCI archive named after `label`. Returns the archive's path.
+pub fn build_on_base(
+    cache: &Path,
+    dir: &Path,
+    files: &[(&Path, &str)],
+    image: &ImageConfig,
+    label: &str,
+) -> Result<PathBuf> {
+    let base = base_rootfs(cache)?;
+    let top = dir.join(format!("{label}-layer"));
+    let _ = std::fs::remove_dir_all(&top);
+    for (from, to) in files {
+        let to = top.join(to);
+        std::fs::create_dir_all(to.parent().context("a file in the image has a directory")?)?;
+        std::fs::copy(from, &to).with_context(|| format!("copying {}", from.display()))?;
+    }
+    let archive = dir.join(format!("{label}.oci.tar"));
+    oci::write_layered_archive(&[&base, &top], image, &archive)?;
     std::fs::remove_dir_all(&top)?;
     Ok(archive)
 }

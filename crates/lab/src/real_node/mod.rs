@@ -10,6 +10,7 @@ use serde_json::{Value, json};
 
 use oci::ImageConfig;
 
+pub mod cdi;
 pub mod claim;
 pub mod host;
 pub mod image;

@@ -19,6 +19,7 @@ pub mod cdi;
 pub mod faults;
 pub mod kubevirt;
 pub mod node;
+pub mod provisioner;
 
 /// How long a stand-in waits before it reconciles an object again after an error.
 const RETRY: Duration = Duration::from_secs(2);
