@@ -314,7 +314,9 @@ pub fn verify_job(
             vec![]
         },
         memory_limit_mib: DEFAULT_MEMORY_MIB,
-        user: NOBODY_ID,
+        // As CDI's importer, which makes disk.img 0660 as 107 (its group root): storage without fsGroup support
+        // (hostPath, local volumes) lets no other user read it.
+        user: QEMU_ID,
         deadline_seconds: deadline_seconds(size.max(0) as u64, 1),
         scratch_mib: None,
     };
@@ -683,5 +685,10 @@ mod tests {
                 .unwrap()
                 .contains(&format!("--file={DISK_DEVICE}"))
         );
+        // It reads what CDI's importer made as that importer's user: 107, no other, may read it on storage that
+        // applies no fsGroup.
+        let security = pod(&verify).security_context.clone().unwrap();
+        assert_eq!(security.run_as_user, Some(QEMU_ID));
+        assert_eq!(security.run_as_group, Some(QEMU_ID));
     }
 }

@@ -704,6 +704,12 @@ async fn import_once(
     let image = dir.join("disk.img");
     crate::disks::qemu_img(&["convert", "-O", "raw"], &[&partial, &image])?;
     tokio::fs::remove_file(&partial).await?;
+    // CDI's data processor leaves the image 0660 (`data-processor.go`), which its owner alone reads on a volume
+    // whose storage applies no fsGroup.
+    {
+        use std::os::unix::fs::PermissionsExt;
+        tokio::fs::set_permissions(&image, std::fs::Permissions::from_mode(0o660)).await?;
+    }
     as_importer(&image)?;
     if claim_size(dv).1 {
         // On a Block volume the image is the device.
