@@ -178,6 +178,9 @@ pub struct DataVolumeStatus {
     pub progress: Option<String>,
     #[serde(default)]
     pub conditions: Vec<ForeignCondition>,
+    /// How many times CDI restarted the volume's importer pod (it restarts a failing one without end).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restart_count: Option<i64>,
 }
 
 impl DataVolumeStatus {

@@ -214,6 +214,11 @@ pub enum DvState {
     },
 }
 
+/// CDI never fails an import whose importer pod fails (a source it cannot read, wrong credentials, a full
+/// volume): it restarts the pod without end, the DataVolume stays in its phase with `Running` False for reason
+/// `Error`, and counts the restarts. After this many, the attempt has failed, with the importer's own error.
+pub const IMPORTER_RESTART_LIMIT: i64 = 3;
+
 pub fn dv_state(dv: Option<&DynamicObject>) -> DvState {
     let Some(dv) = dv else { return DvState::Absent };
     if dv.metadata.deletion_timestamp.is_some() {
@@ -229,8 +234,22 @@ pub fn dv_state(dv: Option<&DynamicObject>) -> DvState {
             let message = message.unwrap_or("the import failed").to_string();
             DvState::Failed { message }
         }
-        _ => DvState::InProgress { phase, progress },
+        _ => match importer_failing(&status) {
+            Some(message) => DvState::Failed { message },
+            None => DvState::InProgress { phase, progress },
+        },
     }
+}
+
+/// The importer's error once CDI restarted it [`IMPORTER_RESTART_LIMIT`] times and it still fails.
+fn importer_failing(status: &DataVolumeStatus) -> Option<String> {
+    let restarts = status.restart_count.unwrap_or(0);
+    let running = status.conditions.iter().find(|c| c.type_ == "Running")?;
+    let failing = running.status == "False" && running.reason.as_deref() == Some("Error");
+    (failing && restarts >= IMPORTER_RESTART_LIMIT).then(|| {
+        let error = running.message.as_deref().unwrap_or("no message");
+        format!("CDI's importer failed {restarts} times: {error}")
+    })
 }
 
 /// How long a DataVolume may stay `Pending` (its claim not bound, or not even created: a quota, no capacity, a
@@ -391,5 +410,44 @@ mod tests {
                 message: "boom".into()
             }
         );
+    }
+
+    /// Real CDI v1.65.0's status for an S3 import with a wrong secret, 60 s in: never `Failed`.
+    #[test]
+    fn an_importer_cdi_keeps_restarting_fails_the_attempt_with_its_error() {
+        let error = "Unable to connect to s3 data source: could not get s3 object: \"ferry-staging/migrations/\
+            disk-0.raw\": InvalidAccessKeyId: The Access Key Id you provided does not exist in our records. \
+            \tstatus code: 403, request id: 18EE8E5F801286E9";
+        let status = |restarts: i64| -> DynamicObject {
+            serde_json::from_value(json!({
+                "apiVersion": "cdi.kubevirt.io/v1beta1", "kind": "DataVolume", "metadata": {"name": "d"},
+                "status": {"claimName": "d", "phase": "ImportInProgress", "progress": "N/A",
+                    "restartCount": restarts, "conditions": [
+                    {"type": "Bound", "status": "True", "reason": "Bound", "message": "PVC d Bound"},
+                    {"type": "Ready", "status": "False"},
+                    {"type": "Running", "status": "False", "reason": "Error", "message": error}]},
+            }))
+            .unwrap()
+        };
+        assert_eq!(
+            dv_state(Some(&status(2))),
+            DvState::InProgress {
+                phase: "ImportInProgress".into(),
+                progress: None
+            },
+            "a restart or two may be a passing fault"
+        );
+        assert_eq!(
+            dv_state(Some(&status(IMPORTER_RESTART_LIMIT))),
+            DvState::Failed {
+                message: format!("CDI's importer failed 3 times: {error}")
+            }
+        );
+        let mut recovered = status(5);
+        recovered.data["status"]["conditions"][2] = json!({"type": "Running", "status": "True"});
+        assert!(matches!(
+            dv_state(Some(&recovered)),
+            DvState::InProgress { .. }
+        ));
     }
 }
