@@ -13,18 +13,9 @@ use k8s_openapi::api::batch::v1::Job;
 use kube::{Api, ResourceExt};
 
 use super::jobs;
-use super::volumes::DvState;
 use crate::checkpoint::step::Step;
 use crate::error::Result;
 use crate::{build, children};
-
-/// The phase CDI gives a blank DataVolume whose claim waits for a first consumer it will not provide.
-pub const WAITING_PHASE: &str = "WaitForFirstConsumer";
-
-/// Whether CDI waits for somebody else to use `state`'s claim first.
-pub fn waits_for_consumer(state: &DvState) -> bool {
-    matches!(state, DvState::InProgress { phase, .. } if phase == WAITING_PHASE)
-}
 
 /// Makes the first-consumer Job exist while `waiting` (some volume waits for a consumer, and every disk's
 /// DataVolume exists), and removes it once nothing waits. Returns what the migration waits for, if anything.
@@ -65,23 +56,4 @@ pub async fn ensure(step: &Step<'_>, waiting: bool) -> Result<Option<String>> {
 
 fn failed(job: &Job) -> bool {
     jobs::condition(job, "Failed")
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn only_cdis_legacy_wait_needs_a_consumer_of_ours() {
-        let phase = |p: &str| DvState::InProgress {
-            phase: p.into(),
-            progress: None,
-        };
-        assert!(waits_for_consumer(&phase("WaitForFirstConsumer")));
-        // Populators bind the claim only once it is populated: the conversion pod may be the first consumer.
-        assert!(!waits_for_consumer(&phase("PendingPopulation")));
-        assert!(!waits_for_consumer(&phase("PVCBound")));
-        assert!(!waits_for_consumer(&DvState::Succeeded));
-        assert!(!waits_for_consumer(&DvState::Absent));
-    }
 }

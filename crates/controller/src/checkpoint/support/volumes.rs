@@ -104,7 +104,7 @@ pub async fn ensure_blank(step: &mut Step<'_>) -> Result<Ensured> {
             charged,
             uid,
         } = seen.await?;
-        awaiting_consumer |= first_consumer::waits_for_consumer(&state);
+        awaiting_consumer |= state.waits_for_consumer();
         all_there &= matches!(state, DvState::InProgress { .. } | DvState::Succeeded) && !charged;
         if let Some(dv) = &dv
             && charged
@@ -219,6 +219,16 @@ pub enum DvState {
 /// `Error`, and counts the restarts. After this many, the attempt has failed, with the importer's own error.
 pub const IMPORTER_RESTART_LIMIT: i64 = 3;
 
+/// The phase CDI gives a blank DataVolume whose claim waits for a first consumer it will not provide.
+pub const WAITING_PHASE: &str = "WaitForFirstConsumer";
+
+impl DvState {
+    /// Whether CDI waits for somebody else to use the claim first ([`first_consumer`]).
+    pub fn waits_for_consumer(&self) -> bool {
+        matches!(self, DvState::InProgress { phase, .. } if phase == WAITING_PHASE)
+    }
+}
+
 pub fn dv_state(dv: Option<&DynamicObject>) -> DvState {
     let Some(dv) = dv else { return DvState::Absent };
     if dv.metadata.deletion_timestamp.is_some() {
@@ -263,7 +273,7 @@ pub const BIND_DEADLINE_SECONDS: i64 = 15 * 60;
 pub fn unbound_past_deadline(dv: &DynamicObject, now: &Time) -> Option<String> {
     let status = DataVolumeStatus::of(dv);
     let phase = status.phase.as_deref().unwrap_or("Pending");
-    if phase != "Pending" && phase != first_consumer::WAITING_PHASE {
+    if phase != "Pending" && phase != WAITING_PHASE {
         return None;
     }
     let created = dv.metadata.creation_timestamp.as_ref()?;
@@ -410,6 +420,20 @@ mod tests {
                 message: "boom".into()
             }
         );
+    }
+
+    #[test]
+    fn only_cdis_legacy_wait_needs_a_consumer_of_ours() {
+        let phase = |p: &str| DvState::InProgress {
+            phase: p.into(),
+            progress: None,
+        };
+        assert!(phase("WaitForFirstConsumer").waits_for_consumer());
+        // Populators bind the claim only once it is populated: the conversion pod may be the first consumer.
+        assert!(!phase("PendingPopulation").waits_for_consumer());
+        assert!(!phase("PVCBound").waits_for_consumer());
+        assert!(!DvState::Succeeded.waits_for_consumer());
+        assert!(!DvState::Absent.waits_for_consumer());
     }
 
     /// Real CDI v1.65.0's status for an S3 import with a wrong secret, 60 s in: never `Failed`.
