@@ -17,20 +17,12 @@ use kube::runtime::watcher;
 use kube::{Api, Client, ResourceExt};
 use serde_json::{Value, json};
 
-use super::cdi::{CSI_PROVISIONER, PROVISIONER, SELECTED_NODE};
+use super::cdi::{CSI_PROVISIONER, Error, PROVISIONER, SELECTED_NODE};
 
 /// Marks what this provisioner made, as external provisioners do.
 const PROVISIONED_BY: &str = "pv.kubernetes.io/provisioned-by";
 /// Labels this provisioner's PVs with the directory's name under `volumes`.
 const DIRECTORY_LABEL: &str = "lab.ferry.dev/volume-dir";
-
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    #[error(transparent)]
-    Kube(#[from] kube::Error),
-    #[error("{0}")]
-    Volume(String),
-}
 
 struct Provisioner {
     client: Client,
