@@ -54,7 +54,7 @@ async fn lab_up_runs_the_stand_ins_and_a_demo_vm_boots_from_a_data_volume() {
         &ferry_lab::standins::cdi::dv_resource(),
     );
     let dv = json!({"apiVersion": "cdi.kubevirt.io/v1beta1", "kind": "DataVolume", "metadata": {"name": "demo-disk"},
-        "spec": {"source": {"http": {"url": server.url("demo.img")}}, "storage": {"resources": {"requests": {"storage": "64Mi"}}}}});
+        "spec": {"source": {"http": {"url": server.url("demo.img")}}, "storage": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "64Mi"}}}}});
     dvs.patch("demo-disk", &PatchParams::apply("test"), &Patch::Apply(&dv))
         .await
         .unwrap();

@@ -491,3 +491,60 @@ async fn cleanup_ends_beside_an_instance_that_is_not_ours() {
         "somebody else's instance was deleted"
     );
 }
+
+/// S3 refuses CDI's importer (a wrong key, as after a rotated Secret; the refusal is MinIO's own): CDI restarts
+/// the importer without end, as real CDI does (`cdi_conformance`), and Ferry ends the attempt after three restarts
+/// with CDI's own message, charged to the import's budget. The next attempt, a new DataVolume, succeeds.
+#[tokio::test]
+async fn an_import_s3_refuses_fails_with_cdis_own_message_is_charged_and_retried() {
+    let vm = "DC0_H0_VM0";
+    let _source = source_lock(vm).await;
+    let (client, ns) = setup("refused").await;
+    let refuse = fault_switches(
+        json!({"refuse-imports": "3", "refuse-imports-selector": "name=refused-disk-0"}),
+    );
+    let done = migrate_with_faults(
+        &client,
+        ns.name(),
+        vm,
+        refuse,
+        migration::staged_migration(lab().await, ns.name(), "refused", vm),
+        Phase::Succeeded,
+    )
+    .await;
+    let status = done.status.unwrap();
+    assert_eq!(
+        budget_used(&status, Phase::Importing),
+        1,
+        "{:?}",
+        status.retry
+    );
+    let events =
+        kube::Api::<k8s_openapi::api::core::v1::Event>::namespaced(client.clone(), ns.name())
+            .list(&Default::default())
+            .await
+            .unwrap();
+    let told = events
+        .items
+        .iter()
+        .filter_map(|e| e.message.as_deref())
+        .find(|m| m.contains("CDI's importer failed 3 times"))
+        .unwrap_or_else(|| panic!("no event tells the failed import: {:?}", events.items));
+    assert!(
+        told.contains("Unable to connect to s3 data source: could not get s3 object")
+            && told.contains("SignatureDoesNotMatch"),
+        "{told}"
+    );
+    assert!(
+        !told.contains(
+            &lab()
+                .await
+                .state()
+                .staging
+                .clone()
+                .unwrap()
+                .secret_data()
+                .unwrap()["secretKey"]
+        )
+    );
+}

@@ -19,7 +19,7 @@ use serde_json::json;
 fn data_volume(name: &str, url: &str, fault: Option<&str>) -> serde_json::Value {
     let mut dv = json!({
         "apiVersion": "cdi.kubevirt.io/v1beta1", "kind": "DataVolume", "metadata": {"name": name},
-        "spec": {"source": {"http": {"url": url}}, "storage": {"resources": {"requests": {"storage": "64Mi"}}}},
+        "spec": {"source": {"http": {"url": url}}, "storage": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "64Mi"}}}},
     });
     if let Some(fault) = fault {
         dv["metadata"]["annotations"] = json!({FAULT_ANNOTATION: fault});
@@ -46,6 +46,29 @@ async fn wait_phase(
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+}
+
+/// As CDI's importer leaves it: the source's raw bytes, then zeros up to the volume's usable size (64 MiB for the
+/// 64Mi these DataVolumes ask for).
+fn holds_source_then_zeros(image: &Path, raw: &Path, sha: &str) {
+    let bytes = std::fs::read(image).unwrap();
+    assert_eq!(
+        bytes.len(),
+        64 << 20,
+        "disk.img is the volume's usable size"
+    );
+    let source = std::fs::metadata(raw).unwrap().len() as usize;
+    let head = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(head.path(), &bytes[..source]).unwrap();
+    assert_eq!(
+        sha256_file(head.path()),
+        sha,
+        "disk.img starts with the source's raw bytes"
+    );
+    assert!(
+        bytes[source..].iter().all(|&b| b == 0),
+        "and zeros after them"
+    );
 }
 
 fn image_of(pv: &PersistentVolume) -> PathBuf {
@@ -124,11 +147,7 @@ async fn an_http_qcow2_source_imports_to_a_raw_disk_with_progress_and_the_fault_
         .await
         .unwrap();
     let image = image_of(&pv);
-    assert_eq!(
-        sha256_file(&image),
-        sha,
-        "disk.img holds the source's raw bytes"
-    );
+    holds_source_then_zeros(&image, &raw, &sha);
     let info = std::process::Command::new("qemu-img")
         .args(["info", "--output=json"])
         .arg(&image)
@@ -208,7 +227,7 @@ async fn an_s3_source_with_a_secret_imports_from_a_real_s3_server() {
     let dvs = Api::<DynamicObject>::namespaced_with(client.clone(), ns.name(), &cdi::dv_resource());
     let dv = json!({"apiVersion": "cdi.kubevirt.io/v1beta1", "kind": "DataVolume", "metadata": {"name": "from-s3"},
         "spec": {"source": {"s3": {"url": format!("{}/ferry-staging/imports/source.qcow2", minio.endpoint()), "secretRef": "s3-creds"}},
-                 "storage": {"resources": {"requests": {"storage": "64Mi"}}}}});
+                 "storage": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "64Mi"}}}}});
     dvs.patch("from-s3", &PatchParams::apply("test"), &Patch::Apply(&dv))
         .await
         .unwrap();
@@ -222,7 +241,7 @@ async fn an_s3_source_with_a_secret_imports_from_a_real_s3_server() {
         .get(claim.spec.unwrap().volume_name.as_deref().unwrap())
         .await
         .unwrap();
-    assert_eq!(sha256_file(&image_of(&pv)), sha);
+    holds_source_then_zeros(&image_of(&pv), &raw, &sha);
 
     standin.stop().await;
     let _ = pvs.delete(&pv.name_any(), &Default::default()).await;

@@ -1,6 +1,8 @@
 //! The lab's fault switch: a ConfigMap `lab-faults` in a namespace asks the stand-ins to fail the next N imports
 //! (`fail-imports`), to kill the importer of the next N imports midway (`kill-imports`: CDI starts the import
-//! again), to flip a byte of the next N imported disks while reporting success (`corrupt-imports`), to fail the
+//! again), to flip a byte of the next N imported disks while reporting success (`corrupt-imports`), to have the
+//! source refuse the next N importer runs (`refuse-imports`: the importer presents a wrong key, as after a Secret
+//! was rotated; the S3 server's refusal is real, and CDI restarts the importer), to fail the
 //! next N pods (`fail-pods`), or to start the next N pods and SIGKILL them midway
 //! (`kill-pods`). `<key>-selector: key=value` limits a fault to objects with that label (`name=x`: that name).
 //! Each fault is taken once, by compare-and-swap on the ConfigMap's resourceVersion.
@@ -15,6 +17,7 @@ pub const CONFIGMAP: &str = "lab-faults";
 pub const FAIL_IMPORTS: &str = "fail-imports";
 pub const KILL_IMPORTS: &str = "kill-imports";
 pub const CORRUPT_IMPORTS: &str = "corrupt-imports";
+pub const REFUSE_IMPORTS: &str = "refuse-imports";
 pub const FAIL_PODS: &str = "fail-pods";
 pub const KILL_PODS: &str = "kill-pods";
 

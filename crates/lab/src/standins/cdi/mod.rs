@@ -1,9 +1,11 @@
 //! The CDI stand-in: each DataVolume gets a PVC and a hostPath PV that the real binder binds, then its `http` or
-//! `s3` source is really downloaded, converted to a raw `disk.img` as CDI's importer does, and reported through
-//! the phases and `progress` CDI uses. A `blank` source gets what CDI's importer leaves: a sparse `disk.img` of
-//! the usable size on a Filesystem volume, and on a Block volume nothing at all (the lab's device is a file, with
-//! a few stale blocks, as a recycled device may have). The annotation `lab.ferry.dev/fault: fail|stall`, or the namespace's
-//! fault switch (`faults`), injects failures.
+//! `s3` source is really downloaded, converted to a raw `disk.img` of the volume's usable size as CDI's importer
+//! does (a qcow2 one through a scratch claim), and reported through the phases, conditions and `progress` CDI
+//! uses ([`report`]). A `blank` source gets what CDI's importer leaves: a sparse `disk.img` of the usable size on
+//! a Filesystem volume, and on a Block volume nothing at all (the lab's device is a file, with a few stale blocks,
+//! as a recycled device may have). An importer that fails is restarted without end, as CDI's pod is. The
+//! annotation `lab.ferry.dev/fault: fail|stall`, or the namespace's fault switch (`faults`), injects failures.
+//! `crates/cli/tests/cdi_conformance` holds all this to what real CDI v1.65.0 does.
 //!
 //! On a WaitForFirstConsumer class it takes the path CDI v1.65.0 takes. With a `CSIDriver` named like the class's
 //! provisioner, volume populators: `PendingPopulation` until a pod is scheduled, and the claim binds only once the
@@ -17,14 +19,18 @@ use std::time::{Duration, Instant};
 
 pub use ferry_api::foreign::dv_resource;
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod, Secret};
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod};
 use k8s_openapi::api::storage::v1::{CSIDriver, StorageClass};
-use k8s_openapi::jiff::Timestamp;
 use kube::api::{DynamicObject, Patch, PatchParams, PostParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::watcher;
 use kube::{Api, Client, Resource, ResourceExt};
 use serde_json::json;
+
+mod report;
+mod source;
+
+use report::Report;
 
 pub const FAULT_ANNOTATION: &str = "lab.ferry.dev/fault";
 pub const STORAGE_CLASS: &str = "lab-hostpath";
@@ -47,15 +53,15 @@ const FILESYSTEM_OVERHEAD: f64 = 0.06;
 const ALIGN: u64 = 1 << 20;
 /// Where a Block volume's device lives in its directory.
 const BLOCK_FILE: &str = "block";
-/// CDI's importer pods run as user and group 107 (qemu, as virt-launcher): what they write is theirs, and a
-/// workload that shares the volume writes it as 107 too (Ferry's Jobs do).
+/// CDI's importer pods run as user 107 (qemu, as virt-launcher) in group 0 (they set no group): what they write
+/// is theirs, and a workload that shares the volume writes it as 107 too (Ferry's Jobs do).
 const IMPORTER_ID: u32 = 107;
 
 /// Owns `path` as CDI's importer would have written it. Only root can give files away: a lab run by another user
 /// (the node agent runs pods as that user) leaves them as they are.
 fn as_importer(path: &Path) -> std::io::Result<()> {
     if rustix::process::geteuid().is_root() {
-        std::os::unix::fs::chown(path, Some(IMPORTER_ID), Some(IMPORTER_ID))?;
+        std::os::unix::fs::chown(path, Some(IMPORTER_ID), Some(0))?;
     }
     Ok(())
 }
@@ -130,104 +136,40 @@ async fn reconcile(dv: Arc<DynamicObject>, ctx: Arc<Cdi>) -> Result<Action, Erro
             )
             .await?);
     if injected {
-        set_status(
-            &ctx.client,
-            &dv,
-            "Failed",
-            "N/A",
-            false,
-            "LabFaultInjected",
-            "the lab's fault switch failed this import",
-        )
-        .await?;
+        report(&ctx.client, &dv, Report::fault_injected(&name)).await?;
         return Ok(Action::await_change());
+    }
+    if let Some(refusal) = claim_refusal(&dv) {
+        report(&ctx.client, &dv, Report::claim_not_valid(refusal)).await?;
+        return Ok(Action::requeue(Duration::from_secs(10)));
     }
     let dir = ctx
         .volumes
         .join(&ns)
         .join(format!("{name}-{}", &uid[..uid.len().min(8)]));
-    let volume = ensure_volume(&ctx.client, &dv, &dir).await?;
-    if volume == Volume::AwaitingConsumer(Populators::Used) {
-        // CDI's volume populators wait for the claim's first consumer, then populate on its node.
-        set_status(
-            &ctx.client,
-            &dv,
-            "PendingPopulation",
-            "N/A",
-            false,
-            "PendingPopulation",
-            "PVC is WaitForFirstConsumer: population starts once a pod uses it",
-        )
-        .await?;
-        return Ok(Action::requeue(Duration::from_secs(1)));
-    }
-    if volume == Volume::AwaitingConsumer(Populators::NotUsed) {
+    let waiting = match ensure_volume(&ctx.client, &dv, &dir).await? {
+        Volume::AwaitingConsumer(Populators::Used) => Some(Report::pending_population(&name)),
         // CDI's legacy path (HonorWaitForFirstConsumer, as its release turns on): somebody else binds the claim.
-        set_status(
-            &ctx.client,
-            &dv,
-            "WaitForFirstConsumer",
-            "N/A",
-            false,
-            "Pending",
-            &format!("target PVC {name} Pending and waiting for first consumer to be created before binding"),
-        )
-        .await?;
-        return Ok(Action::requeue(Duration::from_secs(1)));
-    }
-    if volume == Volume::Populated {
-        set_status(
-            &ctx.client,
-            &dv,
-            "Succeeded",
-            "100.0%",
-            true,
-            "Completed",
-            "Import Complete",
-        )
-        .await?;
-        return Ok(Action::await_change());
-    }
-    if volume == Volume::InUse {
+        Volume::AwaitingConsumer(Populators::NotUsed) => {
+            Some(Report::waiting_for_first_consumer(&name))
+        }
         // CDI's import controller creates no importer while a pod uses the claim (ImportTargetInUse).
-        set_status(
-            &ctx.client,
-            &dv,
-            "PVCBound",
-            "N/A",
-            false,
-            "Bound",
-            &format!("PVC {name} Bound"),
-        )
-        .await?;
-        return Ok(Action::requeue(Duration::from_secs(1)));
-    }
-    if volume == Volume::Pending {
-        set_status(
-            &ctx.client,
-            &dv,
-            "Pending",
-            "N/A",
-            false,
-            "PVCPending",
-            "waiting for the PVC to bind",
-        )
-        .await?;
+        Volume::InUse => Some(Report::pvc_bound(&name)),
+        Volume::Pending => Some(Report::pending(&name)),
+        Volume::Populated => {
+            report(&ctx.client, &dv, Report::succeeded(&name)).await?;
+            return Ok(Action::await_change());
+        }
+        Volume::Bound => None,
+    };
+    if let Some(waiting) = waiting {
+        report(&ctx.client, &dv, waiting).await?;
         return Ok(Action::requeue(Duration::from_secs(1)));
     }
     // One import per DataVolume per stand-in run; it records its own end, so a stale read cannot restart it.
     if !started {
         if phase != "ImportInProgress" {
-            set_status(
-                &ctx.client,
-                &dv,
-                "ImportScheduled",
-                "N/A",
-                false,
-                "ImportScheduled",
-                "Import into disk.img scheduled",
-            )
-            .await?;
+            report(&ctx.client, &dv, Report::import_scheduled(&name)).await?;
         }
         let (client, dv, dir) = (ctx.client.clone(), (*dv).clone(), dir.clone());
         let importers = ctx.importers.clone();
@@ -242,6 +184,21 @@ async fn reconcile(dv: Arc<DynamicObject>, ctx: Arc<Cdi>) -> Result<Action, Erro
             .insert(uid, task);
     }
     Ok(Action::requeue(Duration::from_secs(10)))
+}
+
+/// Why CDI cannot render the claim `spec.storage` asks for: access modes left to the class's StorageProfile,
+/// which CDI fills only for provisioners it knows, and it knows none of the lab's.
+fn claim_refusal(dv: &DynamicObject) -> Option<String> {
+    let storage = &dv.data["spec"]["storage"];
+    let modes = storage["accessModes"]
+        .as_array()
+        .is_some_and(|m| !m.is_empty());
+    (storage.is_object() && !modes).then(|| {
+        let class = storage["storageClassName"]
+            .as_str()
+            .unwrap_or(STORAGE_CLASS);
+        format!("no accessMode specified in StorageProfile {class}")
+    })
 }
 
 #[derive(Debug, PartialEq)]
@@ -389,7 +346,11 @@ async fn ensure_volume(client: &Client, dv: &DynamicObject, dir: &Path) -> Resul
     }
     let bound = existing.and_then(|c| c.status).and_then(|s| s.phase);
     if bound.as_deref() != Some("Bound") {
-        return Ok(Volume::Pending);
+        // CDI says it waits for the first consumer until the claim binds, not only until a node is picked.
+        return Ok(match wait_for_consumer {
+            true => Volume::AwaitingConsumer(populators),
+            false => Volume::Pending,
+        });
     }
     if populated_first {
         return Ok(Volume::Populated);
@@ -503,34 +464,9 @@ fn create_blank(dv: &DynamicObject, dir: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn set_status(
-    client: &Client,
-    dv: &DynamicObject,
-    phase: &str,
-    progress: &str,
-    ready: bool,
-    reason: &str,
-    message: &str,
-) -> Result<(), Error> {
-    let restarts = dv.data["status"]["restartCount"].as_i64().unwrap_or(0);
-    let status = json!({
-        "phase": phase,
-        "progress": progress,
-        "restartCount": restarts,
-        "claimName": dv.name_any(),
-        "conditions": [
-            {"type": "Bound", "status": if matches!(phase, "Pending" | "WaitForFirstConsumer" | "PendingPopulation") { "False" } else { "True" }, "reason": reason, "message": message,
-             "lastTransitionTime": Timestamp::now().to_string(), "lastHeartbeatTime": Timestamp::now().to_string()},
-            {"type": "Ready", "status": if ready { "True" } else { "False" }, "reason": reason, "message": message,
-             "lastTransitionTime": Timestamp::now().to_string(), "lastHeartbeatTime": Timestamp::now().to_string()},
-            {"type": "Running", "status": if phase == "ImportInProgress" { "True" } else { "False" }, "reason": reason,
-             "message": message, "lastTransitionTime": Timestamp::now().to_string(), "lastHeartbeatTime": Timestamp::now().to_string()},
-        ],
-    });
-    let same = dv.data["status"]["phase"] == phase
-        && dv.data["status"]["progress"] == progress
-        && dv.data["status"]["conditions"][1]["reason"] == reason;
-    if same {
+/// Writes `report` as the DataVolume's status, unless it already says it.
+async fn report(client: &Client, dv: &DynamicObject, report: Report) -> Result<(), Error> {
+    if report.is_current(dv) {
         return Ok(());
     }
     let dvs = Api::<DynamicObject>::namespaced_with(
@@ -538,8 +474,8 @@ async fn set_status(
         &dv.namespace().unwrap_or_default(),
         &dv_resource(),
     );
-    let patch =
-        json!({"apiVersion": "cdi.kubevirt.io/v1beta1", "kind": "DataVolume", "status": status});
+    let patch = json!({"apiVersion": "cdi.kubevirt.io/v1beta1", "kind": "DataVolume",
+                       "status": report.status(dv)});
     dvs.patch_status(
         &dv.name_any(),
         &PatchParams::apply(MANAGER).force(),
@@ -560,51 +496,77 @@ async fn fault_for(client: &Client, dv: &DynamicObject, switch: &str) -> bool {
 /// Downloads the source into the volume and converts it to raw `disk.img`, reporting progress.
 async fn import(client: Client, dv: DynamicObject, dir: PathBuf) {
     let blank = dv.data["spec"]["source"]["blank"].is_object();
-    let kill = !blank && fault_for(&client, &dv, super::faults::KILL_IMPORTS).await;
-    let mut result = if blank {
-        create_blank(&dv, &dir)
-    } else {
-        import_once(&client, &dv, &dir, kill).await
-    };
-    if kill {
-        // As CDI does when its importer pod dies: a new importer starts over.
-        tracing::info!(dv = %dv.name_any(), "importer killed by the lab's fault switch; importing again");
-        result = import_once(&client, &dv, &dir, false).await;
-    }
-    if result.is_ok() && !blank && fault_for(&client, &dv, super::faults::CORRUPT_IMPORTS).await {
-        // Silent corruption on the way: the import still reports success; only reading it back can tell.
-        tracing::info!(dv = %dv.name_any(), "corrupting the imported disk by the lab's fault switch");
-        result = corrupt(&dir.join("disk.img"));
-    }
-    let outcome = match result {
-        Ok(()) => {
-            set_status(
-                &client,
-                &dv,
-                "Succeeded",
-                "100.0%",
-                true,
-                "Completed",
-                "Import Complete",
-            )
-            .await
+    let mut killed = !blank && fault_for(&client, &dv, super::faults::KILL_IMPORTS).await;
+    let mut restarts = dv.data["status"]["restartCount"].as_i64().unwrap_or(0);
+    loop {
+        let refused = !blank && fault_for(&client, &dv, super::faults::REFUSE_IMPORTS).await;
+        let mut result = if blank {
+            create_blank(&dv, &dir)
+        } else {
+            import_once(&client, &dv, &dir, killed, refused).await
+        };
+        if killed {
+            // As when CDI's importer pod dies: the kubelet starts it again, and it starts over.
+            tracing::info!(dv = %dv.name_any(), "importer killed by the lab's fault switch; importing again");
+            (killed, restarts) = (false, restarts + 1);
+            continue;
         }
-        Err(e) => {
-            tracing::warn!(dv = %dv.name_any(), "import failed: {e:#}");
-            set_status(
-                &client,
-                &dv,
-                "Failed",
-                "N/A",
-                false,
-                "ImportFailed",
-                &format!("{e:#}"),
-            )
-            .await
+        if result.is_ok() && !blank && fault_for(&client, &dv, super::faults::CORRUPT_IMPORTS).await
+        {
+            // Silent corruption on the way: the import still reports success; only reading it back can tell.
+            tracing::info!(dv = %dv.name_any(), "corrupting the imported disk by the lab's fault switch");
+            result = corrupt(&dir.join("disk.img"));
         }
-    };
-    if let Err(e) = outcome {
-        tracing::warn!(dv = %dv.name_any(), "recording the import result: {e}");
+        let name = dv.name_any();
+        let outcome = match &result {
+            Ok(()) => report_current(&client, &dv, Report::succeeded(&name)).await,
+            Err(e) => {
+                // CDI never fails the DataVolume: its importer pod restarts, backing off, for as long as it lives.
+                restarts += 1;
+                tracing::warn!(dv = %name, restarts, "import failed: {e:#}");
+                report_current(
+                    &client,
+                    &dv,
+                    Report::importer_failed(&name, restarts, format!("{e:#}")),
+                )
+                .await
+            }
+        };
+        match outcome {
+            Ok(true) if result.is_err() => {
+                let backoff = Duration::from_secs(1 << (restarts.clamp(1, 5) - 1));
+                tokio::time::sleep(backoff).await;
+            }
+            Ok(_) => return,
+            Err(e) => {
+                tracing::warn!(dv = %name, "recording the import result: {e}");
+                return;
+            }
+        }
+    }
+}
+
+/// Writes `report` on the DataVolume as it is now; false if it is gone, or is another of that name.
+async fn report_current(
+    client: &Client,
+    dv: &DynamicObject,
+    status: Report,
+) -> Result<bool, Error> {
+    let current = Api::<DynamicObject>::namespaced_with(
+        client.clone(),
+        &dv.namespace().unwrap_or_default(),
+        &dv_resource(),
+    )
+    .get_opt(&dv.name_any())
+    .await?;
+    match current {
+        Some(current)
+            if current.uid() == dv.uid() && current.metadata.deletion_timestamp.is_none() =>
+        {
+            report(client, &current, status).await?;
+            Ok(true)
+        }
+        _ => Ok(false),
     }
 }
 
@@ -622,27 +584,86 @@ fn corrupt(image: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// One importer's run; `killed` ends it after its first chunk, as a killed importer pod would.
+/// One importer's run; `killed` ends it after its first chunk, as a killed importer pod would; `refused`, it
+/// presents a wrong key.
 async fn import_once(
     client: &Client,
     dv: &DynamicObject,
     dir: &Path,
     killed: bool,
+    refused: bool,
 ) -> anyhow::Result<()> {
+    let name = dv.name_any();
+    let (mut body, total) = source::open_source(client, dv, refused).await?;
+    let first = body.next().await.transpose()?;
+    // A qcow2 source over http or S3 is downloaded to scratch space first: CDI's importer exits asking for it,
+    // and the controller makes the claim and starts the importer again.
+    let scratch = match &first {
+        Some(chunk) if chunk.starts_with(QCOW2_MAGIC) => {
+            report_current(client, dv, Report::import_in_progress(&name, "N/A")).await?;
+            let claim = scratch_claim(client, dv).await?;
+            report_current(client, dv, Report::import_scheduled(&name)).await?;
+            Some(claim)
+        }
+        _ => None,
+    };
+    let body = futures::stream::iter(first.map(Ok)).chain(body);
+    let result = download(client, dv, dir, body, total, killed).await;
+    if let Some(claim) = scratch {
+        let claims = Api::<PersistentVolumeClaim>::namespaced(
+            client.clone(),
+            &dv.namespace().unwrap_or_default(),
+        );
+        let _ = claims.delete(&claim, &Default::default()).await;
+    }
+    result
+}
+
+/// The qcow2 magic: the first four bytes of a qcow2 image.
+const QCOW2_MAGIC: &[u8] = b"QFI\xfb";
+
+/// CDI's scratch claim `<dv>-scratch`, in the DataVolume's class, sized to hold what the volume holds: the usable
+/// space with the file system's overhead on top, rounded up to whole MiB (`createScratchPersistentVolumeClaim`).
+/// CDI's importer pod owns it; the stand-in has none, so the DataVolume does.
+async fn scratch_claim(client: &Client, dv: &DynamicObject) -> anyhow::Result<String> {
+    let ns = dv.namespace().unwrap_or_default();
+    let name = format!("{}-scratch", dv.name_any());
+    let (class, _, _) = storage_class(client, dv).await?;
+    let owner = dv
+        .controller_owner_ref(&dv_resource())
+        .expect("a stored DataVolume has a uid");
+    let claim: PersistentVolumeClaim = serde_json::from_value(json!({
+        "metadata": {"name": name, "ownerReferences": [owner]},
+        "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": class, "volumeMode": "Filesystem",
+                 "resources": {"requests": {"storage": scratch_size(claim_size(dv).0).to_string()}}},
+    }))?;
+    let claims = Api::<PersistentVolumeClaim>::namespaced(client.clone(), &ns);
+    if claims.get_opt(&name).await?.is_none() {
+        claims.create(&PostParams::default(), &claim).await?;
+    }
+    Ok(name)
+}
+
+fn scratch_size(claim: u64) -> u64 {
+    let usable = usable_space(claim);
+    ((usable as f64 * (1.0 + FILESYSTEM_OVERHEAD)).ceil() as u64).next_multiple_of(ALIGN)
+}
+
+/// Downloads the source into the volume and converts it to a raw `disk.img` of the volume's usable size, as
+/// CDI's importer leaves it, reporting progress.
+async fn download(
+    client: &Client,
+    dv: &DynamicObject,
+    dir: &Path,
+    mut body: impl futures::Stream<Item = anyhow::Result<bytes::Bytes>> + Unpin,
+    total: Option<u64>,
+    killed: bool,
+) -> anyhow::Result<()> {
+    let name = dv.name_any();
     let partial = dir.join("download.partial");
-    let (mut body, total) = open_source(client, dv).await?;
     let mut file = tokio::fs::File::create(&partial).await?;
     let (mut done, mut reported) = (0u64, Instant::now());
-    set_status(
-        client,
-        dv,
-        "ImportInProgress",
-        "0.00%",
-        false,
-        "Pending",
-        "Import in progress",
-    )
-    .await?;
+    report_current(client, dv, Report::import_in_progress(&name, "0.00%")).await?;
     let stall = dv.annotations().get(FAULT_ANNOTATION).map(String::as_str) == Some("stall");
     while let Some(chunk) = body.next().await {
         use tokio::io::{AsyncSeekExt, AsyncWriteExt};
@@ -667,23 +688,7 @@ async fn import_once(
         {
             reported = Instant::now();
             let percent = format!("{:.2}%", done as f64 * 100.0 / total as f64);
-            let current = Api::<DynamicObject>::namespaced_with(
-                client.clone(),
-                &dv.namespace().unwrap_or_default(),
-                &dv_resource(),
-            )
-            .get(&dv.name_any())
-            .await?;
-            set_status(
-                client,
-                &current,
-                "ImportInProgress",
-                &percent,
-                false,
-                "Pending",
-                "Import in progress",
-            )
-            .await?;
+            report_current(client, dv, Report::import_in_progress(&name, percent)).await?;
         }
     }
     anyhow::ensure!(
@@ -704,6 +709,25 @@ async fn import_once(
     let image = dir.join("disk.img");
     crate::disks::qemu_img(&["convert", "-O", "raw"], &[&partial, &image])?;
     tokio::fs::remove_file(&partial).await?;
+    let (claim, block) = claim_size(dv);
+    if !block {
+        // ... then resizes it to the volume's usable space (`ResizeImage`), refusing one that does not fit.
+        let (size, usable) = (
+            tokio::fs::metadata(&image).await?.len(),
+            usable_space(claim),
+        );
+        anyhow::ensure!(
+            size <= usable,
+            "virtual image size {size} is larger than the reported available storage {usable}. A larger PVC is \
+             required"
+        );
+        tokio::fs::OpenOptions::new()
+            .write(true)
+            .open(&image)
+            .await?
+            .set_len(usable)
+            .await?;
+    }
     // CDI's data processor leaves the image 0660 (`data-processor.go`), which its owner alone reads on a volume
     // whose storage applies no fsGroup.
     {
@@ -711,121 +735,11 @@ async fn import_once(
         tokio::fs::set_permissions(&image, std::fs::Permissions::from_mode(0o660)).await?;
     }
     as_importer(&image)?;
-    if claim_size(dv).1 {
+    if block {
         // On a Block volume the image is the device.
         tokio::fs::rename(&image, dir.join(BLOCK_FILE)).await?;
     }
     Ok(())
-}
-
-type ByteStream = futures::stream::BoxStream<'static, anyhow::Result<bytes::Bytes>>;
-
-/// The source's bytes and length: `http` (Basic auth from `secretRef`: accessKeyId/secretKey, CA from
-/// `certConfigMap`) or `s3` (`url` = endpoint/bucket/key, keys from `secretRef`).
-async fn open_source(
-    client: &Client,
-    dv: &DynamicObject,
-) -> anyhow::Result<(ByteStream, Option<u64>)> {
-    let source = &dv.data["spec"]["source"];
-    let ns = dv.namespace().unwrap_or_default();
-    let secret_value = |secret: Option<Secret>, key: &str| {
-        secret.and_then(|s| s.data).and_then(|d| {
-            d.get(key)
-                .map(|v| String::from_utf8_lossy(&v.0).to_string())
-        })
-    };
-    let secret = match source["http"]["secretRef"]
-        .as_str()
-        .or(source["s3"]["secretRef"].as_str())
-    {
-        Some(name) => Some(
-            Api::<Secret>::namespaced(client.clone(), &ns)
-                .get(name)
-                .await?,
-        ),
-        None => None,
-    };
-    if let Some(url) = source["s3"]["url"].as_str() {
-        use object_store::ObjectStoreExt;
-        let parsed = reqwest::Url::parse(url)?;
-        let endpoint = format!(
-            "{}://{}",
-            parsed.scheme(),
-            parsed.host_str().unwrap_or_default()
-        ) + &parsed.port().map(|p| format!(":{p}")).unwrap_or_default();
-        let path = parsed.path().trim_start_matches('/');
-        let (bucket, key) = path
-            .split_once('/')
-            .ok_or_else(|| anyhow::anyhow!("s3 url {url} has no bucket and key"))?;
-        // As CDI's importer: a disk's download has no deadline, only a stall does.
-        let mut options = object_store::ClientOptions::new()
-            .with_timeout_disabled()
-            .with_read_timeout(Duration::from_secs(60));
-        for pem in trusted_pems(client, &ns, &source["s3"]).await? {
-            for cert in object_store::Certificate::from_pem_bundle(pem.as_bytes())? {
-                options = options.with_root_certificate(cert);
-            }
-        }
-        let store = object_store::aws::AmazonS3Builder::new()
-            // First: it replaces the client options `with_allow_http` sets.
-            .with_client_options(options)
-            .with_endpoint(&endpoint)
-            .with_allow_http(endpoint.starts_with("http://"))
-            .with_bucket_name(bucket)
-            .with_region("us-east-1")
-            .with_virtual_hosted_style_request(false)
-            .with_access_key_id(secret_value(secret.clone(), "accessKeyId").unwrap_or_default())
-            .with_secret_access_key(secret_value(secret, "secretKey").unwrap_or_default())
-            .build()?;
-        let found = store.get(&object_store::path::Path::from(key)).await?;
-        let size = found.meta.size;
-        return Ok((
-            found.into_stream().map(|c| c.map_err(Into::into)).boxed(),
-            Some(size),
-        ));
-    }
-    let http = &source["http"];
-    let url = http["url"]
-        .as_str()
-        .ok_or_else(|| anyhow::anyhow!("the lab's CDI supports the http and s3 sources"))?;
-    let mut builder = reqwest::Client::builder();
-    for pem in trusted_pems(client, &ns, http).await? {
-        for cert in reqwest::Certificate::from_pem_bundle(pem.as_bytes())? {
-            builder = builder.add_root_certificate(cert);
-        }
-    }
-    let mut request = builder.build()?.get(url);
-    if secret.is_some() {
-        request = request.basic_auth(
-            secret_value(secret.clone(), "accessKeyId").unwrap_or_default(),
-            secret_value(secret, "secretKey"),
-        );
-    }
-    let response = request.send().await?.error_for_status()?;
-    let total = response.content_length();
-    Ok((
-        response
-            .bytes_stream()
-            .map(|c| c.map_err(Into::into))
-            .boxed(),
-        total,
-    ))
-}
-
-/// The PEM files of the source's `certConfigMap`: CDI mounts the whole ConfigMap into the importer and trusts
-/// every file in it. A ConfigMap not there (yet) fails the import, as the importer pod cannot start without it.
-async fn trusted_pems(
-    client: &Client,
-    ns: &str,
-    source: &serde_json::Value,
-) -> anyhow::Result<Vec<String>> {
-    let Some(name) = source["certConfigMap"].as_str() else {
-        return Ok(vec![]);
-    };
-    let config = Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(client.clone(), ns)
-        .get(name)
-        .await?;
-    Ok(config.data.unwrap_or_default().into_values().collect())
 }
 
 #[cfg(test)]
