@@ -1,6 +1,8 @@
 //! The acceptance test of the real node (kubelet, containerd, runc): `ferry lab demo --node real` installs Ferry
 //! from deploy/ unchanged and migrates the demo's VMs with its Jobs as containers, into volumes real CDI v1.65.0
-//! filled; then a rolling update of the Deployment completes; the leader's pod is deleted while a migration runs, the standby takes the Lease and the
+//! filled; real CDI's other paths succeed (a direct migration into the WaitForFirstConsumer class, staged raw and
+//! qcow2 imports from MinIO over https, the qcow2 one through CDI's scratch claim); then a rolling update of the
+//! Deployment completes; the leader's pod is deleted while a migration runs, the standby takes the Lease and the
 //! migration succeeds; and `ferry lab down` leaves nothing of the node on the machine.
 //!
 //! It needs root, runc and the node's tools, and changes the machine while it runs (a bridge, `/kubepods`, three
@@ -173,6 +175,82 @@ async fn ferry_from_deploy_on_a_real_node_migrates_rolls_out_hands_over_and_leav
     assert!(
         text(&ferry(&["lab", "status", "--dir", &d]))
             .contains("CDI v1.65.0's controller and importer")
+    );
+
+    // Real CDI's other paths, one migration at a time of a VM the demo left running: straight into the
+    // WaitForFirstConsumer class, and staged in MinIO over https, raw and qcow2 (this one through CDI's scratch
+    // claim, seen by a watch on the namespace's claims).
+    let paths_ns = "ferry-paths";
+    Api::<Namespace>::all(client.clone())
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(serde_json::json!({"metadata": {"name": paths_ns,
+                "labels": {"pod-security.kubernetes.io/enforce": "restricted"}}}))
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    ferry_lab::vsphere::demo::create_provider(&client, &state, paths_ns)
+        .await
+        .unwrap();
+    let claims_seen = std::sync::Arc::new(std::sync::Mutex::new(std::collections::BTreeSet::new()));
+    let watch = {
+        use futures::StreamExt;
+        use kube::runtime::{WatchStreamExt, watcher};
+        let (claims, seen) = (
+            Api::<k8s_openapi::api::core::v1::PersistentVolumeClaim>::namespaced(
+                client.clone(),
+                paths_ns,
+            ),
+            claims_seen.clone(),
+        );
+        tokio::spawn(async move {
+            let stream = watcher(claims, watcher::Config::default()).applied_objects();
+            futures::pin_mut!(stream);
+            while let Some(Ok(claim)) = stream.next().await {
+                seen.lock().unwrap().insert(claim.name_any());
+            }
+        })
+    };
+    let demo =
+        |name: &str| ferry_lab::vsphere::demo::migration(&state, paths_ns, name, "DC0_H0_VM0");
+    let staged = |name: &str| {
+        ferry_lab::vsphere::demo::staged_migration(&state, paths_ns, name, "DC0_H0_VM0")
+    };
+    let mut direct_wffc = demo("direct-wffc");
+    direct_wffc["spec"]["target"]["storageClassName"] = "lab-hostpath-wffc".into();
+    let mut staged_qcow2 = staged("staged-qcow2");
+    staged_qcow2["spec"]["conversion"] = serde_json::json!({"format": "qcow2"});
+    let paths_api: Api<VirtualMachineMigration> = Api::namespaced(client.clone(), paths_ns);
+    for manifest in [direct_wffc, staged("staged-raw"), staged_qcow2] {
+        let name = manifest["metadata"]["name"].as_str().unwrap().to_string();
+        let started = Instant::now();
+        ferry_lab::vsphere::demo::apply(&client, paths_ns, manifest)
+            .await
+            .unwrap();
+        let (phase, vmm) = eventually(&format!("{name} ending"), Duration::from_secs(900), || {
+            let api = paths_api.clone();
+            let name = name.clone();
+            async move {
+                let m = api.get(&name).await.ok()?;
+                let phase = m.status.as_ref().and_then(|s| s.phase)?;
+                phase.is_terminal().then_some((phase, m))
+            }
+        })
+        .await;
+        assert_eq!(phase, Phase::Succeeded, "{name}: {:?}", vmm.status);
+        println!(
+            "{name}: Succeeded in {:.1}s",
+            started.elapsed().as_secs_f64()
+        );
+    }
+    watch.abort();
+    let claims_seen = claims_seen.lock().unwrap().clone();
+    assert!(
+        claims_seen
+            .iter()
+            .any(|c| c.starts_with("staged-qcow2") && c.ends_with("-scratch")),
+        "CDI's scratch claim for the qcow2 import: {claims_seen:?}"
     );
 
     // A rolling update (a changed pod template, as `kubectl rollout restart` makes) completes.

@@ -62,14 +62,23 @@ pub fn job_summary(job: &Job) -> Summary {
     }
 }
 
-/// A DataVolume: its phase and deletion are acted on; its progress is only shown.
+/// A DataVolume: its phase, deletion and importer's failures are acted on; its progress is only shown. CDI
+/// tells a failing importer in the same phase (`Running` False for reason `Error`, `restartCount` growing), so
+/// a watch that passed phases only left it to the next poll: real CDI's third restart was acted on minutes late.
 pub fn data_volume_summary(dv: &DynamicObject) -> Summary {
     let status = &dv.data["status"];
+    let running = status["conditions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|c| c["type"] == "Running");
     Summary {
         acted_on: hash_of((
             dv.uid(),
             dv.metadata.deletion_timestamp.is_some(),
             status["phase"].as_str(),
+            status["restartCount"].as_i64(),
+            running.map(|c| (c["status"].as_str(), c["reason"].as_str())),
         )),
         shown: hash_of(status["progress"].as_str()),
     }
@@ -237,6 +246,23 @@ mod tests {
             a.acted_on,
             data_volume_summary(&dv("Succeeded", "100.0%")).acted_on
         );
+        // Real CDI's importer failing, in the same phase: the failure and each restart are acted on.
+        let failing = |restarts: i64, running: &str, reason: &str| -> DynamicObject {
+            serde_json::from_value(json!({"apiVersion": "cdi.kubevirt.io/v1beta1", "kind": "DataVolume",
+                "metadata": {"name": "d", "uid": "u"}, "status": {"phase": "ImportInProgress", "progress": "N/A",
+                "restartCount": restarts, "conditions": [{"type": "Running", "status": running, "reason": reason}]}}))
+            .unwrap()
+        };
+        let summaries = [
+            failing(2, "True", "Pod is running"),
+            failing(2, "False", "Error"),
+            failing(3, "True", "Pod is running"),
+            failing(3, "False", "Error"),
+        ]
+        .map(|dv| data_volume_summary(&dv).acted_on);
+        for pair in summaries.windows(2) {
+            assert_ne!(pair[0], pair[1]);
+        }
     }
 
     #[test]
