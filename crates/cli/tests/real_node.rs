@@ -71,6 +71,24 @@ async fn leader(client: &kube::Client) -> Option<String> {
         .filter(|h| !h.is_empty())
 }
 
+/// A namespace that enforces Pod Security's `restricted` level, with the lab's Provider and staging Secret.
+async fn restricted_namespace_with_provider(
+    client: &kube::Client,
+    state: &ferry_lab::LabState,
+    name: &str,
+) {
+    let namespace = serde_json::from_value(serde_json::json!({"metadata": {"name": name,
+        "labels": {"pod-security.kubernetes.io/enforce": "restricted"}}}))
+    .unwrap();
+    Api::<Namespace>::all(client.clone())
+        .create(&PostParams::default(), &namespace)
+        .await
+        .unwrap();
+    ferry_lab::vsphere::demo::create_provider(client, state, name)
+        .await
+        .unwrap();
+}
+
 #[tokio::test]
 async fn ferry_from_deploy_on_a_real_node_migrates_rolls_out_hands_over_and_leaves_nothing() {
     if std::env::var_os(ENABLE).is_none() {
@@ -181,18 +199,7 @@ async fn ferry_from_deploy_on_a_real_node_migrates_rolls_out_hands_over_and_leav
     // WaitForFirstConsumer class, and staged in MinIO over https, raw and qcow2 (this one through CDI's scratch
     // claim, seen by a watch on the namespace's claims).
     let paths_ns = "ferry-paths";
-    Api::<Namespace>::all(client.clone())
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(serde_json::json!({"metadata": {"name": paths_ns,
-                "labels": {"pod-security.kubernetes.io/enforce": "restricted"}}}))
-            .unwrap(),
-        )
-        .await
-        .unwrap();
-    ferry_lab::vsphere::demo::create_provider(&client, &state, paths_ns)
-        .await
-        .unwrap();
+    restricted_namespace_with_provider(&client, &state, paths_ns).await;
     let claims_seen = std::sync::Arc::new(std::sync::Mutex::new(std::collections::BTreeSet::new()));
     let watch = {
         use futures::StreamExt;
@@ -318,18 +325,7 @@ async fn ferry_from_deploy_on_a_real_node_migrates_rolls_out_hands_over_and_leav
 
     // The leader's pod deleted while a migration runs: the standby takes the Lease and the migration succeeds.
     let ns = "ferry-handoff";
-    Api::<Namespace>::all(client.clone())
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(serde_json::json!({"metadata": {"name": ns,
-                "labels": {"pod-security.kubernetes.io/enforce": "restricted"}}}))
-            .unwrap(),
-        )
-        .await
-        .unwrap();
-    ferry_lab::vsphere::demo::create_provider(&client, &state, ns)
-        .await
-        .unwrap();
+    restricted_namespace_with_provider(&client, &state, ns).await;
     let name = "handoff";
     ferry_lab::vsphere::demo::apply(
         &client,
