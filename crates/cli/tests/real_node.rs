@@ -1,7 +1,8 @@
 //! The acceptance test of the real node (kubelet, containerd, runc): `ferry lab demo --node real` installs Ferry
 //! from deploy/ unchanged and migrates the demo's VMs with its Jobs as containers, into volumes real CDI v1.65.0
 //! filled; real CDI's other paths succeed (a direct migration into the WaitForFirstConsumer class, staged raw and
-//! qcow2 imports from MinIO over https, the qcow2 one through CDI's scratch claim); then a rolling update of the
+//! qcow2 imports from MinIO over https, the qcow2 one through CDI's scratch claim, direct and staged into Block
+//! volumes on loop devices); then a rolling update of the
 //! Deployment completes; the leader's pod is deleted while a migration runs, the standby takes the Lease and the
 //! migration succeeds; and `ferry lab down` leaves nothing of the node on the machine.
 //!
@@ -196,8 +197,8 @@ async fn ferry_from_deploy_on_a_real_node_migrates_rolls_out_hands_over_and_leav
     );
 
     // Real CDI's other paths, one migration at a time of a VM the demo left running: straight into the
-    // WaitForFirstConsumer class, and staged in MinIO over https, raw and qcow2 (this one through CDI's scratch
-    // claim, seen by a watch on the namespace's claims).
+    // WaitForFirstConsumer class, staged in MinIO over https, raw and qcow2 (this one through CDI's scratch
+    // claim, seen by a watch on the namespace's claims), and both ways into Block volumes.
     let paths_ns = "ferry-paths";
     restricted_namespace_with_provider(&client, &state, paths_ns).await;
     let claims_seen = std::sync::Arc::new(std::sync::Mutex::new(std::collections::BTreeSet::new()));
@@ -228,8 +229,20 @@ async fn ferry_from_deploy_on_a_real_node_migrates_rolls_out_hands_over_and_leav
     direct_wffc["spec"]["target"]["storageClassName"] = "lab-hostpath-wffc".into();
     let mut staged_qcow2 = staged("staged-qcow2");
     staged_qcow2["spec"]["conversion"] = serde_json::json!({"format": "qcow2"});
+    // Block volumes: loop devices the lab's provisioner attaches, named by `local` PVs, handed to the pods' user
+    // by containerd (`device_ownership_from_security_context`).
+    let mut direct_block = demo("direct-block");
+    direct_block["spec"]["target"]["volumeMode"] = "Block".into();
+    let mut staged_block = staged("staged-block");
+    staged_block["spec"]["target"]["volumeMode"] = "Block".into();
     let paths_api: Api<VirtualMachineMigration> = Api::namespaced(client.clone(), paths_ns);
-    for manifest in [direct_wffc, staged("staged-raw"), staged_qcow2] {
+    for manifest in [
+        direct_wffc,
+        staged("staged-raw"),
+        staged_qcow2,
+        direct_block,
+        staged_block,
+    ] {
         let name = manifest["metadata"]["name"].as_str().unwrap().to_string();
         let started = Instant::now();
         ferry_lab::vsphere::demo::apply(&client, paths_ns, manifest)

@@ -1,8 +1,9 @@
 //! Keeps the lab's CDI stand-in honest. The same DataVolume scenarios (blank on an Immediate and on a
-//! WaitForFirstConsumer class, S3 raw, S3 qcow2, a wrong S3 secret, no access modes) run against the stand-in
-//! and, with `FERRY_REAL_NODE=1`, against real CDI v1.65.0 on the real node. Both are compared with what real CDI
-//! showed, recorded in `real-cdi-v1.65.0.json` (`FERRY_CDI_RECORD=1` records it anew from real CDI): phases,
-//! conditions and messages, claims and their sizes, and the `disk.img` left (size, owner, mode, content).
+//! WaitForFirstConsumer class, S3 raw, S3 qcow2, a wrong S3 secret, no access modes, blank and S3 raw into Block
+//! volumes) run against the stand-in and, with `FERRY_REAL_NODE=1`, against real CDI v1.65.0 on the real node.
+//! Both are compared with what real CDI showed, recorded in `real-cdi-v1.65.0.json` (`FERRY_CDI_RECORD=1` records
+//! it anew from real CDI): phases, conditions and messages, claims and their sizes, and what the volume holds
+//! (`disk.img`'s size, owner, mode and content; a Block device's size and content).
 
 mod observe;
 

@@ -39,16 +39,20 @@ pub enum Scenario {
     S3WrongCredentials,
     /// `spec.storage` without access modes, on a class whose provisioner CDI does not know.
     NoAccessModes,
+    BlankBlock,
+    S3RawBlock,
 }
 
 impl Scenario {
-    pub const ALL: [Scenario; 6] = [
+    pub const ALL: [Scenario; 8] = [
         Scenario::BlankImmediate,
         Scenario::BlankWaitForFirstConsumer,
         Scenario::S3Raw,
         Scenario::S3Qcow2,
         Scenario::S3WrongCredentials,
         Scenario::NoAccessModes,
+        Scenario::BlankBlock,
+        Scenario::S3RawBlock,
     ];
 
     /// Also the DataVolume's name.
@@ -60,6 +64,8 @@ impl Scenario {
             Scenario::S3Qcow2 => "s3-qcow2",
             Scenario::S3WrongCredentials => "s3-wrong-credentials",
             Scenario::NoAccessModes => "no-access-modes",
+            Scenario::BlankBlock => "blank-block",
+            Scenario::S3RawBlock => "s3-raw-block",
         }
     }
 
@@ -69,11 +75,13 @@ impl Scenario {
                           "certConfigMap": CA_CONFIG_MAP}})
         };
         let (source, class) = match self {
-            Scenario::BlankImmediate | Scenario::NoAccessModes => {
+            Scenario::BlankImmediate | Scenario::NoAccessModes | Scenario::BlankBlock => {
                 (json!({"blank": {}}), "lab-hostpath")
             }
             Scenario::BlankWaitForFirstConsumer => (json!({"blank": {}}), "lab-hostpath-wffc"),
-            Scenario::S3Raw => (s3("source.raw", GOOD_SECRET), "lab-hostpath"),
+            Scenario::S3Raw | Scenario::S3RawBlock => {
+                (s3("source.raw", GOOD_SECRET), "lab-hostpath")
+            }
             Scenario::S3Qcow2 => (s3("source.qcow2", GOOD_SECRET), "lab-hostpath"),
             Scenario::S3WrongCredentials => (s3("source.raw", WRONG_SECRET), "lab-hostpath"),
         };
@@ -81,7 +89,8 @@ impl Scenario {
             json!({"storageClassName": class, "resources": {"requests": {"storage": SIZE}}});
         if !matches!(self, Scenario::NoAccessModes) {
             storage["accessModes"] = json!(["ReadWriteOnce"]);
-            storage["volumeMode"] = json!("Filesystem");
+            let block = matches!(self, Scenario::BlankBlock | Scenario::S3RawBlock);
+            storage["volumeMode"] = json!(if block { "Block" } else { "Filesystem" });
         }
         json!({"apiVersion": "cdi.kubevirt.io/v1beta1", "kind": "DataVolume",
                "metadata": {"name": self.name()}, "spec": {"source": source, "storage": storage}})
@@ -255,7 +264,7 @@ fn watch_walk(dvs: Api<DynamicObject>, name: String) -> Recorder<Vec<String>> {
     })
 }
 
-/// Every claim of the namespace whose name starts with the DataVolume's, as first seen.
+/// The DataVolume's claim and CDI's scratch claim for it, as first seen.
 fn watch_claims(client: Client, ns: String, prefix: String) -> Recorder<BTreeMap<String, Claim>> {
     Recorder::start(|seen: Arc<Mutex<BTreeMap<String, Claim>>>| async move {
         let claims = Api::<PersistentVolumeClaim>::namespaced(client, &ns);
@@ -263,7 +272,7 @@ fn watch_claims(client: Client, ns: String, prefix: String) -> Recorder<BTreeMap
         futures::pin_mut!(stream);
         while let Some(Ok(pvc)) = stream.next().await {
             let name = pvc.name_any();
-            if name.starts_with(&prefix) {
+            if name == prefix || name == format!("{prefix}-scratch") {
                 seen.lock()
                     .unwrap()
                     .entry(name)
@@ -426,7 +435,9 @@ async fn consume(client: &Client, ns: &str, claim: &str) -> anyhow::Result<()> {
     }
 }
 
-/// The `disk.img` in the DataVolume's volume, if its claim is bound to a hostPath PV.
+/// What the DataVolume's volume holds: `disk.img` in a Filesystem volume's directory, or a Block volume's device
+/// (a `local` PV's, or the stand-in's file). A device's owner and mode on the host are not what a pod sees, so
+/// they are not told.
 async fn image(
     client: &Client,
     ns: &str,
@@ -443,56 +454,73 @@ async fn image(
     let Some(volume) = pvc.spec.and_then(|s| s.volume_name) else {
         return Ok(None);
     };
-    let pv = Api::<PersistentVolume>::all(client.clone())
+    let spec = Api::<PersistentVolume>::all(client.clone())
         .get(&volume)
-        .await?;
-    let Some(dir) = pv
+        .await?
         .spec
-        .and_then(|s| s.host_path)
+        .unwrap_or_default();
+    let block = spec.volume_mode.as_deref() == Some("Block");
+    let Some(path) = spec
+        .host_path
         .map(|h| PathBuf::from(h.path))
+        .or(spec.local.map(|l| PathBuf::from(l.path)))
     else {
         return Ok(None);
     };
-    let path = dir.join("disk.img");
+    let path = if block { path } else { path.join("disk.img") };
     let Ok(meta) = std::fs::metadata(&path) else {
         return Ok(None);
     };
+    let (owner, mode) = match block {
+        true => ("(device)".to_string(), "(device)".to_string()),
+        false => (
+            format!("{}:{}", meta.uid(), meta.gid()),
+            format!("{:o}", meta.mode() & 0o7777),
+        ),
+    };
+    let (size, content) = content(&path, source)?;
     Ok(Some(Image {
-        size: meta.len(),
-        owner: format!("{}:{}", meta.uid(), meta.gid()),
-        mode: format!("{:o}", meta.mode() & 0o7777),
-        content: content(&path, source)?,
+        size,
+        owner,
+        mode,
+        content,
     }))
 }
 
-/// Whether `image` holds zeros only, or the source's bytes then zeros.
-fn content(image: &Path, source: &Path) -> anyhow::Result<String> {
-    use std::io::Read;
+/// The image's size (a device's too) and what it holds: `zeros`; or what its first bytes, as many as the
+/// source's, are (`source`, `zeros`, `other`), then what the rest is (`zeros`, or `stale` bytes).
+fn content(image: &Path, source: &Path) -> anyhow::Result<(u64, String)> {
     let mut image = std::io::BufReader::new(std::fs::File::open(image)?);
+    let source_len = std::fs::metadata(source)?.len();
     let mut source = std::io::BufReader::new(std::fs::File::open(source)?);
     let (mut a, mut b) = (vec![0u8; 1 << 20], vec![0u8; 1 << 20]);
-    let (mut zeros, mut matches_source, mut source_left) = (true, true, true);
+    let (mut head_zeros, mut head_source, mut tail_zeros) = (true, true, true);
+    let (mut at, mut tail) = (0u64, false);
     loop {
         let n = read_full(&mut image, &mut a)?;
         if n == 0 {
             break;
         }
-        zeros &= a[..n].iter().all(|&x| x == 0);
-        let m = if source_left {
-            read_full(&mut source, &mut b[..n])?
-        } else {
-            0
-        };
-        source_left = m == n;
-        matches_source &= a[..m] == b[..m] && a[m..n].iter().all(|&x| x == 0);
+        let in_head = (source_len.saturating_sub(at) as usize).min(n);
+        let m = read_full(&mut source, &mut b[..in_head])?;
+        head_zeros &= a[..in_head].iter().all(|&x| x == 0);
+        head_source &= m == in_head && a[..in_head] == b[..in_head];
+        tail |= n > in_head;
+        tail_zeros &= a[in_head..n].iter().all(|&x| x == 0);
+        at += n as u64;
     }
-    let _ = source.read(&mut b[..1])?;
-    Ok(match (zeros, matches_source) {
-        (true, _) => "zeros",
-        (false, true) => "source",
+    let head = match (head_source, head_zeros) {
+        (true, _) if at >= source_len => "source",
+        (_, true) => "zeros",
         _ => "other",
-    }
-    .into())
+    };
+    let content = match (head, tail, tail_zeros) {
+        ("zeros", _, true) => "zeros".to_string(),
+        (head, false, _) => head.to_string(),
+        (head, true, true) => format!("{head}, then zeros"),
+        (head, true, false) => format!("{head}, then stale"),
+    };
+    Ok((at, content))
 }
 
 fn read_full(reader: &mut impl std::io::Read, buf: &mut [u8]) -> std::io::Result<usize> {

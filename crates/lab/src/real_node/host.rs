@@ -280,7 +280,7 @@ pub type Leftovers = Vec<String>;
 
 /// Puts the machine back once the node's own processes (kubelet, containerd) are stopped: kills what the pods and
 /// shims left running, unmounts under the node's directory and the fixed paths, removes the pod cgroups, the
-/// bridge and the fixed paths that were absent, and writes the kernel settings back. Each step runs even when
+/// bridge, the loop devices on the lab's files and the fixed paths that were absent, and writes the kernel settings back. Each step runs even when
 /// one before failed; what failed is returned.
 pub fn restore(node_dir: &Path, shim: &Path, before: &HostBefore) -> Leftovers {
     let mut leftovers = Leftovers::new();
@@ -313,6 +313,14 @@ pub fn restore(node_dir: &Path, shim: &Path, before: &HostBefore) -> Leftovers {
         }
     }
     step("deleting the bridge", delete_bridge());
+    // The lab's provisioner backs Block volumes with loop devices on files under the lab's directory.
+    let lab_dir = node_dir.parent().unwrap_or(node_dir);
+    for device in super::loops::attached_under(lab_dir) {
+        step(
+            &format!("detaching {}", device.display()),
+            super::loops::detach_if_under(&device, lab_dir),
+        );
+    }
     for path in &before.absent_paths {
         if path.exists() {
             step(
@@ -335,7 +343,8 @@ fn unmount(path: &Path) -> Result<()> {
 }
 
 /// What of a real node is still on the machine: processes of `tools`, pod processes, mounts under `node_dir` or a
-/// fixed path, `/kubepods` cgroups, the bridge, fixed paths absent before, kernel settings changed. Empty when
+/// fixed path, `/kubepods` cgroups, the bridge, loop devices on the lab's files, fixed paths absent before, kernel
+/// settings changed. Empty when
 /// nothing is; the real-node test asserts that after `ferry lab down`.
 pub fn survey(node_dir: &Path, tools: &Path, before: &HostBefore) -> Vec<String> {
     let mut found = Vec::new();
@@ -364,6 +373,9 @@ pub fn survey(node_dir: &Path, tools: &Path, before: &HostBefore) -> Vec<String>
     }
     if ip(&["link", "show", BRIDGE]).is_ok() {
         found.push(format!("bridge {BRIDGE}"));
+    }
+    for device in super::loops::attached_under(node_dir.parent().unwrap_or(node_dir)) {
+        found.push(format!("loop device {}", device.display()));
     }
     for path in &before.absent_paths {
         if path.exists() {

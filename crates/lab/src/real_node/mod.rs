@@ -15,6 +15,7 @@ pub mod claim;
 pub mod host;
 pub mod image;
 pub mod install;
+pub mod loops;
 mod node;
 pub mod oci;
 pub use claim::{Holder, claim, holder, host_refusal, release_claim};
@@ -73,7 +74,8 @@ pub fn refusal(
 /// `/etc/containerd/conf.d`): the runc shim with
 /// cgroupfs, the sandbox image pinned to the one imported here, and OOM scores clamped to containerd's own, since
 /// without CAP_SYS_RESOURCE runc cannot lower a container's (every sandbox failed with "can't get final child's PID
-/// from pipe").
+/// from pipe"). A Block volume's device is given to the pod's user and group, as CDI's and KubeVirt's docs ask of
+/// the runtime (`device_ownership_from_security_context`): their pods, and Ferry's, run as 107, not root.
 pub fn containerd_config(state: &Path, cni_bin: &Path, cni_conf: &Path) -> String {
     let s = state.display();
     format!(
@@ -94,6 +96,7 @@ imports = ["{s}/conf.d/*.toml"]
 [plugins."io.containerd.cri.v1.runtime"]
   restrict_oom_score_adj = true
   netns_mounts_under_state_dir = true
+  device_ownership_from_security_context = true
 
 [plugins."io.containerd.cri.v1.runtime".cni]
   bin_dirs = ["{}"]
@@ -243,6 +246,7 @@ mod tests {
             "version = 4",
             "imports = [\"/lab/node/conf.d/*.toml\"]",
             "restrict_oom_score_adj = true",
+            "device_ownership_from_security_context = true",
             "sandbox = \"localhost/pause:local\"",
             "BinaryName = \"/usr/sbin/runc\"",
             "SystemdCgroup = false",

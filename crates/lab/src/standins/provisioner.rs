@@ -2,8 +2,9 @@
 //! hostPath PV in a directory of its own, as an external provisioner answers claims (those CDI makes for itself,
 //! scratch space and populators' prime claims, included). On a WaitForFirstConsumer class it provisions only once
 //! the scheduler named the node of the claim's first consumer, and the PV keeps to that node. A volume released by
-//! its claim is deleted with its directory (the classes' reclaim policy). Filesystem volumes only: the kubelet
-//! mounts no hostPath as a Block device, so a Block claim is left Pending with a warning.
+//! its claim is deleted with its directory (the classes' reclaim policy). A Block claim gets a file of its size
+//! with stale bytes in it (a recycled device is not zeroed), attached as a loop device that a `local` PV names,
+//! kept to the node as local PVs must be; the device is detached when the volume is deleted.
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -83,10 +84,8 @@ enum Decision {
     None,
     /// Its class waits for the first consumer, and no pod using it has been scheduled yet.
     AwaitConsumer,
-    /// A Block claim: a hostPath PV cannot serve it.
-    RefuseBlock,
-    /// A PV for it, on `node` if the class waits for the first consumer.
-    Provision { node: Option<String> },
+    /// A PV for it, on `node` if the class waits for the first consumer; a device if it is a Block claim.
+    Provision { node: Option<String>, block: bool },
 }
 
 fn decide(claim: &PersistentVolumeClaim, class: Option<&StorageClass>) -> Decision {
@@ -96,21 +95,26 @@ fn decide(claim: &PersistentVolumeClaim, class: Option<&StorageClass>) -> Decisi
     if !ours || claim.metadata.deletion_timestamp.is_some() || spec.volume_name.is_some() {
         return Decision::None;
     }
-    if spec.volume_mode.as_deref() == Some("Block") {
-        return Decision::RefuseBlock;
-    }
+    let block = spec.volume_mode.as_deref() == Some("Block");
     let waits =
         class.and_then(|c| c.volume_binding_mode.as_deref()) == Some("WaitForFirstConsumer");
     let node = claim.annotations().get(SELECTED_NODE).cloned();
     match (waits, node) {
         (true, None) => Decision::AwaitConsumer,
-        (true, node) => Decision::Provision { node },
-        (false, _) => Decision::Provision { node: None },
+        (true, node) => Decision::Provision { node, block },
+        (false, _) => Decision::Provision { node: None, block },
     }
 }
 
-/// The PV for `claim` in directory `dir`, named after the claim's uid, bound to it and sized as it asks.
-fn volume_for(claim: &PersistentVolumeClaim, class: &str, dir: &Path, node: Option<&str>) -> Value {
+/// The PV for `claim` in directory `dir` (or on `device`, a Block claim's), named after the claim's uid, bound to
+/// it and sized as it asks.
+fn volume_for(
+    claim: &PersistentVolumeClaim,
+    class: &str,
+    dir: &Path,
+    device: Option<&Path>,
+    node: Option<&str>,
+) -> Value {
     let spec = claim.spec.clone().unwrap_or_default();
     let uid = claim.uid().unwrap_or_default();
     let size = spec
@@ -127,6 +131,13 @@ fn volume_for(claim: &PersistentVolumeClaim, class: &str, dir: &Path, node: Opti
             "claimRef": {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
                 "namespace": claim.namespace(), "name": claim.name_any(), "uid": uid}},
     });
+    if let Some(device) = device {
+        pv["spec"]["volumeMode"] = json!("Block");
+        pv["spec"]["local"] = json!({"path": device.display().to_string()});
+        pv["spec"]
+            .as_object_mut()
+            .map(|spec| spec.remove("hostPath"));
+    }
     if let Some(node) = node {
         pv["spec"]["nodeAffinity"] = json!({"required": {"nodeSelectorTerms": [{"matchExpressions": [
             {"key": "kubernetes.io/hostname", "operator": "In", "values": [node]}]}]}});
@@ -150,16 +161,9 @@ async fn reconcile_claim(
             .get_opt(&class_name)
             .await?
     };
-    let node = match decide(&claim, class.as_ref()) {
+    let (node, block) = match decide(&claim, class.as_ref()) {
         Decision::None | Decision::AwaitConsumer => return Ok(Action::await_change()),
-        Decision::RefuseBlock => {
-            tracing::warn!(
-                claim = %claim.name_any(),
-                "a Block claim: the lab's provisioner serves Filesystem volumes only on a real node"
-            );
-            return Ok(Action::await_change());
-        }
-        Decision::Provision { node } => node,
+        Decision::Provision { node, block } => (node, block),
     };
     let uid = claim.uid().unwrap_or_default();
     let pvs: Api<PersistentVolume> = Api::all(ctx.client.clone());
@@ -176,15 +180,66 @@ async fn reconcile_claim(
     std::fs::create_dir_all(&dir)
         .and_then(|()| std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)))
         .map_err(|e| Error::Volume(format!("{}: {e}", dir.display())))?;
-    let pv: PersistentVolume =
-        serde_json::from_value(volume_for(&claim, &class_name, &dir, node.as_deref()))
-            .map_err(|e| Error::Volume(e.to_string()))?;
+    let (device, node) = match block {
+        true => {
+            let device = block_device(&claim, &dir)?;
+            // A local PV must name its node: the one the scheduler picked, or the cluster's only one.
+            let node = match node {
+                Some(node) => node,
+                None => only_node(&ctx.client).await?,
+            };
+            (Some(device), Some(node))
+        }
+        false => (None, node),
+    };
+    let pv: PersistentVolume = serde_json::from_value(volume_for(
+        &claim,
+        &class_name,
+        &dir,
+        device.as_deref(),
+        node.as_deref(),
+    ))
+    .map_err(|e| Error::Volume(e.to_string()))?;
     pvs.create(&PostParams::default(), &pv).await?;
     tracing::info!(claim = %claim.name_any(), pv = %pv.name_any(), "provisioned");
     Ok(Action::await_change())
 }
 
-/// Deletes a released volume and its directory.
+/// A Block claim's device: a file of the claim's size in `dir`, with stale bytes, on a loop device.
+fn block_device(claim: &PersistentVolumeClaim, dir: &Path) -> Result<PathBuf, Error> {
+    let asked = claim
+        .spec
+        .as_ref()
+        .and_then(|s| s.resources.as_ref())
+        .and_then(|r| r.requests.as_ref())
+        .and_then(|r| r.get("storage"))
+        .and_then(|q| super::cdi::parse_quantity(&q.0))
+        .ok_or_else(|| Error::Volume(format!("claim {} asks for no size", claim.name_any())))?;
+    let file = dir.join(BLOCK_FILE);
+    if !file.exists() {
+        super::cdi::stale_device(&file, asked)
+            .map_err(|e| Error::Volume(format!("{}: {e}", file.display())))?;
+    }
+    crate::real_node::loops::attach(&file).map_err(|e| Error::Volume(format!("{e:#}")))
+}
+
+/// The file behind a Block volume's loop device, in the volume's directory.
+const BLOCK_FILE: &str = "device";
+
+async fn only_node(client: &Client) -> Result<String, Error> {
+    let nodes = Api::<k8s_openapi::api::core::v1::Node>::all(client.clone())
+        .list(&Default::default())
+        .await?;
+    match nodes.items.as_slice() {
+        [node] => Ok(node.name_any()),
+        nodes => Err(Error::Volume(format!(
+            "a Block volume needs its node, and there are {} nodes",
+            nodes.len()
+        ))),
+    }
+}
+
+/// Deletes a released volume, its device and its directory.
 async fn reconcile_volume(
     pv: Arc<PersistentVolume>,
     ctx: Arc<Provisioner>,
@@ -199,6 +254,10 @@ async fn reconcile_volume(
         .filter(|d| !d.contains('/') && !d.is_empty())
     {
         let dir = ctx.volumes.join(dir);
+        if let Some(device) = pv.spec.as_ref().and_then(|s| s.local.as_ref()) {
+            crate::real_node::loops::detach_if_under(Path::new(&device.path), &dir)
+                .map_err(|e| Error::Volume(format!("{e:#}")))?;
+        }
         if let Err(e) = std::fs::remove_dir_all(&dir)
             && e.kind() != std::io::ErrorKind::NotFound
         {
@@ -242,7 +301,10 @@ mod tests {
         let waiting = class(PROVISIONER, "WaitForFirstConsumer");
         assert_eq!(
             decide(&claim(json!({})), Some(&immediate)),
-            Decision::Provision { node: None }
+            Decision::Provision {
+                node: None,
+                block: false
+            }
         );
         assert_eq!(
             decide(&claim(json!({})), Some(&waiting)),
@@ -252,20 +314,22 @@ mod tests {
         assert_eq!(
             decide(&scheduled, Some(&waiting)),
             Decision::Provision {
-                node: Some("lab-node".into())
+                node: Some("lab-node".into()),
+                block: false
             }
         );
         let csi = class(CSI_PROVISIONER, "WaitForFirstConsumer");
         assert_eq!(
             decide(&scheduled, Some(&csi)),
             Decision::Provision {
-                node: Some("lab-node".into())
+                node: Some("lab-node".into()),
+                block: false
             }
         );
     }
 
     #[test]
-    fn claims_of_other_provisioners_bound_or_block_are_not_provisioned() {
+    fn claims_of_other_provisioners_or_bound_are_not_provisioned_and_block_ones_get_a_device() {
         let ours = class(PROVISIONER, "Immediate");
         assert_eq!(
             decide(&claim(json!({})), Some(&class("other.io/x", "Immediate"))),
@@ -281,7 +345,10 @@ mod tests {
                 &claim(json!({"spec": {"volumeMode": "Block"}})),
                 Some(&ours)
             ),
-            Decision::RefuseBlock
+            Decision::Provision {
+                node: None,
+                block: true
+            }
         );
     }
 
@@ -291,6 +358,7 @@ mod tests {
             &claim(json!({})),
             "c",
             Path::new("/v/team-disk-01234567"),
+            None,
             Some("lab-node"),
         );
         assert_eq!(pv["metadata"]["name"], "lab-0123456789abcdef");
@@ -309,5 +377,15 @@ mod tests {
         );
         let pv: PersistentVolume = serde_json::from_value(pv).unwrap();
         assert_eq!(pv.spec.unwrap().access_modes.unwrap(), ["ReadWriteOnce"]);
+        let block = volume_for(
+            &claim(json!({})),
+            "c",
+            Path::new("/v/d"),
+            Some(Path::new("/dev/loop7")),
+            Some("lab-node"),
+        );
+        assert_eq!(block["spec"]["volumeMode"], "Block");
+        assert_eq!(block["spec"]["local"]["path"], "/dev/loop7");
+        assert!(block["spec"].get("hostPath").is_none());
     }
 }

@@ -410,7 +410,7 @@ fn usable_space(available: u64) -> u64 {
 }
 
 /// Bytes of a Kubernetes quantity in the forms DataVolumes use: plain bytes or a binary/decimal suffix.
-fn parse_quantity(text: &str) -> Option<u64> {
+pub(crate) fn parse_quantity(text: &str) -> Option<u64> {
     let units = [
         ("Ki", 1u64 << 10),
         ("Mi", 1 << 20),
@@ -431,7 +431,7 @@ fn parse_quantity(text: &str) -> Option<u64> {
 
 /// A Block volume's device: `size` bytes, not zeroed (CDI leaves a blank Block volume as the storage gives it),
 /// with stale bytes at its start, middle and end.
-fn stale_device(path: &Path, size: u64) -> std::io::Result<()> {
+pub(crate) fn stale_device(path: &Path, size: u64) -> std::io::Result<()> {
     use std::os::unix::fs::FileExt;
     let file = std::fs::File::create(path)?;
     file.set_len(size)?;
@@ -519,6 +519,10 @@ async fn import(client: Client, dv: DynamicObject, dir: PathBuf) {
         }
         let name = dv.name_any();
         let outcome = match &result {
+            // A blank Block volume is left as it is, and CDI says no more than that its importer completed.
+            Ok(()) if blank && claim_size(&dv).1 => {
+                report_current(&client, &dv, Report::left_as_is(&name)).await
+            }
             Ok(()) => report_current(&client, &dv, Report::succeeded(&name)).await,
             Err(e) => {
                 // CDI never fails the DataVolume: its importer pod restarts, backing off, for as long as it lives.
@@ -705,29 +709,37 @@ async fn download(
     // A trailing hole has no bytes written after it: the length says where the source ended.
     file.set_len(done).await?;
     drop(file);
-    // CDI's importer converts whatever it gets (raw, qcow2, ...) to a raw disk.img.
+    let (claim, block) = claim_size(dv);
+    if block {
+        // CDI's importer writes the image onto the device as it is: the device keeps its size, and what lies past
+        // the image keeps what the storage left there.
+        crate::disks::qemu_img(
+            &["convert", "-n", "-O", "raw"],
+            &[&partial, &dir.join(BLOCK_FILE)],
+        )?;
+        tokio::fs::remove_file(&partial).await?;
+        return Ok(());
+    }
+    // CDI's importer converts whatever it gets (raw, qcow2, ...) to a raw disk.img ...
     let image = dir.join("disk.img");
     crate::disks::qemu_img(&["convert", "-O", "raw"], &[&partial, &image])?;
     tokio::fs::remove_file(&partial).await?;
-    let (claim, block) = claim_size(dv);
-    if !block {
-        // ... then resizes it to the volume's usable space (`ResizeImage`), refusing one that does not fit.
-        let (size, usable) = (
-            tokio::fs::metadata(&image).await?.len(),
-            usable_space(claim),
-        );
-        anyhow::ensure!(
-            size <= usable,
-            "virtual image size {size} is larger than the reported available storage {usable}. A larger PVC is \
-             required"
-        );
-        tokio::fs::OpenOptions::new()
-            .write(true)
-            .open(&image)
-            .await?
-            .set_len(usable)
-            .await?;
-    }
+    // ... then resizes it to the volume's usable space (`ResizeImage`), refusing one that does not fit.
+    let (size, usable) = (
+        tokio::fs::metadata(&image).await?.len(),
+        usable_space(claim),
+    );
+    anyhow::ensure!(
+        size <= usable,
+        "virtual image size {size} is larger than the reported available storage {usable}. A larger PVC is \
+         required"
+    );
+    tokio::fs::OpenOptions::new()
+        .write(true)
+        .open(&image)
+        .await?
+        .set_len(usable)
+        .await?;
     // CDI's data processor leaves the image 0660 (`data-processor.go`), which its owner alone reads on a volume
     // whose storage applies no fsGroup.
     {
@@ -735,10 +747,6 @@ async fn download(
         tokio::fs::set_permissions(&image, std::fs::Permissions::from_mode(0o660)).await?;
     }
     as_importer(&image)?;
-    if block {
-        // On a Block volume the image is the device.
-        tokio::fs::rename(&image, dir.join(BLOCK_FILE)).await?;
-    }
     Ok(())
 }
 

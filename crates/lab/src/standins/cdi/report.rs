@@ -110,6 +110,14 @@ impl Report {
         }
     }
 
+    /// Succeeded without importing: a blank Block volume, left as the storage gave it.
+    pub fn left_as_is(claim: &str) -> Self {
+        Report {
+            running: Condition(false, "Completed", String::new()),
+            ..Self::succeeded(claim)
+        }
+    }
+
     /// The lab's fault switch failed the import: a phase real CDI does not reach this way, kept for the chaos
     /// suite's `fail imports`.
     pub fn fault_injected(claim: &str) -> Self {

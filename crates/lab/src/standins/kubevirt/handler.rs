@@ -263,7 +263,8 @@ async fn start(
         .map_err(|e| Error::Guest(format!("{e:#}")))
 }
 
-/// Every disk's image: its volume's PVC, bound to a hostPath PV holding `disk.img` (CDI's layout); or why
+/// Every disk's image: its volume's PVC, bound to a hostPath PV holding `disk.img` (CDI's layout) or a Block
+/// volume's device; or why
 /// the VMI cannot be scheduled yet.
 async fn volume_images(
     domain: &Domain,
@@ -289,12 +290,16 @@ async fn volume_images(
         let Some(pv) = pvs.get_opt(&pv_name).await? else {
             return Ok(Err(format!("PV {pv_name} does not exist")));
         };
-        let Some(path) = pv
-            .spec
-            .and_then(|s| s.host_path)
+        // A hostPath (a directory with CDI's `disk.img`, or a Block volume's file), or a local device.
+        let spec = pv.spec.unwrap_or_default();
+        let Some(path) = spec
+            .host_path
             .map(|h| PathBuf::from(h.path))
+            .or(spec.local.map(|l| PathBuf::from(l.path)))
         else {
-            return Ok(Err(format!("PV {pv_name} is not a hostPath volume")));
+            return Ok(Err(format!(
+                "PV {pv_name} is neither a hostPath nor a local volume"
+            )));
         };
         let image = if path.is_dir() {
             path.join("disk.img")
