@@ -218,20 +218,37 @@ fn scheduler(node: &RealNode, kubeconfig: &Path, serving: &CertFiles, ports: &Po
     }
 }
 
+/// Waits until the Node is Ready, and schedulable: a lab started again in its directory finds the Node as its
+/// `down` left it, cordoned ([`stop_pods`]), and nothing would be scheduled on it.
 async fn wait_node_ready(kubeconfig: &Path, name: &str) -> Result<()> {
     use k8s_openapi::api::core::v1::Node;
     let nodes: kube::Api<Node> =
         kube::Api::all(crate::control_plane::probe::client_for(kubeconfig, None).await?);
     let deadline = Instant::now() + NODE_READY_TIMEOUT;
     loop {
-        let ready = nodes.get_opt(name).await?.is_some_and(|node| {
+        let node = nodes.get_opt(name).await?;
+        let ready = node.as_ref().is_some_and(|node| {
             node.status
-                .and_then(|s| s.conditions)
-                .unwrap_or_default()
                 .iter()
+                .flat_map(|s| s.conditions.iter().flatten())
                 .any(|c| c.type_ == "Ready" && c.status == "True")
         });
         if ready {
+            let cordoned = node
+                .and_then(|n| n.spec)
+                .and_then(|s| s.unschedulable)
+                .unwrap_or(false);
+            if cordoned {
+                let uncordon = serde_json::json!({"spec": {"unschedulable": false}});
+                nodes
+                    .patch(
+                        name,
+                        &kube::api::PatchParams::default(),
+                        &kube::api::Patch::Merge(&uncordon),
+                    )
+                    .await?;
+                tracing::info!("Node {name} uncordoned: the lab's last `down` cordoned it");
+            }
             return Ok(());
         }
         if Instant::now() > deadline {
