@@ -83,11 +83,43 @@ pub struct VmStatus {
     /// virt-controller's `Failure` (a VMI it could not create, `FailedCreate`) among them.
     #[serde(default)]
     pub conditions: Vec<ForeignCondition>,
+    /// virt-controller's count of instances that failed before they ran, and when it tries again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_failure: Option<StartFailure>,
+}
+
+/// KubeVirt's `status.startFailure` (`VirtualMachineStartFailure`).
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StartFailure {
+    #[serde(default)]
+    pub consecutive_fail_count: i64,
+    /// RFC 3339.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry_after_timestamp: Option<String>,
 }
 
 impl VmStatus {
     pub fn of(vm: &DynamicObject) -> Self {
         part(vm, "status")
+    }
+
+    /// What KubeVirt says of a VM whose instances keep failing before they run (`CrashLoopBackOff`); None
+    /// otherwise. virt-controller deletes each failed instance at once and backs off up to 5 minutes between
+    /// tries, for as long as the VM should run: between tries the VM has no instance at all.
+    pub fn crash_looping(&self) -> Option<String> {
+        if self.printable_status.as_deref() != Some("CrashLoopBackOff") {
+            return None;
+        }
+        let failure = self.start_failure.clone().unwrap_or_default();
+        let next = failure
+            .retry_after_timestamp
+            .map(|t| format!("; KubeVirt tries again after {t}"))
+            .unwrap_or_default();
+        Some(format!(
+            "CrashLoopBackOff: {} instance(s) in a row failed before they ran{next}",
+            failure.consecutive_fail_count
+        ))
     }
 
     /// Why virt-controller cannot create the VM's instance, as it says it; None when nothing stops it.

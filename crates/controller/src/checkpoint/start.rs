@@ -1,6 +1,6 @@
-//! Starting. Desired: the VMI Running or Failed (the guest check judges it), or the VM left Halted when
-//! `runStrategy: Halted`. Observed: the VM's run strategy and the VMI's phase. Action: set the run strategy.
-//! Recorded: VMStarted.
+//! Starting. Desired: the VMI Running or Failed, or the VM in KubeVirt's crash loop (the guest check judges
+//! both), or the VM left Halted when `runStrategy: Halted`. Observed: the VM's run strategy and status, the VMI's
+//! phase. Action: set the run strategy. Recorded: VMStarted.
 
 use std::time::Duration;
 
@@ -55,6 +55,16 @@ pub async fn run(step: &mut Step<'_>) -> Result<Next> {
             "VMICreateRefused",
             format!("KubeVirt cannot create VirtualMachineInstance {name}: {refused}"),
             Duration::from_secs(30),
+        ));
+    }
+    if phase == "Absent"
+        && let Some(looping) = VmStatus::of(&vm).crash_looping()
+    {
+        // Between KubeVirt's tries there is no instance to see fail: the guest check judges the crash loop,
+        // within its timeout, and stops the VM keeping its volumes.
+        return Ok(Next::advance(
+            "VMIFailed",
+            format!("VirtualMachine {name} is in {looping}; the guest check follows up"),
         ));
     }
     match phase.as_str() {

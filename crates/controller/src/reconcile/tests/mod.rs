@@ -759,3 +759,65 @@ async fn a_volume_bound_but_not_yet_imported_by_cdi_is_not_written() {
         .expect("waiting for CDI's import");
     assert_eq!(action, Action::requeue(Duration::from_secs(60)));
 }
+
+/// KubeVirt v1.9.0's VirtualMachine between two tries of a crash loop (virt-controller's `setPrintableStatus`
+/// and `syncStartFailureStatus`): no instance, and nothing else says why.
+fn crash_looping_vm(mut vm: Value) -> Value {
+    vm["spec"]["runStrategy"] = json!("Always");
+    vm["status"] = json!({
+        "printableStatus": "CrashLoopBackOff", "runStrategy": "Always",
+        "startFailure": {"consecutiveFailCount": 2, "lastFailedVMIUID": "3f1c0d52-vmi",
+            "retryAfterTimestamp": "2026-12-06T10:00:52Z"},
+        "conditions": [{"type": "Ready", "status": "False", "reason": "VMINotExists",
+            "message": "VMI does not exist", "lastProbeTime": null,
+            "lastTransitionTime": "2026-12-06T10:00:01Z"}],
+    });
+    vm
+}
+
+#[tokio::test]
+async fn a_vm_kubevirt_keeps_failing_to_start_goes_to_the_guest_check_with_kubevirts_words() {
+    let (creating, vm) = creating_vm("2Gi");
+    let mut object = serde_json::to_value(&creating).unwrap();
+    object["status"]["phase"] = json!("Starting");
+    object["status"]["reason"] = json!("VMCreated");
+    let vmm = vmm(object);
+    let looping = crash_looping_vm(vm);
+    let vmi_path = "/apis/kubevirt.io/v1/namespaces/apps/virtualmachineinstances/web";
+    let script = vec![
+        Exchange::get(VM_PATH).reply(looping.clone()),
+        Exchange::get(vmi_path).not_found("virtualmachineinstances.kubevirt.io", "web"),
+        // The guest check, in the same reconcile.
+        Exchange::get(VM_PATH).reply(looping.clone()),
+        Exchange::get(vmi_path).not_found("virtualmachineinstances.kubevirt.io", "web"),
+        // Judged failed: the VM is stopped, its volumes kept, and a person is asked.
+        Exchange::get(VM_PATH).reply(looping.clone()),
+        Exchange::new(http::Method::PATCH, format!("{VM_PATH}?"))
+            .content_type("application/merge-patch+json")
+            .check(|patch| assert_eq!(patch["spec"]["runStrategy"], "Halted"))
+            .reply(looping),
+        Exchange::event(&vmm, "Normal", "VMIFailed", |note| {
+            assert_eq!(
+                note,
+                "VirtualMachine web is in CrashLoopBackOff: 2 instance(s) in a row failed before they ran; \
+                 KubeVirt tries again after 2026-12-06T10:00:52Z; the guest check follows up"
+            )
+        }),
+        Exchange::event(&vmm, "Warning", "GuestNotReady", |note| {
+            assert!(note.contains("CrashLoopBackOff"), "{note}")
+        }),
+        Exchange::status_write(&vmm, "101", |status| {
+            assert_eq!(status["phase"], "ManualInterventionRequired", "{status:#}");
+            let message = status["message"].as_str().unwrap();
+            assert!(message.contains("CrashLoopBackOff"), "{message}");
+            assert!(
+                message.contains("kept with its 1 DataVolume(s)"),
+                "{message}"
+            );
+        }),
+    ];
+    ApiServer::new()
+        .reconcile(vmm, script)
+        .await
+        .expect("stopped for a person");
+}
