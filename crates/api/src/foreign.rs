@@ -220,6 +220,11 @@ impl DataVolumeStatus {
         part(dv, "status")
     }
 
+    /// CDI's condition `type_` (`Bound`, `Ready`, `Running`).
+    pub fn condition(&self, type_: &str) -> Option<&ForeignCondition> {
+        self.conditions.iter().find(|c| c.type_ == type_)
+    }
+
     /// The message of the first condition of `types` that has one.
     pub fn message_of(&self, types: &[&str]) -> Option<&str> {
         self.conditions

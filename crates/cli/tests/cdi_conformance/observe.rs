@@ -376,15 +376,12 @@ async fn ended(
     let deadline = Instant::now() + timeout;
     loop {
         let dv = dvs.get(name).await?;
-        let status = &dv.data["status"];
-        let running = status["conditions"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .find(|c| c["type"] == "Running");
-        let importer_down = running.is_some_and(|c| c["status"] == "False");
-        if matches!(status["phase"].as_str(), Some("Succeeded" | "Failed"))
-            || (status["restartCount"].as_i64().unwrap_or(0) >= 3 && importer_down)
+        let status = ferry_api::foreign::DataVolumeStatus::of(&dv);
+        let importer_down = status
+            .condition("Running")
+            .is_some_and(|c| c.status == "False");
+        if matches!(status.phase.as_deref(), Some("Succeeded" | "Failed"))
+            || (status.restart_count.unwrap_or(0) >= 3 && importer_down)
         {
             return Ok(dv);
         }

@@ -254,7 +254,7 @@ pub fn dv_state(dv: Option<&DynamicObject>) -> DvState {
 /// The importer's error once CDI restarted it [`IMPORTER_RESTART_LIMIT`] times and it still fails.
 fn importer_failing(status: &DataVolumeStatus) -> Option<String> {
     let restarts = status.restart_count.unwrap_or(0);
-    let running = status.conditions.iter().find(|c| c.type_ == "Running")?;
+    let running = status.condition("Running")?;
     let failing = running.status == "False" && running.reason.as_deref() == Some("Error");
     (failing && restarts >= IMPORTER_RESTART_LIMIT).then(|| {
         let error = running.message.as_deref().unwrap_or("no message");
