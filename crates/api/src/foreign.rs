@@ -46,6 +46,10 @@ pub struct ForeignCondition {
     /// RFC 3339, as Kubernetes writes it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_transition_time: Option<String>,
+    /// When the condition was last seen to hold. KubeVirt's `AgentConnected` has only this (its transition time is
+    /// null).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_probe_time: Option<String>,
 }
 
 fn is_true(conditions: &[ForeignCondition], type_: &str) -> bool {
@@ -151,6 +155,20 @@ pub struct VmiStatus {
 }
 
 impl VmiStatus {
+    /// Why KubeVirt cannot create the instance's launcher pod, as virt-controller says it (its `Synchronized`
+    /// condition False with `FailedCreate`: Pod Security refusing the pod, a quota); it keeps trying. None when
+    /// nothing stops it.
+    pub fn pod_refused(&self) -> Option<&str> {
+        self.conditions
+            .iter()
+            .find(|c| {
+                c.type_ == "Synchronized"
+                    && c.status == "False"
+                    && c.reason.as_deref() == Some("FailedCreate")
+            })
+            .map(|c| c.message.as_deref().unwrap_or("no message"))
+    }
+
     pub fn of(vmi: &DynamicObject) -> Self {
         part(vmi, "status")
     }

@@ -199,6 +199,7 @@ impl Observed {
                 .map(|c| {
                     c.last_transition_time
                         .as_deref()
+                        .or(c.last_probe_time.as_deref())
                         .and_then(|t| t.parse::<Timestamp>().ok())
                         .or_else(|| vmi.and_then(|v| v.creation_timestamp()).map(|t| t.0))
                         .unwrap_or(Timestamp::UNIX_EPOCH)
@@ -226,6 +227,7 @@ impl Observed {
                     }
                 })
                 .collect(),
+            pod_refused: status.pod_refused().map(String::from),
             conditions: status
                 .conditions
                 .iter()
@@ -237,5 +239,80 @@ impl Observed {
                 })
                 .collect(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A VMI as KubeVirt v1.9.0's virt-handler reported it on the lab's real node (Ferry's Debian 12 guest under
+    /// software emulation, masquerade on the pod network), trimmed to what the check reads.
+    const VMI: &str = include_str!("guest/kubevirt-v1.9.0-vmi-agent-connected.json");
+
+    fn vmi(guest_os_info: serde_json::Value) -> DynamicObject {
+        let mut vmi: serde_json::Value = serde_json::from_str(VMI).unwrap();
+        vmi["status"]["guestOSInfo"] = guest_os_info;
+        serde_json::from_value(vmi).unwrap()
+    }
+
+    fn vm() -> DynamicObject {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine",
+            "metadata": {"name": "ferry-linux-bios", "namespace": "ferry-demo"},
+            "status": {"printableStatus": "Running", "ready": true}}))
+        .unwrap()
+    }
+
+    fn at(rfc3339: &str) -> Timestamp {
+        rfc3339.parse().unwrap()
+    }
+
+    #[test]
+    fn kubevirts_agent_answer_is_waited_on_until_it_has_said_what_os_runs() {
+        let check = Check {
+            agent_required: true,
+            settle: Duration::from_secs(60),
+            timeout: Duration::from_secs(900),
+        };
+        // KubeVirt marks the agent connected (a probe time, no transition time) and reports the masquerade
+        // interface's address from the domain before it has asked the agent about the guest.
+        let connected = Observed::read(Some(&vm()), Some(&vmi(serde_json::json!({}))));
+        assert_eq!(connected.agent_since, Some(at("2026-12-06T09:49:12Z")));
+        assert_eq!(connected.ip_addresses, ["10.88.0.19"]);
+        let verdict = judge(
+            &check,
+            &connected,
+            at("2026-12-06T09:48:43Z"),
+            at("2026-12-06T09:49:13Z"),
+        );
+        let Verdict::Waiting {
+            reason, message, ..
+        } = verdict
+        else {
+            panic!("an answer without the guest's OS is not yet the proof: {verdict:?}");
+        };
+        assert_eq!(reason, "WaitingForGuestInfo");
+        assert_eq!(
+            message,
+            "the guest agent answered; waiting until 09:50:12 UTC for the guest's OS"
+        );
+
+        let as_reported =
+            serde_json::from_str::<serde_json::Value>(VMI).unwrap()["status"]["guestOSInfo"]
+                .clone();
+        let reported = Observed::read(Some(&vm()), Some(&vmi(as_reported)));
+        let Verdict::Proven(guest) = judge(
+            &check,
+            &reported,
+            at("2026-12-06T09:48:43Z"),
+            at("2026-12-06T09:49:22Z"),
+        ) else {
+            panic!("the agent said what runs");
+        };
+        assert_eq!(
+            guest.message,
+            "guest agent answered: Debian GNU/Linux 12 (bookworm), 10.88.0.19"
+        );
     }
 }

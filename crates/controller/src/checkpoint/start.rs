@@ -1,5 +1,5 @@
-//! Starting. Desired: the VMI Running or Failed, or the VM in KubeVirt's crash loop (the guest check judges
-//! both), or the VM left Halted when `runStrategy: Halted`. Observed: the VM's run strategy and status, the VMI's
+//! Starting. Desired: the VMI Running or Failed, or the VM in KubeVirt's crash loop, or the VMI's launcher pod
+//! refused (the guest check judges them all), or the VM left Halted when `runStrategy: Halted`. Observed: the VM's run strategy and status, the VMI's
 //! phase. Action: set the run strategy. Recorded: VMStarted.
 
 use std::time::Duration;
@@ -42,11 +42,22 @@ pub async fn run(step: &mut Step<'_>) -> Result<Next> {
         ));
     }
     let vmis = Api::<DynamicObject>::namespaced_with(step.ctx.client.clone(), &ns, &vmi_resource());
-    let phase = vmis
-        .get_opt(&name)
-        .await?
-        .and_then(|vmi| VmiStatus::of(&vmi).phase)
+    let vmi = vmis.get_opt(&name).await?.map(|vmi| VmiStatus::of(&vmi));
+    let phase = vmi
+        .as_ref()
+        .and_then(|vmi| vmi.phase.clone())
         .unwrap_or_else(|| "Absent".into());
+    if let Some(refused) = vmi.as_ref().and_then(VmiStatus::pod_refused) {
+        // The instance exists but its pod is refused (KubeVirt retries): the guest check says why, within its
+        // timeout, and stops the VM keeping its volumes if nothing changes.
+        return Ok(Next::advance(
+            "VMIPodRefused",
+            format!(
+                "KubeVirt cannot create the launcher pod of VirtualMachineInstance {name}: {refused}; the guest \
+                 check follows up"
+            ),
+        ));
+    }
     if phase == "Absent"
         && let Some(refused) = VmStatus::of(&vm).start_refused()
     {

@@ -33,6 +33,8 @@ pub struct Observed {
     pub ip_addresses: Vec<String>,
     /// The VMI's conditions, as `Type=Status (Reason)`.
     pub conditions: Vec<String>,
+    /// Why KubeVirt cannot create the VMI's launcher pod, in its words (it keeps trying).
+    pub pod_refused: Option<String>,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -58,21 +60,35 @@ pub fn judge(
     let running = observed.vmi_phase.as_deref() == Some("Running");
     let state = observed.summary();
     if running && observed.agent_connected {
-        // The agent starts before the network is up: its answer is proof enough, but the guest's address is
-        // worth the settle time.
+        // The agent starts before the network is up: its answer is proof enough, but the guest's address and
+        // what it says of its OS are worth the settle time. KubeVirt reports the agent connected before it first
+        // asks it about the guest (`guestOSInfo` follows within its poll interval), and the address of a
+        // masquerade interface from the domain, before the agent answers.
         let answering = observed
             .agent_since
             .map_or(u64::MAX, |since| seconds_between(since, now));
-        if !observed.ip_addresses.is_empty() || answering >= check.settle.as_secs() {
+        let missing: Vec<&str> = [
+            (observed.os.is_none(), "OS"),
+            (observed.ip_addresses.is_empty(), "IP address"),
+        ]
+        .into_iter()
+        .filter_map(|(absent, what)| absent.then_some(what))
+        .collect();
+        if missing.is_empty() || answering >= check.settle.as_secs() {
             return Verdict::Proven(agent_answered(observed));
         }
         return Verdict::Waiting {
-            // An address arrives as a VMI change (watched); the time only tells when the settle ends.
+            // Both arrive as VMI changes (watched); the time only tells when the settle ends.
             recheck: until(now, observed.agent_since.unwrap_or(now) + check.settle),
-            reason: "WaitingForAddress",
+            reason: if observed.ip_addresses.is_empty() {
+                "WaitingForAddress"
+            } else {
+                "WaitingForGuestInfo"
+            },
             message: format!(
-                "the guest agent answered; waiting until {} for the guest's IP address",
-                clock(observed.agent_since.unwrap_or(now) + check.settle)
+                "the guest agent answered; waiting until {} for the guest's {}",
+                clock(observed.agent_since.unwrap_or(now) + check.settle),
+                missing.join(" and ")
             ),
         };
     }
@@ -112,6 +128,22 @@ pub fn judge(
         }
     }
     let timeout = check.timeout.as_secs();
+    if let Some(refused) = &observed.pod_refused {
+        // Someone may yet fix what refuses the pod (a namespace's Pod Security level, a quota): KubeVirt retries,
+        // and so does the check, until its timeout.
+        if seconds_between(window_start, now) > timeout {
+            return failed(format!(
+                "KubeVirt could not create the VM's launcher pod within {timeout} s: {refused}"
+            ));
+        }
+        return Verdict::Waiting {
+            reason: "LauncherPodRefused",
+            message: format!(
+                "KubeVirt cannot create the VM's launcher pod and keeps trying: {refused}"
+            ),
+            recheck: Duration::from_secs(30),
+        };
+    }
     if seconds_between(window_start, now) > timeout {
         return failed(if check.agent_required {
             format!("the guest agent did not answer within {timeout} s ({state})")
@@ -291,6 +323,65 @@ mod tests {
                 "guest agent answered: Debian GNU/Linux 12 (bookworm), 10.0.2.2"
             );
         }
+    }
+
+    #[test]
+    fn an_agent_that_has_not_said_what_os_runs_is_given_the_settle_time() {
+        let mut observed = running_since(10);
+        observed.agent_connected = true;
+        observed.agent_since = Some(at(11));
+        observed.ip_addresses = vec!["10.88.0.19".into()];
+        let Verdict::Waiting {
+            reason, message, ..
+        } = judge(&check(true), &observed, at(0), at(12))
+        else {
+            panic!("waiting for the OS");
+        };
+        assert_eq!(reason, "WaitingForGuestInfo");
+        assert!(message.ends_with("for the guest's OS"), "{message}");
+        observed.ip_addresses.clear();
+        let Verdict::Waiting { message, .. } = judge(&check(true), &observed, at(0), at(12)) else {
+            panic!("waiting for both");
+        };
+        assert!(
+            message.ends_with("for the guest's OS and IP address"),
+            "{message}"
+        );
+        let Verdict::Proven(late) = judge(&check(true), &observed, at(0), at(71)) else {
+            panic!("after the settle time the answer proves the guest all the same");
+        };
+        assert_eq!(
+            late.message,
+            "guest agent answered: an unnamed OS, no IP address"
+        );
+    }
+
+    #[test]
+    fn a_refused_launcher_pod_is_waited_for_with_kubevirts_words_then_the_check_fails() {
+        let observed = Observed {
+            vm_exists: true,
+            vmi_phase: Some("Pending".into()),
+            pod_refused: Some(
+                "pods \"virt-launcher-web-x\" is forbidden: violates PodSecurity".into(),
+            ),
+            ..Default::default()
+        };
+        let Verdict::Waiting {
+            reason, message, ..
+        } = judge(&check(false), &observed, at(0), at(100))
+        else {
+            panic!("KubeVirt retries: so does the check");
+        };
+        assert_eq!(reason, "LauncherPodRefused");
+        assert!(message.ends_with("violates PodSecurity"), "{message}");
+        let Verdict::Failed { cause } = judge(&check(false), &observed, at(0), at(901)) else {
+            panic!("bounded by the check's timeout");
+        };
+        assert_eq!(
+            cause,
+            "KubeVirt could not create the VM's launcher pod within 900 s: pods \"virt-launcher-web-x\" is \
+             forbidden: violates PodSecurity"
+        );
     }
 
     #[test]

@@ -821,3 +821,71 @@ async fn a_vm_kubevirt_keeps_failing_to_start_goes_to_the_guest_check_with_kubev
         .await
         .expect("stopped for a person");
 }
+
+/// KubeVirt v1.9.0's VMI in a namespace that enforces Pod Security's `restricted` level, when the KubeVirt CR gives
+/// launcher pods no seccomp profile (its default): virt-controller's words, as the lab's real node recorded them.
+fn vmi_whose_pod_is_refused() -> Value {
+    let refused = "failed to create pod for vmi apps/web, it needs a privileged namespace to run: pods \
+                   \"virt-launcher-web-87987\" is forbidden: violates PodSecurity \"restricted:latest\": \
+                   seccompProfile (pod or containers \"guest-console-log\", \"compute\" must set \
+                   securityContext.seccompProfile.type to \"RuntimeDefault\" or \"Localhost\")";
+    json!({
+        "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
+        "metadata": {"name": "web", "namespace": "apps", "uid": "vmi-uid",
+            "creationTimestamp": "2026-12-06T09:47:22Z"},
+        "status": {
+            "phase": "Pending",
+            "guestOSInfo": {},
+            "conditions": [
+                {"type": "Ready", "status": "False", "reason": "PodNotExists",
+                    "message": "virt-launcher pod has not yet been scheduled", "lastProbeTime": "2026-12-06T09:47:22Z",
+                    "lastTransitionTime": "2026-12-06T09:47:22Z"},
+                {"type": "Synchronized", "status": "False", "reason": "FailedCreate", "message": refused,
+                    "lastProbeTime": null, "lastTransitionTime": "2026-12-06T09:47:22Z"},
+            ],
+        },
+    })
+}
+
+#[tokio::test]
+async fn a_vm_whose_launcher_pod_is_refused_says_kubevirts_words_and_waits_in_the_guest_check() {
+    let (creating, mut vm) = creating_vm("2Gi");
+    vm["spec"]["runStrategy"] = json!("Always");
+    let mut object = serde_json::to_value(&creating).unwrap();
+    object["status"]["phase"] = json!("Starting");
+    object["status"]["reason"] = json!("VMCreated");
+    let vmm = vmm(object);
+    let vmi_path = "/apis/kubevirt.io/v1/namespaces/apps/virtualmachineinstances/web";
+    let vmi = vmi_whose_pod_is_refused();
+    let script = vec![
+        Exchange::get(VM_PATH).reply(vm.clone()),
+        Exchange::get(vmi_path).reply(vmi.clone()),
+        // The guest check, in the same reconcile: KubeVirt retries, so it waits, saying why.
+        Exchange::get(VM_PATH).reply(vm),
+        Exchange::get(vmi_path).reply(vmi),
+        Exchange::event(&vmm, "Normal", "VMIPodRefused", |note| {
+            assert!(
+                note.starts_with(
+                    "KubeVirt cannot create the launcher pod of VirtualMachineInstance web: failed to create pod"
+                ),
+                "{note}"
+            );
+            assert!(note.contains("violates PodSecurity"), "{note}");
+        }),
+        Exchange::status_write(&vmm, "101", |status| {
+            assert_eq!(status["phase"], "ValidatingGuest", "{status:#}");
+            assert_eq!(status["reason"], "LauncherPodRefused", "{status:#}");
+            let message = status["message"].as_str().unwrap();
+            assert!(
+                message
+                    .starts_with("KubeVirt cannot create the VM's launcher pod and keeps trying"),
+                "{message}"
+            );
+            assert!(message.contains("seccompProfile"), "{message}");
+        }),
+    ];
+    ApiServer::new()
+        .reconcile(vmm, script)
+        .await
+        .expect("waiting for KubeVirt");
+}
