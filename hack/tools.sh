@@ -16,6 +16,8 @@ K8S=1.37.2
 key() {
   (cd "$root/tools/$1" && cat go.mod go.sum ./*.go 2>/dev/null
     [ ! -d standin ] || find standin -type f | LC_ALL=C sort | xargs cat
+    # Stand-ins shared with another tool (`=> ../other/standin/...`).
+    grep -o '=> \.\./[^ ]*' go.mod | cut -c4- | while read -r dir; do find "$dir" -type f | LC_ALL=C sort | xargs cat; done
     go version) | sha256sum | cut -c1-16
 }
 
@@ -50,6 +52,24 @@ build_cdi() {
   (cd "$root/tools/cdi" && go build -ldflags "-s -w" -o "$1/" "$p/cdi-controller" "$p/cdi-importer" &&
     go build -ldflags "-s -w" -o "$1/cdi-install" .)
 }
+# KubeVirt's virt-controller, virt-handler and virt-launcher with its helpers, from KubeVirt's own module: the
+# handler and launcher with cgo (the handler includes <linux/kvm.h>; the launcher loads libvirt.so.0 at run time,
+# `libvirt_dlopen`, so no libvirt headers), the rest without; the launcher image's scripts and configuration from
+# the same module; and the installer that renders them from virt-operator's factories. For a real node.
+build_kubevirt() {
+  local out=$1 p=kubevirt.io/kubevirt/cmd src
+  (cd "$root/tools/kubevirt" &&
+    go build -ldflags "-s -w" -o "$out/" "$p/virt-controller" "$p/virt-chroot" "$p/virt-freezer" \
+      "$p/virt-launcher-monitor" "$p/virt-probe" "$p/virt-tail" "$p/virt-launcher/libvirt-hook-client" &&
+    CGO_ENABLED=1 go build -ldflags "-s -w" -o "$out/" "$p/virt-handler" &&
+    CGO_ENABLED=1 go build -tags libvirt_dlopen -ldflags "-s -w" -o "$out/" "$p/virt-launcher" &&
+    go build -ldflags "-s -w" -o "$out/kubevirt-install" . &&
+    src=$(go list -m -f '{{.Dir}}' kubevirt.io/kubevirt) &&
+    mkdir -p "$out/launcher-files" &&
+    cp "$src/cmd/virt-launcher/node-labeller/node-labeller.sh" "$src/cmd/virt-launcher/qemu.conf" \
+      "$src/cmd/virt-launcher/virtqemud.conf" "$src/cmd/virt-launcher/nsswitch.conf" "$src/cmd/virt-launcher/qemu" \
+      "$out/launcher-files/" && chmod -R u+w "$out/launcher-files")
+}
 # A real node (`ferry lab up --node real`): the kubelet and kube-scheduler of the same Kubernetes release, built with
 # the same flags; containerd with its runc shim and `ctr`, and the CNI plugins the lab's bridge network uses (in cni/).
 build_node_kube() {
@@ -73,7 +93,7 @@ flock 9
 
 # The lab's tools; with --node, those of a real node instead (built only when a real node is asked for).
 case ${1:-} in
-  --node) tools=(node-kube containerd cdi) ;;
+  --node) tools=(node-kube containerd cdi kubevirt) ;;
   "") tools=(etcd vcsim minio kube kubevirt-admission cdi-admission) ;;
   *) echo "usage: hack/tools.sh [--node]" >&2; exit 2 ;;
 esac

@@ -52,6 +52,7 @@ impl ChaosLab {
             vcsim_realism: ferry_lab::lab::VcsimRealism::production_like(),
             compress_staging: false,
             real_node: None,
+            real_kubevirt: false,
         };
         let state = ferry_lab::up(&options).await?.into_state();
         ferry_lab::control_plane::controller_process::apply_rbac(&state.tools, &state.kubeconfig)?;

@@ -24,7 +24,7 @@ pub async fn run(
     dir: PathBuf,
     vms: Vec<String>,
     as_plan: bool,
-    node: crate::lab::NodeKind,
+    node: crate::lab::NodeArg,
 ) -> Result<()> {
     let started = Instant::now();
     let vms = if vms.is_empty() {
@@ -39,7 +39,7 @@ pub async fn run(
     let state = ferry_lab::up(&crate::lab::options_for(dir, node)?)
         .await?
         .into_state();
-    if node == crate::lab::NodeKind::Real {
+    if node.kind == crate::lab::NodeKind::Real {
         install_from_deploy(&state).await?;
     }
     println!(
@@ -289,11 +289,14 @@ async fn summary(client: &kube::Client, vm: &str, m: &VirtualMachineMigration) -
     let deadline = Instant::now() + Duration::from_secs(240);
     let marker = loop {
         let vmi = vmis.get_opt(&target).await.ok().flatten();
-        let line = vmi.as_ref().and_then(|vmi| {
+        let mut line = vmi.as_ref().and_then(|vmi| {
             vmi.annotations()
                 .get(ferry_lab::standins::kubevirt::MARKER_ANNOTATION)
                 .cloned()
         });
+        if line.is_none() && vmi.is_some() {
+            line = console_marker(client, &target).await;
+        }
         if line.is_some() || vmi.is_none() || Instant::now() > deadline {
             break line;
         }
@@ -310,6 +313,34 @@ async fn summary(client: &kube::Client, vm: &str, m: &VirtualMachineMigration) -
         ));
     }
     out
+}
+
+/// The guest's ready line as real KubeVirt records the serial console: in the `guest-console-log` container of
+/// the VM's launcher pod. (The stand-in writes it as an annotation on the VMI instead.)
+async fn console_marker(client: &kube::Client, vm: &str) -> Option<String> {
+    use k8s_openapi::api::core::v1::Pod;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
+    let selector = format!("vm.kubevirt.io/name={vm}");
+    let launchers = pods
+        .list(&kube::api::ListParams::default().labels(&selector))
+        .await
+        .ok()?;
+    for pod in launchers.items {
+        let params = kube::api::LogParams {
+            container: Some("guest-console-log".into()),
+            ..Default::default()
+        };
+        let Ok(log) = pods.logs(&pod.name_any(), &params).await else {
+            continue;
+        };
+        if let Some(line) = log
+            .lines()
+            .find(|l| l.starts_with(ferry_lab::standins::kubevirt::READY_MARKER))
+        {
+            return Some(line.trim().to_string());
+        }
+    }
+    None
 }
 
 /// Ferry on a real node, installed as a user installs it: deploy/ applied unchanged, both replicas Ready and one

@@ -75,6 +75,16 @@ pub struct NodeArg {
     /// builds its tools with `hack/tools.sh --node` on first use).
     #[arg(long = "node", value_enum, default_value_t = NodeKind::Agent)]
     pub kind: NodeKind,
+    /// With `--node real`: `real` runs KubeVirt v1.9.0's own virt-controller, virt-handler and virt-launcher
+    /// (software emulation); `standin` the lab's KubeVirt stand-in, which starts QEMU itself.
+    #[arg(long = "kubevirt", value_enum, default_value_t = KubevirtKind::Standin)]
+    pub kubevirt: KubevirtKind,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, PartialEq, Eq)]
+pub enum KubevirtKind {
+    Real,
+    Standin,
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, PartialEq, Eq)]
@@ -97,7 +107,7 @@ pub async fn run(args: LabArgs) -> Result<()> {
             vms,
             plan,
             node,
-        } => crate::demo::run(dir.dir, vms, plan, node.kind).await,
+        } => crate::demo::run(dir.dir, vms, plan, node).await,
         #[cfg(feature = "chaos")]
         LabCommand::Chaos(args) => ferry_chaos::run(args).await,
         LabCommand::Up {
@@ -105,7 +115,7 @@ pub async fn run(args: LabArgs) -> Result<()> {
             node,
         } => {
             let started = Instant::now();
-            let options = options_for(dir, node.kind)?;
+            let options = options_for(dir, node)?;
             let outcome = ferry_lab::up(&options).await?;
             let verb = match outcome {
                 UpOutcome::Started(_) => "started",
@@ -175,14 +185,15 @@ pub fn options(dir: PathBuf) -> Result<LabOptions> {
         vcsim_realism: ferry_lab::lab::VcsimRealism::production_like(),
         compress_staging: false,
         real_node: None,
+        real_kubevirt: false,
     })
 }
 
 /// The lab's options with the node `kind`: a real node's lab runs no controller process (Ferry is installed
 /// from deploy/ onto it instead).
-pub fn options_for(dir: PathBuf, kind: NodeKind) -> Result<LabOptions> {
+pub fn options_for(dir: PathBuf, node: NodeArg) -> Result<LabOptions> {
     let mut options = options(dir)?;
-    if kind == NodeKind::Real {
+    if node.kind == NodeKind::Real {
         // Refused before the node's tools are built (minutes, the first time).
         let dir = options.dir.canonicalize().unwrap_or(options.dir.clone());
         if let Some(why) = ferry_lab::real_node::host_refusal(&dir) {
@@ -190,6 +201,7 @@ pub fn options_for(dir: PathBuf, kind: NodeKind) -> Result<LabOptions> {
         }
         options.real_node = Some(ferry_lab::control_plane::tools::node_bin_dir()?);
         options.controller = false;
+        options.real_kubevirt = node.kubevirt == KubevirtKind::Real;
     }
     Ok(options)
 }
@@ -217,6 +229,10 @@ pub async fn print_summary(state: &LabState) {
         );
     }
     println!("  CDI                      {}", cdi_running(state));
+    println!(
+        "  KubeVirt                 {}",
+        kubevirt_running(state).await
+    );
     if let Some(s) = &state.staging {
         println!(
             "  staging (S3, MinIO)      {} bucket {}",
@@ -249,6 +265,36 @@ fn cdi_running(state: &LabState) -> String {
         ),
         (false, true) => "the lab's CDI stand-in (ferry lab standin cdi)".into(),
         (false, false) => "none".into(),
+    }
+}
+
+/// Which KubeVirt runs the lab's VMs: the stand-in (a lab process), or KubeVirt's own components on the real node.
+async fn kubevirt_running(state: &LabState) -> String {
+    use ferry_lab::real_node::kubevirt::{CONTROLLER, HANDLER, NAMESPACE};
+    use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
+    if state.processes.iter().any(|p| p.name == "standin-kubevirt") {
+        return "the lab's KubeVirt stand-in (ferry lab standin kubevirt), QEMU started by it"
+            .into();
+    }
+    let Ok(client) = state.client().await else {
+        return "unknown (the API server does not answer)".into();
+    };
+    let handler = kube::Api::<DaemonSet>::namespaced(client.clone(), NAMESPACE)
+        .get_opt(HANDLER)
+        .await;
+    let controller = kube::Api::<Deployment>::namespaced(client, NAMESPACE)
+        .get_opt(CONTROLLER)
+        .await;
+    match (handler, controller) {
+        (Ok(Some(handler)), Ok(Some(controller))) => format!(
+            "KubeVirt v1.9.0's {CONTROLLER} ({} ready) and {HANDLER} ({} ready), launchers under software emulation",
+            controller
+                .status
+                .and_then(|s| s.ready_replicas)
+                .unwrap_or(0),
+            handler.status.map_or(0, |s| s.number_ready)
+        ),
+        _ => "none".into(),
     }
 }
 

@@ -47,6 +47,9 @@ pub struct LabOptions {
     /// A real node (containerd, the kubelet, kube-scheduler) from the tools in this directory
     /// (`hack/tools.sh --node`) instead of the node agent. Needs root and runc; one per machine.
     pub real_node: Option<PathBuf>,
+    /// With a real node: KubeVirt v1.9.0's own virt-controller, virt-handler and virt-launcher run the VMs, instead
+    /// of the lab's KubeVirt stand-in.
+    pub real_kubevirt: bool,
 }
 
 /// vcsim's VMs per host and per resource pool in an ordinary lab.
@@ -244,6 +247,10 @@ async fn start_all(state: &mut LabState, options: &LabOptions) -> Result<()> {
         crate::real_node::cdi::images(&node)?;
         let client = probe::client_for(&state.kubeconfig, None).await?;
         crate::real_node::cdi::install(state, &node, &client).await?;
+        if options.real_kubevirt {
+            crate::real_node::kubevirt::images(&node)?;
+            crate::real_node::kubevirt::install(state, &node, &client).await?;
+        }
     }
     let vcsim = start_component(state, lifetime, |_| {
         let mut vcsim = ctx.vcsim(options.vcsim_vms);
@@ -282,6 +289,9 @@ async fn start_all(state: &mut LabState, options: &LabOptions) -> Result<()> {
     if let Some(ferry) = &options.standins {
         for name in STANDINS {
             if (name == "node" || name == "cdi") && options.real_node.is_some() {
+                continue;
+            }
+            if name == "kubevirt" && real_cdi && options.real_kubevirt {
                 continue;
             }
             let extra = if name == "kubevirt" && !options.boot_guests {

@@ -100,6 +100,7 @@ impl TestLab {
             vcsim_realism,
             compress_staging,
             real_node: None,
+            real_kubevirt: false,
         };
         match ferry_lab::up(&options).await {
             Ok(outcome) => Ok(TestLab {

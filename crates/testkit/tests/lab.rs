@@ -94,6 +94,7 @@ async fn up_twice_starts_no_second_copy_and_down_leaves_nothing() {
         vcsim_realism: Default::default(),
         compress_staging: false,
         real_node: None,
+        real_kubevirt: false,
     })
     .await
     .unwrap();

@@ -149,6 +149,7 @@ pub(crate) fn bench_lab(dir: &std::path::Path, vcsim_vms: usize) -> Result<LabOp
         vcsim_realism: Default::default(),
         compress_staging: false,
         real_node: None,
+        real_kubevirt: false,
     })
 }
 

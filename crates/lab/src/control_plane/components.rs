@@ -56,9 +56,9 @@ pub struct LabFiles {
 }
 
 /// What a real node's pods need of the control plane beyond [`KCM_CONTROLLERS`]: a default ServiceAccount in each
-/// namespace (the ServiceAccount admission plugin then mounts its token), the `kube-root-ca.crt` ConfigMap, and
-/// Deployments (deploy/controller.yaml).
-const IN_CLUSTER_CONTROLLERS: &str = "serviceaccount-controller,root-ca-certificate-publisher-controller,deployment-controller,replicaset-controller";
+/// namespace (the ServiceAccount admission plugin then mounts its token), the `kube-root-ca.crt` ConfigMap,
+/// Deployments (deploy/controller.yaml) and DaemonSets (KubeVirt's virt-handler).
+const IN_CLUSTER_CONTROLLERS: &str = "serviceaccount-controller,root-ca-certificate-publisher-controller,deployment-controller,replicaset-controller,daemonset-controller";
 
 /// Metadata level (who did what to which object) for everything; request bodies only for Events and migration
 /// status writes, which hold no secrets by design, so the benchmark can say what each write carried.

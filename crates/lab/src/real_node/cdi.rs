@@ -49,6 +49,7 @@ pub fn images(node: &RealNode) -> Result<()> {
         let target = format!("usr/bin/{binary}");
         let archive = image::build_on_base(
             &image::default_cache()?,
+            &image::FERRY_BASE,
             &dir,
             &[(&path, target.as_str())],
             &config,
@@ -93,16 +94,17 @@ pub async fn install(state: &LabState, node: &RealNode, client: &kube::Client) -
         if started.elapsed() > AVAILABLE_TIMEOUT {
             bail!(
                 "{NAMESPACE}/{DEPLOYMENT} was not available within {AVAILABLE_TIMEOUT:?}: {}",
-                pods_said(client).await
+                pods_said(client, NAMESPACE).await
             );
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
 }
 
-/// What CDI's pods say of themselves, for an error: each one's phase and its containers' waiting reasons.
-async fn pods_said(client: &kube::Client) -> String {
-    let pods: kube::Api<Pod> = kube::Api::namespaced(client.clone(), NAMESPACE);
+/// What the pods of `namespace` say of themselves, for an error: each one's phase and its containers' waiting
+/// reasons.
+pub async fn pods_said(client: &kube::Client, namespace: &str) -> String {
+    let pods: kube::Api<Pod> = kube::Api::namespaced(client.clone(), namespace);
     let Ok(list) = pods.list(&Default::default()).await else {
         return "its pods could not be listed".into();
     };

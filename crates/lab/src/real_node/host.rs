@@ -25,15 +25,55 @@ pub const KUBELET_SYSCTLS: [&str; 6] = [
 /// The kubelet's API port: fixed, so the machine's.
 const KUBELET_PORT: u16 = 10250;
 
-/// Paths the kubelet, containerd and the CNI plugins create wherever their configuration cannot move them.
-pub const FIXED_PATHS: [&str; 6] = [
-    "/var/lib/kubelet",
+/// The kubelet's root: its default, which KubeVirt assumes.
+pub const KUBELET_ROOT: &str = "/var/lib/kubelet";
+
+/// Paths the kubelet, containerd, the CNI plugins and KubeVirt's virt-handler create wherever their configuration
+/// cannot move them.
+pub const FIXED_PATHS: [&str; 10] = [
+    KUBELET_ROOT,
     "/var/log/containers",
     "/var/log/pods",
     "/var/lib/cni",
     "/run/containerd",
     "/run/netns",
+    SHARED_KUBEVIRT_DIR,
+    "/run/kubevirt-private",
+    "/run/kubevirt-libvirt-runtimes",
+    "/var/lib/kubevirt-node-labeller",
 ];
+
+/// virt-handler mounts this with Bidirectional propagation (launchers' sockets and disks appear through it), which
+/// the runtime allows only from a shared mount.
+pub const SHARED_KUBEVIRT_DIR: &str = "/run/kubevirt";
+
+/// What must be shared between the machine's mount namespace and containerd's (see `node::containerd`): the
+/// kubelet mounts pods' volumes under its root in the one, runc mounts them into containers from the other, and
+/// KubeVirt's share directory propagates both ways. `/` is private here, so each becomes a shared mount of its own
+/// (a bind mount onto itself) before containerd starts; `restore` unmounts and removes them.
+pub const SHARED_DIRS: [&str; 2] = [KUBELET_ROOT, SHARED_KUBEVIRT_DIR];
+
+/// Makes each of [`SHARED_DIRS`] a shared mount.
+pub fn share_mounts() -> Result<()> {
+    for dir in SHARED_DIRS {
+        let path = Path::new(dir);
+        std::fs::create_dir_all(path)?;
+        let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+        if !mounts_under(&mountinfo, &[path.to_path_buf()]).contains(&path.to_path_buf()) {
+            super::run(
+                Command::new("mount").args(["--bind", dir, dir]),
+                "mount --bind",
+                "",
+            )?;
+        }
+        super::run(
+            Command::new("mount").args(["--make-rshared", dir]),
+            "mount --make-rshared",
+            "",
+        )?;
+    }
+    Ok(())
+}
 
 /// The cgroup every pod's cgroups sit under (the kubelet's default `cgroupRoot` with the cgroupfs driver).
 pub const POD_CGROUP: &str = "kubepods";

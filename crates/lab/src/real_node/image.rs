@@ -10,15 +10,33 @@ use sha2::{Digest, Sha256};
 
 use crate::real_node::oci::{self, ImageConfig};
 
-/// The Dockerfile's `FROM debian:trixie-slim` and its `apt-get install` line.
-const SUITE: &str = "trixie";
-const PACKAGES: [&str; 5] = [
-    "ca-certificates",
-    "qemu-utils",
-    "virt-v2v",
-    "nbdkit",
-    "linux-image-amd64",
-];
+/// A tree of Debian packages that images are built on: cached by its recipe, built once with mmdebstrap.
+pub struct Base {
+    /// Names the cached tree (`<label>-base-<hash of the recipe>`).
+    pub label: &'static str,
+    pub suite: &'static str,
+    pub packages: &'static [&'static str],
+    /// A shell command mmdebstrap runs on the finished tree (`$1` is its root).
+    pub hook: &'static str,
+    /// A file every complete tree has: a tree without it is rebuilt.
+    pub probe: &'static str,
+}
+
+/// The Dockerfile's runtime stage: `FROM debian:trixie-slim` and its `apt-get install` line. The kernel must be
+/// readable by the Jobs' users (libguestfs's supermin builds its appliance from it).
+pub const FERRY_BASE: Base = Base {
+    label: "ferry",
+    suite: "trixie",
+    packages: &[
+        "ca-certificates",
+        "qemu-utils",
+        "virt-v2v",
+        "nbdkit",
+        "linux-image-amd64",
+    ],
+    hook: r#"chmod a+r "$1"/boot/vmlinuz-*"#,
+    probe: "usr/bin/qemu-img",
+};
 const MIRROR: &str = "http://deb.debian.org/debian";
 /// The Dockerfile's `USER`: no passwd entry, as there.
 pub const USER: &str = "65532:65532";
@@ -26,43 +44,43 @@ pub const USER: &str = "65532:65532";
 /// The image name deploy/controller.yaml runs (its `image` and `FERRY_WORKER_IMAGE`).
 pub const FERRY_IMAGE: &str = "ferry:0.1.0";
 
-/// What names the cached base tree: the suite, the packages and the hook that adjusts it.
-fn base_key() -> String {
-    let recipe = format!("{SUITE} {} {}", PACKAGES.join(","), customize_hook());
-    crate::disks::hex(&Sha256::digest(recipe.as_bytes()))[..16].to_string()
+impl Base {
+    /// What names the cached tree: the suite, the packages and the hook that adjusts it.
+    fn key(&self) -> String {
+        let recipe = format!("{} {} {}", self.suite, self.packages.join(","), self.hook);
+        crate::disks::hex(&Sha256::digest(recipe.as_bytes()))[..16].to_string()
+    }
 }
 
-/// The kernel must be readable by the Jobs' users (libguestfs's supermin builds its appliance from it).
-fn customize_hook() -> &'static str {
-    r#"chmod a+r "$1"/boot/vmlinuz-*"#
-}
-
-/// The base tree in `cache`, built with mmdebstrap (root mode) if absent.
-pub fn base_rootfs(cache: &Path) -> Result<PathBuf> {
-    let tree = cache.join(format!("ferry-base-{}", base_key()));
-    if tree.join("usr/bin/qemu-img").exists() {
+/// The tree of `base` in `cache`, built with mmdebstrap (root mode) if absent.
+pub fn base_rootfs(cache: &Path, base: &Base) -> Result<PathBuf> {
+    let name = format!("{}-base-{}", base.label, base.key());
+    let tree = cache.join(&name);
+    if tree.join(base.probe).exists() {
         return Ok(tree);
     }
-    let staging = cache.join(format!("ferry-base-{}.partial", base_key()));
+    let staging = cache.join(format!("{name}.partial"));
     let _ = std::fs::remove_dir_all(&staging);
     std::fs::create_dir_all(cache)?;
+    let packages = base.packages.join(",");
     tracing::info!(
-        "building the ferry image's base ({SUITE}: {}) with mmdebstrap into {}; a few minutes, once",
-        PACKAGES.join(" "),
+        "building the {} image's base ({}: {packages}) with mmdebstrap into {}; a few minutes, once",
+        base.label,
+        base.suite,
         tree.display()
     );
     let out = Command::new("mmdebstrap")
         .args(["--mode=root", "--variant=apt", "--quiet"])
         // The Dockerfile's --no-install-recommends.
         .arg("--aptopt=APT::Install-Recommends \"false\"")
-        .arg(format!("--include={}", PACKAGES.join(",")))
-        .arg(format!("--customize-hook={}", customize_hook()))
+        .arg(format!("--include={packages}"))
+        .arg(format!("--customize-hook={}", base.hook))
         .args([
             "--dpkgopt=path-exclude=/usr/share/doc/*",
             "--dpkgopt=path-exclude=/usr/share/man/*",
             "--dpkgopt=path-exclude=/usr/share/locale/*",
         ])
-        .arg(SUITE)
+        .arg(base.suite)
         .arg(&staging)
         .arg(MIRROR)
         .output()
@@ -71,7 +89,8 @@ pub fn base_rootfs(cache: &Path) -> Result<PathBuf> {
         let stderr = String::from_utf8_lossy(&out.stderr);
         let tail: Vec<&str> = stderr.lines().rev().take(15).collect();
         bail!(
-            "mmdebstrap could not build the ferry image's base:\n{}",
+            "mmdebstrap could not build the {} image's base:\n{}",
+            base.label,
             tail.into_iter().rev().collect::<Vec<_>>().join("\n")
         );
     }
@@ -129,6 +148,7 @@ pub fn build_ferry_image(cache: &Path, dir: &Path, ferry: &Path, name: &str) -> 
     };
     build_on_base(
         cache,
+        &FERRY_BASE,
         dir,
         &[(ferry, "usr/local/bin/ferry")],
         &image,
@@ -136,16 +156,17 @@ pub fn build_ferry_image(cache: &Path, dir: &Path, ferry: &Path, name: &str) -> 
     )
 }
 
-/// Writes an image of the cached base with `files` (each a host file and its path in the image) on top to `dir`
+/// Writes an image of the cached `base` with `files` (each a host file and its path in the image) on top to `dir`
 /// as an OCI archive named after `label`. Returns the archive's path.
 pub fn build_on_base(
     cache: &Path,
+    base: &Base,
     dir: &Path,
     files: &[(&Path, &str)],
     image: &ImageConfig,
     label: &str,
 ) -> Result<PathBuf> {
-    let base = base_rootfs(cache)?;
+    let base = base_rootfs(cache, base)?;
     let top = dir.join(format!("{label}-layer"));
     let _ = std::fs::remove_dir_all(&top);
     for (from, to) in files {
@@ -174,9 +195,13 @@ mod tests {
     #[test]
     fn the_base_is_the_dockerfiles_runtime_stage() {
         let dockerfile = include_str!("../../../../Dockerfile");
-        assert!(dockerfile.contains(&format!("ARG BASE=debian:{SUITE}-slim")));
+        let base = FERRY_BASE;
+        assert!(dockerfile.contains(&format!("ARG BASE=debian:{}-slim", base.suite)));
         assert!(dockerfile.contains("FROM ${BASE}\n"));
-        assert!(dockerfile.contains(&format!("--no-install-recommends {}", PACKAGES.join(" "))));
+        assert!(dockerfile.contains(&format!(
+            "--no-install-recommends {}",
+            base.packages.join(" ")
+        )));
         assert!(dockerfile.contains(&format!("USER {USER}")));
         assert!(dockerfile.contains(r#"ENTRYPOINT ["ferry"]"#));
         assert!(dockerfile.contains("ENV LIBGUESTFS_BACKEND=direct"));

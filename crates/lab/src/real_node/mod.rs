@@ -15,6 +15,7 @@ pub mod claim;
 pub mod host;
 pub mod image;
 pub mod install;
+pub mod kubevirt;
 pub mod loops;
 mod node;
 pub mod oci;
@@ -31,6 +32,8 @@ pub const POD_SUBNET: &str = "10.88.0.0/24";
 /// listens there, on the bridge, as in-cluster clients expect; pods reach it by one route via the bridge.
 pub const API_SERVICE_IP: std::net::Ipv4Addr = std::net::Ipv4Addr::new(10, 0, 0, 1);
 pub const API_SERVICE_PORT: u16 = 443;
+/// The cluster DNS address pods are given (a cluster's conventional one, in the service range; nothing serves it).
+pub const CLUSTER_DNS_IP: &str = "10.0.0.10";
 /// The sandbox image, built here and imported into containerd (there is no registry).
 pub const PAUSE_IMAGE: &str = "localhost/pause:local";
 /// The runc Debian installs; containerd runs it for every container.
@@ -155,6 +158,11 @@ pub fn kubelet_config(dir: &Path, ca: &Path, runtime_socket: &Path) -> Value {
         "authorization": {"mode": "AlwaysAllow"},
         "containerRuntimeEndpoint": format!("unix://{}", runtime_socket.display()),
         "resolvConf": "",
+        // A cluster's DNS settings, so pods' resolv.conf is a cluster's (no server answers at that address: the
+        // lab's pods reach everything by IP). Without them the kubelet writes `search .`, which virt-launcher's
+        // DHCP server refuses (it hands the search domains to the guest) and so every VM fails.
+        "clusterDomain": "cluster.local",
+        "clusterDNS": [CLUSTER_DNS_IP],
         "imageGCHighThresholdPercent": 100,
         "imageGCLowThresholdPercent": 99,
         "evictionHard": {"memory.available": "100Mi", "nodefs.available": "1%", "imagefs.available": "1%"},

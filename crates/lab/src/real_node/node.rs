@@ -57,6 +57,12 @@ impl RealNode {
             .map(drop)
             .with_context(|| format!("importing {}", archive.display()))
     }
+
+    /// Gives an imported image a second name.
+    pub fn tag_image(&self, source: &str, name: &str) -> Result<()> {
+        self.ctr(&["image", "tag", "--force", source, name])
+            .map(drop)
+    }
 }
 
 fn hostname() -> Result<String> {
@@ -95,6 +101,7 @@ pub async fn start(
         .clone()
         .context("the real node was not prepared")?;
     write_configs(&node, lab.ca())?;
+    host::share_mounts()?;
     crate::lab::start_component(state, lifetime, |_| Ok(containerd(&node))).await?;
     let pause = super::build_pause_image(&node.dir.join("images"))?;
     node.import_image(&pause)?;
@@ -152,11 +159,22 @@ fn containerd(node: &RealNode) -> Component {
     Component {
         spec: ProcessSpec {
             name: "containerd".into(),
-            program: node.tools.join("containerd"),
-            args: vec![format!(
-                "--config={}",
-                node.dir.join("containerd.toml").display()
-            )],
+            // As PID 1 of a PID namespace of its own (with its own /proc, so a mount namespace too), so that pods
+            // sharing the node's PIDs see containerd as the node's init: virt-handler enters the node's mount
+            // namespace through /proc/1/ns/mnt, and this machine's PID 1 cannot be inspected. The mount namespace
+            // keeps the machine's propagation, so the shared mounts (`host::SHARED_DIRS`) stay peers. When
+            // containerd ends the kernel ends every process in its namespace; `--kill-child` ends containerd when
+            // the lab stops `unshare`.
+            program: "unshare".into(),
+            args: vec![
+                "--pid".into(),
+                "--fork".into(),
+                "--kill-child".into(),
+                "--mount-proc".into(),
+                "--propagation=unchanged".into(),
+                node.tools.join("containerd").display().to_string(),
+                format!("--config={}", node.dir.join("containerd.toml").display()),
+            ],
             // containerd finds its shim on PATH.
             env: vec![("PATH".into(), format!("{}:{path}", node.tools.display()))],
         },
@@ -175,7 +193,9 @@ fn kubelet(node: &RealNode, kubeconfig: &Path) -> Component {
             args: vec![
                 format!("--config={}", node.dir.join("kubelet.json").display()),
                 format!("--kubeconfig={}", kubeconfig.display()),
-                format!("--root-dir={}", node.dir.join("kubelet").display()),
+                // KubeVirt hard-wires the kubelet's default root (virt-handler finds pods' volumes there, and
+                // launcher sockets stay under the 108-byte limit); it is a fixed path `down` removes.
+                format!("--root-dir={}", host::KUBELET_ROOT),
                 format!("--cert-dir={}", node.dir.join("kubelet-pki").display()),
                 "--v=1".into(),
             ],

@@ -48,7 +48,83 @@ fn layer(rootfs: &Path) -> Result<Vec<u8>> {
     tar.mode(tar::HeaderMode::Complete);
     tar.append_dir_all(".", rootfs)
         .with_context(|| format!("packing {}", rootfs.display()))?;
+    // The tar crate writes no extended attributes: files with a file capability are written again, after a PAX
+    // record that carries it, as an image builder writes them; the later entry replaces the first on unpacking.
+    for (path, capability) in capabilities_under(rootfs)? {
+        let relative = path.strip_prefix(rootfs)?;
+        let mut pax = tar::Header::new_ustar();
+        let record = pax_record(CAPABILITY_XATTR_PAX, &capability);
+        pax.set_entry_type(tar::EntryType::XHeader);
+        pax.set_size(record.len() as u64);
+        pax.set_mode(0o644);
+        pax.set_cksum();
+        tar.append(&pax, record.as_slice())?;
+        tar.append_path_with_name(&path, Path::new(".").join(relative))?;
+    }
     Ok(tar.into_inner()?)
+}
+
+/// The xattr that holds a file capability, and its name in a PAX record (GNU tar's and containerd's spelling).
+const CAPABILITY_XATTR: &str = "security.capability";
+const CAPABILITY_XATTR_PAX: &str = "SCHILY.xattr.security.capability";
+
+/// One PAX record: `<length> <key>=<value>\n`, the length counting itself.
+fn pax_record(key: &str, value: &[u8]) -> Vec<u8> {
+    let rest = key.len() + value.len() + 3;
+    let mut length = rest + rest.to_string().len();
+    if length.to_string().len() != rest.to_string().len() {
+        length += 1;
+    }
+    let mut record = format!("{length} {key}=").into_bytes();
+    record.extend_from_slice(value);
+    record.push(b'\n');
+    record
+}
+
+/// Every regular file under `dir` that carries a file capability, with its raw value.
+fn capabilities_under(dir: &Path) -> Result<Vec<(std::path::PathBuf, Vec<u8>)>> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir(dir).with_context(|| format!("listing {}", dir.display()))? {
+        let entry = entry?;
+        let kind = entry.file_type()?;
+        if kind.is_dir() {
+            found.extend(capabilities_under(&entry.path())?);
+        } else if kind.is_file() {
+            let mut value = vec![0u8; 64];
+            if let Ok(n) = rustix::fs::getxattr(entry.path(), CAPABILITY_XATTR, &mut value[..]) {
+                value.truncate(n);
+                found.push((entry.path(), value));
+            }
+        }
+    }
+    Ok(found)
+}
+
+/// A file capability's xattr value (VFS_CAP_REVISION_2) granting `capabilities` (bit numbers) as permitted and,
+/// with `effective`, raised on exec: what `setcap cap_x+ep` writes.
+pub fn file_capability(capabilities: &[u32], effective: bool) -> Vec<u8> {
+    const REVISION_2: u32 = 0x0200_0000;
+    let mut permitted = [0u32; 2];
+    for &bit in capabilities {
+        permitted[(bit / 32) as usize] |= 1 << (bit % 32);
+    }
+    let mut value = (REVISION_2 | u32::from(effective)).to_le_bytes().to_vec();
+    for word in permitted {
+        value.extend_from_slice(&word.to_le_bytes());
+        value.extend_from_slice(&0u32.to_le_bytes());
+    }
+    value
+}
+
+/// Sets `capability` (see [`file_capability`]) on `path`, for [`layer`] to pack.
+pub fn set_file_capability(path: &Path, capability: &[u8]) -> Result<()> {
+    rustix::fs::setxattr(
+        path,
+        CAPABILITY_XATTR,
+        capability,
+        rustix::fs::XattrFlags::empty(),
+    )
+    .with_context(|| format!("setting a file capability on {}", path.display()))
 }
 
 fn config(image: &ImageConfig, diff_ids: &[String]) -> Value {
@@ -132,6 +208,25 @@ mod tests {
             full_reference("registry.example:5000/ferry"),
             "registry.example:5000/ferry:latest"
         );
+    }
+
+    #[test]
+    fn a_file_capability_is_what_setcap_writes_and_its_pax_record_counts_itself() {
+        // `setcap cap_net_bind_service+ep` (bit 10): revision 2 with the effective flag, then permitted and
+        // inheritable for each of the two 32-bit words.
+        assert_eq!(
+            file_capability(&[10], true),
+            [1, 0, 0, 2, 0, 4, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]
+        );
+        let record = pax_record(CAPABILITY_XATTR_PAX, &file_capability(&[10], true));
+        let text = String::from_utf8_lossy(&record);
+        let (length, _) = text.split_once(' ').unwrap();
+        assert_eq!(length.parse::<usize>().unwrap(), record.len());
+        assert_eq!(pax_record("k", b"v"), b"6 k=v\n");
+        // Where adding the length's own digits carries it to one more digit.
+        let record = pax_record("k", &[b'v'; 94]);
+        assert_eq!(record.len(), 101);
+        assert!(record.starts_with(b"101 k="));
     }
 
     #[test]
