@@ -92,7 +92,7 @@ pub async fn adapt(spec: &AdaptSpec) -> Result<AdaptedSummary> {
 /// root file system is read-only.
 fn prepare_scratch(spec: &AdaptSpec) -> Result<PathBuf> {
     let work = spec.scratch.join("work");
-    for dir in [&spec.scratch, &work, &work.join("cache")] {
+    for dir in [&spec.scratch, &work, &work.join("cache"), &work.join("run")] {
         std::fs::create_dir_all(dir).map_err(io(dir))?;
     }
     Ok(work)
@@ -108,6 +108,9 @@ async fn virt_v2v(spec: &AdaptSpec, domain: &Path, work: &Path) -> Result<(Strin
         .env("LIBGUESTFS_BACKEND", "direct")
         .env("TMPDIR", work)
         .env("LIBGUESTFS_CACHEDIR", work.join("cache"))
+        // libguestfs puts the appliance's sockets in XDG_RUNTIME_DIR, or else in /tmp whatever TMPDIR says: a
+        // pod's root file system is read-only, so they go in scratch too (a short path: sockets allow 108 bytes).
+        .env("XDG_RUNTIME_DIR", work.join("run"))
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
