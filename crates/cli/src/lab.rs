@@ -76,8 +76,8 @@ pub struct NodeArg {
     #[arg(long = "node", value_enum, default_value_t = NodeKind::Agent)]
     pub kind: NodeKind,
     /// With `--node real`: `real` runs KubeVirt v1.9.0's own virt-controller, virt-handler and virt-launcher
-    /// (software emulation); `standin` the lab's KubeVirt stand-in, which starts QEMU itself.
-    #[arg(long = "kubevirt", value_enum, default_value_t = KubevirtKind::Standin)]
+    /// (software emulation; the default); `standin` the lab's KubeVirt stand-in, which starts QEMU itself.
+    #[arg(long = "kubevirt", value_enum, default_value_t = KubevirtKind::Real)]
     pub kubevirt: KubevirtKind,
 }
 

@@ -196,6 +196,218 @@ async fn ferry_from_deploy_on_a_real_node_migrates_rolls_out_hands_over_and_leav
             .contains("CDI v1.65.0's controller and importer")
     );
 
+    // Every VM ran in a launcher pod of KubeVirt v1.9.0's own virt-controller, started by the kubelet in that
+    // `restricted` namespace, under software emulation; the Debian guest's own agent answered through
+    // virt-handler, and the lab's KubeVirt stand-in never ran.
+    assert!(!state.processes.iter().any(|p| p.name == "standin-kubevirt"));
+    assert!(
+        text(&ferry(&["lab", "status", "--dir", &d])).contains("KubeVirt v1.9.0's virt-controller")
+    );
+    for vm in ["dc0-h0-vm0", "dc0-h0-vm1", "ferry-linux-bios"] {
+        assert!(
+            events.iter().any(|e| e
+                .involved_object
+                .name
+                .as_deref()
+                .is_some_and(|n| n.starts_with(&format!("virt-launcher-{vm}-")))
+                && e.source.as_ref().and_then(|s| s.host.as_deref()) == Some(node.name.as_str())),
+            "no launcher pod of {vm} started by the kubelet"
+        );
+    }
+    let bios = Api::<VirtualMachineMigration>::namespaced(client.clone(), "ferry-demo")
+        .get("ferry-linux-bios")
+        .await
+        .unwrap();
+    let guest = bios.status.unwrap().guest.unwrap();
+    assert!(
+        guest.message.contains("Debian GNU/Linux 12 (bookworm)"),
+        "{}",
+        guest.message
+    );
+    let vmis = Api::<kube::api::DynamicObject>::namespaced_with(
+        client.clone(),
+        "ferry-demo",
+        &ferry_api::foreign::vmi_resource(),
+    );
+    let vmi = vmis.get("ferry-linux-bios").await.unwrap();
+    assert_eq!(vmi.data["status"]["guestOSInfo"]["versionId"], "12");
+    let launcher = Api::<Pod>::namespaced(client.clone(), "ferry-demo")
+        .list(&ListParams::default().labels("vm.kubevirt.io/name=ferry-linux-bios"))
+        .await
+        .unwrap()
+        .items
+        .remove(0);
+    assert!(
+        !format!("{:?}", launcher.spec.unwrap().containers[0].resources).contains("kvm"),
+        "a launcher under software emulation asks for no /dev/kvm"
+    );
+
+    // A VM with twelve disks on the default (compatibility) devices: libvirt spreads the SATA disks over more
+    // than one controller, and the guest boots.
+    let twelve = "ferry-twelve-disks";
+    seed_twelve_disks(&state, twelve).await;
+    let twelve_ns = "ferry-twelve";
+    restricted_namespace_with_provider(&client, &state, twelve_ns).await;
+    ferry_lab::vsphere::demo::apply(
+        &client,
+        twelve_ns,
+        ferry_lab::vsphere::demo::migration(&state, twelve_ns, twelve, twelve),
+    )
+    .await
+    .unwrap();
+    let twelve_api: Api<VirtualMachineMigration> = Api::namespaced(client.clone(), twelve_ns);
+    let ended = eventually(
+        "the twelve-disk migration ending",
+        Duration::from_secs(900),
+        || {
+            let api = twelve_api.clone();
+            async move {
+                let m = api.get(twelve).await.ok()?;
+                let phase = m.status.as_ref().and_then(|s| s.phase)?;
+                phase.is_terminal().then_some((phase, m))
+            }
+        },
+    )
+    .await;
+    assert_eq!(ended.0, Phase::Succeeded, "{:?}", ended.1.status);
+    let status = ended.1.status.unwrap();
+    assert_eq!(status.disks.len(), 12);
+    assert!(status.disks.iter().all(|d| d.verified));
+    println!("twelve disks on the default devices: {:?}", status.guest);
+    let marker = ferry_lab::vsphere::demo::marker(twelve);
+    let launchers = Api::<Pod>::namespaced(client.clone(), twelve_ns);
+    eventually(
+        "the twelve-disk guest's line on its console",
+        Duration::from_secs(120),
+        || {
+            let (launchers, marker) = (launchers.clone(), marker.clone());
+            async move {
+                console_shows(&launchers, twelve, &marker)
+                    .await
+                    .then_some(())
+            }
+        },
+    )
+    .await;
+
+    // A Debian guest adapted by virt-v2v boots on virtio and its agent answers; forced onto virtio without
+    // adaptation it cannot find its root: the check fails, the VM is stopped and its volumes kept.
+    let virtio_ns = "ferry-virtio";
+    restricted_namespace_with_provider(&client, &state, virtio_ns).await;
+    let bios_vm = "ferry-linux-bios";
+    // Two sources, so that the two run at once: the EFI guest adapted (under Secure Boot), the BIOS one not.
+    let mut adapted =
+        ferry_lab::vsphere::demo::migration(&state, virtio_ns, "adapted", "ferry-linux-efi");
+    adapted["spec"]["conversion"] = serde_json::json!({"guestAdaptation": "VirtV2v"});
+    adapted["spec"]["guestCheck"] =
+        serde_json::json!({"settleSeconds": 900, "timeoutSeconds": 1200});
+    let mut unadapted =
+        ferry_lab::vsphere::demo::migration(&state, virtio_ns, "unadapted", bios_vm);
+    unadapted["spec"]["target"]["devices"] = "Virtio".into();
+    unadapted["spec"]["guestCheck"] =
+        serde_json::json!({"agent": "Required", "timeoutSeconds": 240});
+    let virtio_api: Api<VirtualMachineMigration> = Api::namespaced(client.clone(), virtio_ns);
+    let started = Instant::now();
+    for manifest in [adapted, unadapted] {
+        ferry_lab::vsphere::demo::apply(&client, virtio_ns, manifest)
+            .await
+            .unwrap();
+    }
+    let settled = |name: &'static str| {
+        let api = virtio_api.clone();
+        eventually(name, Duration::from_secs(1500), move || {
+            let api = api.clone();
+            async move {
+                let m = api.get(name).await.ok()?;
+                let phase = m.status.as_ref().and_then(|s| s.phase)?;
+                (phase.is_terminal() || phase == Phase::ManualInterventionRequired)
+                    .then_some((phase, m))
+            }
+        })
+    };
+    let ((adapted_phase, adapted), (unadapted_phase, unadapted)) =
+        tokio::join!(settled("adapted"), settled("unadapted"));
+    assert_eq!(adapted_phase, Phase::Succeeded, "{:?}", adapted.status);
+    let guest = adapted.status.unwrap().guest.unwrap();
+    assert!(
+        guest.message.contains("Debian GNU/Linux 12"),
+        "{}",
+        guest.message
+    );
+    assert_eq!(
+        unadapted_phase,
+        Phase::ManualInterventionRequired,
+        "{:?}",
+        unadapted.status
+    );
+    let error = unadapted.status.unwrap().retry.unwrap().last_error.unwrap();
+    assert_eq!(error.reason, "GuestNotReady", "{error:?}");
+    assert!(error.message.contains("nothing was deleted"), "{error:?}");
+    let kept = Api::<kube::api::DynamicObject>::namespaced_with(
+        client.clone(),
+        virtio_ns,
+        &ferry_api::foreign::dv_resource(),
+    )
+    .list(&ListParams::default())
+    .await
+    .unwrap()
+    .items;
+    assert!(
+        kept.iter().any(|dv| dv.name_any().starts_with("unadapted")),
+        "the unadapted guest's volumes are kept: {:?}",
+        kept.iter().map(|dv| dv.name_any()).collect::<Vec<_>>()
+    );
+    println!(
+        "virtio: adapted Succeeded ({}), unadapted stopped for a person, in {:.1}s",
+        guest.message,
+        started.elapsed().as_secs_f64()
+    );
+
+    // runStrategy Halted stops the domain and removes the launcher pod; deleting the VM leaves no pod.
+    let vms = Api::<kube::api::DynamicObject>::namespaced_with(
+        client.clone(),
+        twelve_ns,
+        &ferry_api::foreign::vm_resource(),
+    );
+    let launchers = Api::<Pod>::namespaced(client.clone(), twelve_ns);
+    let halted = Instant::now();
+    vms.patch(
+        twelve,
+        &PatchParams::default(),
+        &Patch::Merge(serde_json::json!({"spec": {"runStrategy": "Halted"}})),
+    )
+    .await
+    .unwrap();
+    eventually(
+        "the launcher pod gone after Halted",
+        Duration::from_secs(180),
+        || {
+            let launchers = launchers.clone();
+            async move {
+                let pods = launchers
+                    .list(&ListParams::default().labels("kubevirt.io=virt-launcher"))
+                    .await
+                    .ok()?;
+                pods.items.is_empty().then_some(())
+            }
+        },
+    )
+    .await;
+    println!(
+        "Halted: launcher pod gone in {:.1}s",
+        halted.elapsed().as_secs_f64()
+    );
+    vms.delete(twelve, &DeleteParams::default()).await.unwrap();
+    eventually("the VM and its pods gone", Duration::from_secs(120), || {
+        let (vms, launchers) = (vms.clone(), launchers.clone());
+        async move {
+            let vm = vms.get_opt(twelve).await.ok()?;
+            let pods = launchers.list(&ListParams::default()).await.ok()?;
+            (vm.is_none() && pods.items.is_empty()).then_some(())
+        }
+    })
+    .await;
+
     // Real CDI's other paths, one migration at a time of a VM the demo left running: straight into the
     // WaitForFirstConsumer class, staged in MinIO over https, raw and qcow2 (this one through CDI's scratch
     // claim, seen by a watch on the namespace's claims), and both ways into Block volumes.
@@ -402,4 +614,84 @@ async fn ferry_from_deploy_on_a_real_node_migrates_rolls_out_hands_over_and_leav
         !Path::new(ferry_lab::real_node::LOCK_FILE).exists(),
         "the machine's claim was not released"
     );
+}
+
+/// VM `vm` in the lab's vcsim, powered on, with twelve small disks on one PVSCSI controller (the first boots and
+/// prints the VM's marker), as `migrate_many_disks` seeds it on the node agent's lab.
+async fn seed_twelve_disks(state: &ferry_lab::LabState, vm: &str) {
+    use ferry_lab::vsphere::linux_vms::{DATASTORE, GUEST_ID, HOST, NETWORK};
+    use ferry_vsphere::provision::{self, NewVm, Transfer, VmdkFiles};
+    let dir = state.dir.join(vm);
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut disks = Vec::new();
+    for i in 0..12u64 {
+        let stem = format!("{vm}_{i}");
+        let raw = dir.join(format!("{stem}.raw"));
+        let size = (1 + i % 3) << 20;
+        let sha = if i == 0 {
+            ferry_lab::vsphere::bootdisk::make_boot_disk(
+                &raw,
+                4 << 20,
+                &ferry_lab::vsphere::demo::marker(vm),
+            )
+        } else {
+            ferry_lab::disks::write_pattern(&raw, size, 100 + i)
+        }
+        .unwrap();
+        let size = if i == 0 { 4 << 20 } else { size };
+        disks.push(ferry_lab::disks::raw_to_flat_vmdk(&raw, &stem, sha, size).unwrap());
+    }
+    let vcsim = state.vcsim.clone().unwrap();
+    let session =
+        ferry_vsphere::Session::connect(vcsim.connect_config(Duration::from_secs(60)).unwrap())
+            .await
+            .unwrap();
+    let spec = NewVm {
+        name: vm.into(),
+        guest_id: GUEST_ID.into(),
+        cpus: 1,
+        cores_per_socket: 1,
+        memory_mib: 64,
+        firmware: ferry_api::Firmware::Bios,
+        efi_secure_boot: false,
+        host: HOST.into(),
+        datastore: DATASTORE.into(),
+        network: NETWORK.into(),
+    };
+    let files: Vec<VmdkFiles> = disks
+        .iter()
+        .map(|d| VmdkFiles {
+            descriptor: &d.descriptor,
+            extent: &d.extent,
+        })
+        .collect();
+    let moref = provision::provision_vm(&session, &spec, &files, Transfer::LinkIntoLocalDatastore)
+        .await
+        .unwrap();
+    ferry_vsphere::power::power_on(&session, &moref, Duration::from_secs(60))
+        .await
+        .unwrap();
+    session.logout().await;
+}
+
+/// Whether the serial console of VM `vm`'s launcher pod (KubeVirt's `guest-console-log` container) shows `line`.
+async fn console_shows(launchers: &Api<Pod>, vm: &str, line: &str) -> bool {
+    let Ok(pods) = launchers
+        .list(&ListParams::default().labels(&format!("vm.kubevirt.io/name={vm}")))
+        .await
+    else {
+        return false;
+    };
+    for pod in pods.items {
+        let params = kube::api::LogParams {
+            container: Some("guest-console-log".into()),
+            ..Default::default()
+        };
+        if let Ok(log) = launchers.logs(&pod.name_any(), &params).await
+            && log.contains(line)
+        {
+            return true;
+        }
+    }
+    false
 }

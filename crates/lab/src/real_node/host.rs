@@ -414,6 +414,9 @@ pub fn survey(node_dir: &Path, tools: &Path, before: &HostBefore) -> Vec<String>
     if ip(&["link", "show", BRIDGE]).is_ok() {
         found.push(format!("bridge {BRIDGE}"));
     }
+    for path in before.absent_paths.iter().filter(|p| p.exists()) {
+        found.push(format!("path {}", path.display()));
+    }
     for device in super::loops::attached_under(node_dir.parent().unwrap_or(node_dir)) {
         found.push(format!("loop device {}", device.display()));
     }

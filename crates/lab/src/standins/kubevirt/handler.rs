@@ -335,7 +335,13 @@ fn condition(
             .cloned()
     });
     earlier.unwrap_or_else(|| {
-        let mut c = json!({"type": type_, "status": status, "lastTransitionTime": now, "lastProbeTime": null});
+        // Real KubeVirt (v1.9.0, seen on the lab's real node) stamps `AgentConnected` with a probe time and leaves
+        // its transition time null; its other conditions the other way round.
+        let mut c = if type_ == "AgentConnected" {
+            json!({"type": type_, "status": status, "lastTransitionTime": null, "lastProbeTime": now})
+        } else {
+            json!({"type": type_, "status": status, "lastTransitionTime": now, "lastProbeTime": null})
+        };
         if !reason.is_empty() {
             c["reason"] = json!(reason);
         }
