@@ -619,8 +619,7 @@ async fn ferry_from_deploy_on_a_real_node_migrates_rolls_out_hands_over_and_leav
 /// VM `vm` in the lab's vcsim, powered on, with twelve small disks on one PVSCSI controller (the first boots and
 /// prints the VM's marker), as `migrate_many_disks` seeds it on the node agent's lab.
 async fn seed_twelve_disks(state: &ferry_lab::LabState, vm: &str) {
-    use ferry_lab::vsphere::linux_vms::{DATASTORE, GUEST_ID, HOST, NETWORK};
-    use ferry_vsphere::provision::{self, NewVm, Transfer, VmdkFiles};
+    use ferry_lab::vsphere::linux_vms::HOST;
     let dir = state.dir.join(vm);
     std::fs::create_dir_all(&dir).unwrap();
     let mut disks = Vec::new();
@@ -642,36 +641,9 @@ async fn seed_twelve_disks(state: &ferry_lab::LabState, vm: &str) {
         disks.push(ferry_lab::disks::raw_to_flat_vmdk(&raw, &stem, sha, size).unwrap());
     }
     let vcsim = state.vcsim.clone().unwrap();
-    let session =
-        ferry_vsphere::Session::connect(vcsim.connect_config(Duration::from_secs(60)).unwrap())
-            .await
-            .unwrap();
-    let spec = NewVm {
-        name: vm.into(),
-        guest_id: GUEST_ID.into(),
-        cpus: 1,
-        cores_per_socket: 1,
-        memory_mib: 64,
-        firmware: ferry_api::Firmware::Bios,
-        efi_secure_boot: false,
-        host: HOST.into(),
-        datastore: DATASTORE.into(),
-        network: NETWORK.into(),
-    };
-    let files: Vec<VmdkFiles> = disks
-        .iter()
-        .map(|d| VmdkFiles {
-            descriptor: &d.descriptor,
-            extent: &d.extent,
-        })
-        .collect();
-    let moref = provision::provision_vm(&session, &spec, &files, Transfer::LinkIntoLocalDatastore)
+    ferry_lab::vsphere::linux_vms::seed_flat_vm(&vcsim, vm, &disks, HOST)
         .await
         .unwrap();
-    ferry_vsphere::power::power_on(&session, &moref, Duration::from_secs(60))
-        .await
-        .unwrap();
-    session.logout().await;
 }
 
 /// Whether the serial console of VM `vm`'s launcher pod (KubeVirt's `guest-console-log` container) shows `line`.

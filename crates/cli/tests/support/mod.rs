@@ -359,39 +359,10 @@ pub async fn provision_seeded(vm: &str, disks: &[ferry_lab::disks::FlatVmdk]) {
 
 /// [`provision_seeded`] on ESXi host `host`.
 pub async fn provision_seeded_on(vm: &str, disks: &[ferry_lab::disks::FlatVmdk], host: &str) {
-    use ferry_lab::vsphere::linux_vms::{DATASTORE, GUEST_ID, NETWORK};
-    use ferry_vsphere::provision::{self, NewVm, Transfer, VmdkFiles};
     let vcsim = lab().await.state().vcsim.clone().unwrap();
-    let session =
-        ferry_vsphere::Session::connect(vcsim.connect_config(Duration::from_secs(60)).unwrap())
-            .await
-            .unwrap();
-    let spec = NewVm {
-        name: vm.into(),
-        guest_id: GUEST_ID.into(),
-        cpus: 1,
-        cores_per_socket: 1,
-        memory_mib: 64,
-        firmware: ferry_api::Firmware::Bios,
-        efi_secure_boot: false,
-        host: host.into(),
-        datastore: DATASTORE.into(),
-        network: NETWORK.into(),
-    };
-    let files: Vec<VmdkFiles> = disks
-        .iter()
-        .map(|d| VmdkFiles {
-            descriptor: &d.descriptor,
-            extent: &d.extent,
-        })
-        .collect();
-    let moref = provision::provision_vm(&session, &spec, &files, Transfer::LinkIntoLocalDatastore)
+    ferry_lab::vsphere::linux_vms::seed_flat_vm(&vcsim, vm, disks, host)
         .await
         .unwrap();
-    ferry_vsphere::power::power_on(&session, &moref, Duration::from_secs(60))
-        .await
-        .unwrap();
-    session.logout().await;
 }
 
 /// Gives the lab's VM `vm` the instance UUID `uuid` (as a VM removed and another registered under its moref

@@ -127,6 +127,47 @@ pub async fn seed_linux_vm(endpoint: &VcsimEndpoint, dir: &Path, vm: &LinuxVmSee
     result
 }
 
+/// Creates a small VM `vm` (1 vCPU, 64 MiB, BIOS) on ESXi host `host`, its `disks` on one PVSCSI controller,
+/// and powers it on: the tests' seeded VMs, whose first disk boots and prints the VM's marker.
+pub async fn seed_flat_vm(
+    endpoint: &VcsimEndpoint,
+    vm: &str,
+    disks: &[crate::disks::FlatVmdk],
+    host: &str,
+) -> Result<()> {
+    let session = Session::connect(endpoint.connect_config(Duration::from_secs(60))?).await?;
+    let spec = NewVm {
+        name: vm.into(),
+        guest_id: GUEST_ID.into(),
+        cpus: 1,
+        cores_per_socket: 1,
+        memory_mib: 64,
+        firmware: Firmware::Bios,
+        efi_secure_boot: false,
+        host: host.into(),
+        datastore: DATASTORE.into(),
+        network: NETWORK.into(),
+    };
+    let files: Vec<VmdkFiles> = disks
+        .iter()
+        .map(|d| VmdkFiles {
+            descriptor: &d.descriptor,
+            extent: &d.extent,
+        })
+        .collect();
+    let result = async {
+        let moref =
+            provision::provision_vm(&session, &spec, &files, Transfer::LinkIntoLocalDatastore)
+                .await?;
+        power::power_on(&session, &moref, Duration::from_secs(60)).await?;
+        anyhow::Ok(())
+    }
+    .await
+    .with_context(|| format!("seeding VM {vm}"));
+    session.logout().await;
+    result
+}
+
 struct Vmdk {
     descriptor: PathBuf,
     extent: PathBuf,
