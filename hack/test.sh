@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds every test binary of the workspace once, then runs them a few at a time: most lab tests wait on
 # controllers and timers far more than they compute (about a third of 2 cores), so one binary at a time left the
-# machine idle. The one that boots most Debian guests under software emulation runs in a lane of its own, since
+# machine idle. The ones that boot most Debian guests under software emulation run in a lane of their own, since
 # parallel emulated boots only slow each other down; the demo and the guest image's boots run last, on the core
 # the others leave. Every binary runs to the end (no fail-fast); each one's output is printed whole when it ends,
 # and the run fails if any failed.
@@ -14,7 +14,7 @@ lanes=${FERRY_TEST_LANES:-2}
 # Boot real guests under emulation: one lane, in this order, at normal priority. The others run at a lower one
 # (nice 10): they mostly wait on timers, while an emulated guest's boot is CPU-bound and judged by its clock (a
 # guest check's settle), so on a busy machine it is the guest that must not starve.
-emulated=(linux_guest)
+emulated=(linux_guest kubevirt_conformance)
 # The slowest first, so the long ones do not start last; binaries not named here follow in cargo's order.
 slowest=(chaos migrate_lifecycle migrate migrate_through_faults bench_controlplane migrate_direct
   staging_resume lab_up kubevirt migrate_many_disks datapath_convert bench_migrate node_agent preflight_storage)

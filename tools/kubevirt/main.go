@@ -91,6 +91,11 @@ func install(kubeconfig, namespace, controllerImage, handlerImage, launcherImage
 	controller := components.NewControllerDeployment(config, "", "", "")
 	// One replica: a single-node lab has room for one, and the factory's anti-affinity would leave a second pending.
 	controller.Spec.Replicas = pointer(int32(1))
+	// Leader election as a loaded cluster would tune it: on 2 cores with emulated guests booting, a lease renewal
+	// took the API server more than the default 10 s now and then, and virt-controller exits when it loses the
+	// lease (seen: CrashLoopBackOff, VMIs left in Scheduling for minutes).
+	container := &controller.Spec.Template.Spec.Containers[0]
+	container.Args = append(container.Args, "--leader-elect-lease-duration=60s", "--leader-elect-renew-deadline=45s")
 	if _, err := client.AppsV1().Deployments(namespace).Create(ctx, controller, metav1.CreateOptions{}); ignoreExists(err) != nil {
 		return fmt.Errorf("creating %s: %w", controller.Name, err)
 	}

@@ -165,16 +165,21 @@ async fn a_vm_runs_its_domain_restarts_after_a_crash_and_halting_stops_it() {
         started.elapsed().as_secs_f64()
     );
     assert_eq!(vmi.data["status"]["phase"], "Running");
+    // The NIC on the pod network shows the pod's address, as KubeVirt shows a masquerade NIC's.
+    let pod = ferry_lab::standins::kubevirt::pod_address(&vmi.uid().unwrap());
     assert_eq!(
         vmi.data["status"]["interfaces"],
-        json!([{"name": "nic-0", "mac": "00:50:56:aa:bb:cc", "infoSource": "domain", "queueCount": 1, "linkState": "up"}])
+        json!([{"name": "nic-0", "mac": "00:50:56:aa:bb:cc", "infoSource": "domain", "queueCount": 1, "linkState": "up",
+                "podInterfaceName": "eth0", "ipAddress": pod, "ipAddresses": [pod]}])
     );
     let qemu = ferry_testkit::processes_mentioning(&state);
     assert_eq!(qemu.len(), 1, "one domain: {qemu:?}");
     for device in [
         "ide-hd,bus=ide.0,drive=drive-ua-boot,id=ua-boot,serial=boot-0,bootindex=1",
-        "virtio-blk-pci,drive=drive-ua-data,id=ua-data,serial=data-1",
-        "e1000e,netdev=net0,id=ua-nic-0,mac=00:50:56:aa:bb:cc",
+        // On root ports as libvirt lays them out: the NIC first, then three kept for NIC hotplug, virtio-scsi,
+        // virtio-serial, the virtio disk.
+        "virtio-blk-pci,drive=drive-ua-data,id=ua-data,bus=pci.7,serial=data-1",
+        "e1000e,netdev=net0,id=ua-nic-0,mac=00:50:56:aa:bb:cc,bus=pci.1",
         "name=org.qemu.guest_agent.0",
         "2,sockets=1,cores=2,threads=1",
     ] {

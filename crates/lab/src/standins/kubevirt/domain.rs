@@ -8,6 +8,8 @@ use std::path::{Path, PathBuf};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
+use super::pci::Layout;
+
 /// The guest agent's virtio-serial port name; KubeVirt adds it to every VMI.
 pub const AGENT_CHANNEL: &str = "org.qemu.guest_agent.0";
 /// The lab's largest guest. The machine has 2 cores and 24 GiB for everything the lab and its tests run, so a
@@ -16,7 +18,8 @@ pub const MAX_MEMORY_MIB: u64 = 2048;
 const MIN_MEMORY_MIB: u64 = 16;
 /// KubeVirt's default masquerade network (`vmNetworkCIDR`): the gateway takes .1, the guest .2.
 const DEFAULT_VM_CIDR: &str = "10.0.2.0/24";
-/// q35's built-in AHCI controller (ich9-ahci) has six ports, `ide.0` to `ide.5`.
+/// An AHCI controller (ich9-ahci) has six ports: q35's built-in one is `ide.0` to `ide.5`; libvirt adds another
+/// controller for each further six SATA disks (KubeVirt v1.9.0 boots twelve, seen on the real node).
 const SATA_PORTS: usize = 6;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -56,8 +59,6 @@ pub struct Nic {
     pub mac: String,
     pub boot_order: Option<u32>,
     pub network: Network,
-    /// KubeVirt drops link-local IPv6 addresses of masquerade NICs from the status.
-    pub masquerade: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -287,11 +288,6 @@ fn disks(spec: &Value) -> Result<Vec<Disk>, String> {
             claim: claim.to_string(),
         });
     }
-    if disks.iter().filter(|d| d.bus == Bus::Sata).count() > SATA_PORTS {
-        return Err(format!(
-            "more than {SATA_PORTS} SATA disks; the lab's q35 has one AHCI controller"
-        ));
-    }
     Ok(disks)
 }
 
@@ -378,7 +374,6 @@ fn nics(spec: &Value, vmi_uid: &str) -> Result<Vec<Nic>, String> {
                 .unwrap_or_else(|| generated_mac(vmi_uid, name)),
             boot_order: u32_at(interface, "bootOrder")?,
             network,
-            masquerade: interface["masquerade"].is_object(),
         });
     }
     Ok(nics)
@@ -466,9 +461,32 @@ impl Domain {
             "-qmp",
             &format!("unix:{},server=on,wait=off", escape_path(launch.qmp_socket)),
         ]);
-        if self.disks.iter().any(|d| d.bus == Bus::Scsi) {
-            add(&["-device", "virtio-scsi-pci,id=scsi0"]);
+        let sata_disks = self.disks.iter().filter(|d| d.bus == Bus::Sata).count();
+        let extra_ahci = sata_disks.div_ceil(SATA_PORTS).saturating_sub(1);
+        let virtio_disks = self.disks.iter().filter(|d| d.bus == Bus::Virtio).count();
+        let layout = Layout::new(self.nics.len(), virtio_disks, extra_ahci > 0);
+        for controller in &layout.controllers {
+            add(&["-device", controller]);
         }
+        // libvirt puts a second AHCI controller, a conventional PCI device, on the bridge.
+        if let Some(bridge) = &layout.bridge {
+            for controller in 1..=extra_ahci {
+                add(&[
+                    "-device",
+                    &format!("ich9-ahci,id=sata{controller},bus={bridge},addr={controller:#x}"),
+                ]);
+            }
+        }
+        // KubeVirt gives every domain a virtio-scsi controller, SCSI disks or not, and a balloon.
+        add(&[
+            "-device",
+            &format!("virtio-scsi-pci,id=scsi0,bus={}", layout.scsi),
+        ]);
+        add(&[
+            "-device",
+            &format!("virtio-balloon-pci,id=balloon0,bus={}", layout.balloon),
+        ]);
+        let mut virtio_buses = layout.virtio_disks.iter();
         let (mut scsi_unit, mut sata_port) = (0, 0);
         for disk in &self.disks {
             let image = launch
@@ -484,7 +502,10 @@ impl Domain {
                 ),
             ]);
             let mut device = match disk.bus {
-                Bus::Virtio => format!("virtio-blk-pci,drive=drive-{id},id={id}"),
+                Bus::Virtio => format!(
+                    "virtio-blk-pci,drive=drive-{id},id={id},bus={}",
+                    virtio_buses.next().expect("a port per virtio disk")
+                ),
                 Bus::Scsi => {
                     scsi_unit += 1;
                     format!(
@@ -493,8 +514,13 @@ impl Domain {
                     )
                 }
                 Bus::Sata => {
+                    let (controller, port) = (sata_port / SATA_PORTS, sata_port % SATA_PORTS);
                     sata_port += 1;
-                    format!("ide-hd,bus=ide.{},drive=drive-{id},id={id}", sata_port - 1)
+                    let bus = match controller {
+                        0 => format!("ide.{port}"),
+                        _ => format!("sata{controller}.{port}"),
+                    };
+                    format!("ide-hd,bus={bus},drive=drive-{id},id={id}")
                 }
             };
             if let Some(serial) = &disk.serial {
@@ -519,10 +545,11 @@ impl Domain {
             };
             add(&["-netdev", &netdev]);
             let mut device = format!(
-                "{},netdev=net{i},id=ua-{},mac={}",
+                "{},netdev=net{i},id=ua-{},mac={},bus={}",
                 nic.device,
                 escape(&nic.name),
-                nic.mac
+                nic.mac,
+                layout.nics[i]
             );
             // As KubeVirt: a NIC that is no boot device gets no option ROM.
             match nic.boot_order {
@@ -531,7 +558,10 @@ impl Domain {
             }
             add(&["-device", &device]);
         }
-        add(&["-device", "virtio-serial-pci,id=virtio-serial0"]);
+        add(&[
+            "-device",
+            &format!("virtio-serial-pci,id=virtio-serial0,bus={}", layout.serial),
+        ]);
         add(&[
             "-chardev",
             &format!(
@@ -650,6 +680,36 @@ mod tests {
     }
 
     #[test]
+    fn sata_disks_past_six_go_on_another_ahci_controller_as_libvirt_adds_one() {
+        let names: Vec<String> = (0..8).map(|i| format!("d{i}")).collect();
+        let disks: Vec<Value> = names
+            .iter()
+            .map(|n| json!({"name": n, "disk": {"bus": "sata"}}))
+            .collect();
+        let volumes: Vec<Value> = names
+            .iter()
+            .map(|n| json!({"name": n, "dataVolume": {"name": n}}))
+            .collect();
+        let spec = vmi(
+            json!({"memory": {"guest": "64Mi"}, "devices": {"disks": disks}}),
+            json!(volumes),
+            json!([]),
+        );
+        let args = args_of(&Domain::from_vmi(&spec, "uid-1").unwrap());
+        let devices = values(&args, "-device");
+        assert_eq!(
+            devices
+                .iter()
+                .filter(|d| d.starts_with("ich9-ahci"))
+                .collect::<Vec<_>>(),
+            [&"ich9-ahci,id=sata1,bus=pci-bridge,addr=0x1"]
+        );
+        assert!(devices.contains(&"ide-hd,bus=ide.5,drive=drive-ua-d5,id=ua-d5"));
+        assert!(devices.contains(&"ide-hd,bus=sata1.0,drive=drive-ua-d6,id=ua-d6"));
+        assert!(devices.contains(&"ide-hd,bus=sata1.1,drive=drive-ua-d7,id=ua-d7"));
+    }
+
+    #[test]
     fn each_bus_gets_its_device_with_boot_order_and_serial() {
         let spec = vmi(
             json!({"memory": {"guest": "64Mi"}, "devices": {"disks": [
@@ -691,7 +751,9 @@ mod tests {
         assert!(devices.contains(
             &"scsi-hd,bus=scsi0.0,channel=0,scsi-id=1,lun=0,drive=drive-ua-data,id=ua-data"
         ));
-        assert!(devices.contains(&"virtio-blk-pci,drive=drive-ua-fast,id=ua-fast,serial=v1"));
+        assert!(
+            devices.contains(&"virtio-blk-pci,drive=drive-ua-fast,id=ua-fast,bus=pci.7,serial=v1")
+        );
         assert!(devices.contains(&"ide-hd,bus=ide.0,drive=drive-ua-old,id=ua-old,bootindex=2"));
         assert!(devices.contains(&"ide-hd,bus=ide.1,drive=drive-ua-plain,id=ua-plain"));
         assert!(
@@ -740,7 +802,6 @@ mod tests {
         let domain = Domain::from_vmi(&spec, "uid-7").unwrap();
         assert_eq!(domain.nics[0].device, "e1000e");
         assert_eq!(domain.nics[0].mac, "00:50:56:ab:cd:ef");
-        assert!(domain.nics[0].masquerade);
         assert_eq!(
             domain.nics[1].device, "virtio-net-pci",
             "virtio is the default model"
@@ -761,11 +822,14 @@ mod tests {
             ]
         );
         let devices = values(&args, "-device");
-        assert!(devices.contains(&"e1000e,netdev=net0,id=ua-pod,mac=00:50:56:ab:cd:ef,romfile="));
+        assert!(
+            devices
+                .contains(&"e1000e,netdev=net0,id=ua-pod,mac=00:50:56:ab:cd:ef,bus=pci.1,romfile=")
+        );
         assert!(
             devices.contains(
                 &format!(
-                    "virtio-net-pci,netdev=net1,id=ua-dmz,mac={},bootindex=3",
+                    "virtio-net-pci,netdev=net1,id=ua-dmz,mac={},bus=pci.2,bootindex=3",
                     domain.nics[1].mac
                 )
                 .as_str()

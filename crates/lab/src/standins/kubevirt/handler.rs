@@ -17,8 +17,9 @@ use kube::{Api, ResourceExt};
 use serde_json::{Map, Value, json};
 
 use super::agent::{self, AgentReport, GuestInterface, GuestIpAddress, GuestOsInfo};
-use super::domain::{Domain, Firmware, Launch, Nic, Ovmf};
+use super::domain::{Domain, Firmware, Launch, Network, Nic, Ovmf};
 use super::qemu::DomainState;
+use super::volumes::{self, VolumeFacts};
 use super::{
     Boot, Error, KubeVirt, MARKER_ANNOTATION, NO_BOOT_REASON, NODE, READY_MARKER, vmi_resource,
 };
@@ -51,6 +52,13 @@ pub(super) async fn reconcile_vmi(
     if vmi.metadata.deletion_timestamp.is_some()
         && vmi.finalizers().iter().any(|f| f == KUBEVIRT_VMI_FINALIZER)
     {
+        // First said, as virt-handler reports the domain going down; the VM copies it while the VMI is there.
+        if let Some(status) = terminating_status(&vmi, Timestamp::now()) {
+            let mut updated = (*vmi).clone();
+            updated.data["status"] = status;
+            replace(&vmi, &updated, &ctx).await?;
+            return Ok(Action::await_change());
+        }
         ctx.guests
             .stop(&guest_key(&vmi))
             .map_err(|e| Error::Guest(format!("{e:#}")))?;
@@ -110,8 +118,8 @@ async fn release_kubevirt_finalizer(vmi: &DynamicObject, ctx: &KubeVirt) -> Resu
 /// Where a VMI is, as virt-handler reports it.
 #[derive(Clone, Debug, PartialEq)]
 enum Phase {
-    /// Waiting for a volume: why.
-    Scheduling(String),
+    /// Waiting for a volume (why), or for the launcher pod to start, which real KubeVirt always walks through.
+    Scheduling(Option<String>),
     Scheduled,
     Running {
         paused: bool,
@@ -152,10 +160,11 @@ async fn run_guest(vmi: &DynamicObject, ctx: &KubeVirt) -> Result<Action, Error>
         }
         Ok(domain) if matches!(current, "" | "Pending" | "Scheduling") => {
             match volume_images(domain, vmi, ctx).await? {
-                Err(waiting) => Phase::Scheduling(waiting),
+                Err(waiting) => Phase::Scheduling(Some(waiting)),
                 Ok(_) if ctx.boot == Boot::ReportReadyWithoutBooting => {
                     Phase::Running { paused: false }
                 }
+                Ok(_) if current != "Scheduling" => Phase::Scheduling(None),
                 Ok(images) => {
                     start(domain, &images, vmi, &key, ctx).await?;
                     Phase::Scheduled
@@ -186,12 +195,16 @@ async fn run_guest(vmi: &DynamicObject, ctx: &KubeVirt) -> Result<Action, Error>
         _ => None,
     };
     let nics = domain.as_ref().map(|d| d.nics.as_slice()).unwrap_or(&[]);
+    let facts = volumes::observe(&ctx.client, vmi).await?;
     let status = vmi_status(
         vmi,
         &phase,
-        ctx.boot,
-        nics,
-        agent.as_ref(),
+        Seen {
+            boot: ctx.boot,
+            nics,
+            agent: agent.as_ref(),
+            volumes: &facts,
+        },
         Timestamp::now(),
     );
     let mut annotations = vmi.annotations().clone();
@@ -199,27 +212,14 @@ async fn run_guest(vmi: &DynamicObject, ctx: &KubeVirt) -> Result<Action, Error>
         annotations.insert(MARKER_ANNOTATION.to_string(), line);
     }
     if vmi.data["status"] != status || vmi.annotations() != &annotations {
-        // Until the VMI is on this node it is virt-controller's to schedule; from then on virt-handler's. Both
-        // write with an update, the one verb virt-handler's role has on VMIs: a stale copy is refused (409) and
-        // retried.
-        let writer = if vmi.data["status"]["nodeName"] == NODE {
-            &ctx.identities.handler
-        } else {
-            &ctx.identities.controller
-        };
         let mut updated = vmi.clone();
         updated.metadata.annotations = Some(annotations);
         updated.data["status"] = status;
-        Api::<DynamicObject>::namespaced_with(
-            writer.clone(),
-            &vmi.namespace().unwrap_or_default(),
-            &vmi_resource(),
-        )
-        .replace(&vmi.name_any(), &PostParams::default(), &updated)
-        .await?;
+        replace(vmi, &updated, ctx).await?;
     }
     Ok(match phase {
-        Phase::Scheduling(_) => Action::requeue(Duration::from_secs(2)),
+        Phase::Scheduling(Some(_)) => Action::requeue(Duration::from_secs(2)),
+        Phase::Scheduling(None) => Action::requeue(Duration::from_millis(500)),
         Phase::Scheduled => Action::requeue(Duration::from_millis(500)),
         Phase::Running { .. } if ctx.boot == Boot::ReportReadyWithoutBooting => {
             Action::requeue(Duration::from_secs(30))
@@ -227,6 +227,57 @@ async fn run_guest(vmi: &DynamicObject, ctx: &KubeVirt) -> Result<Action, Error>
         Phase::Running { .. } => Action::requeue(AGENT_POLL),
         Phase::Succeeded | Phase::Failed(..) => Action::await_change(),
     })
+}
+
+/// Writes `updated` over `vmi`. Until the VMI is on this node it is virt-controller's to schedule; from then on
+/// virt-handler's. Both write with an update, the one verb virt-handler's role has on VMIs: a stale copy is
+/// refused (409) and retried.
+async fn replace(
+    vmi: &DynamicObject,
+    updated: &DynamicObject,
+    ctx: &KubeVirt,
+) -> Result<(), Error> {
+    let writer = if vmi.data["status"]["nodeName"] == NODE {
+        &ctx.identities.handler
+    } else {
+        &ctx.identities.controller
+    };
+    Api::<DynamicObject>::namespaced_with(
+        writer.clone(),
+        &vmi.namespace().unwrap_or_default(),
+        &vmi_resource(),
+    )
+    .replace(&vmi.name_any(), &PostParams::default(), updated)
+    .await?;
+    Ok(())
+}
+
+/// The status of a VMI whose domain shuts down: the agent gone, not Ready since its pod terminates; the other
+/// conditions stay. None when the VMI says so already.
+fn terminating_status(vmi: &DynamicObject, now: Timestamp) -> Option<Value> {
+    let old = &vmi.data["status"];
+    let now = now.to_string();
+    let mut conditions: Vec<Value> = old["conditions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|c| c["type"] != "AgentConnected" && c["type"] != "Ready")
+        .cloned()
+        .collect();
+    conditions.insert(
+        0,
+        condition(
+            vmi,
+            &now,
+            "Ready",
+            "False",
+            "PodTerminating",
+            "virt-launcher pod is terminating",
+        ),
+    );
+    let mut status = old.clone();
+    status["conditions"] = json!(conditions);
+    (status != *old).then_some(status)
 }
 
 /// Starts the domain: KVM when it works here, the VMI's own copy of the OVMF variables for EFI.
@@ -319,11 +370,10 @@ fn condition(
     vmi: &DynamicObject,
     now: &str,
     type_: &str,
-    ok: bool,
+    status: &str,
     reason: &str,
     message: &str,
 ) -> Value {
-    let status = if ok { "True" } else { "False" };
     let earlier = vmi.data["status"]["conditions"].as_array().and_then(|cs| {
         cs.iter()
             .find(|c| {
@@ -337,10 +387,17 @@ fn condition(
     earlier.unwrap_or_else(|| {
         // Real KubeVirt (v1.9.0, seen on the lab's real node) stamps `AgentConnected` with a probe time and leaves
         // its transition time null; its other conditions the other way round.
-        let mut c = if type_ == "AgentConnected" {
-            json!({"type": type_, "status": status, "lastTransitionTime": null, "lastProbeTime": now})
-        } else {
-            json!({"type": type_, "status": status, "lastTransitionTime": now, "lastProbeTime": null})
+        // Those of the volumes it writes with neither.
+        let mut c = match type_ {
+            "AgentConnected" => {
+                json!({"type": type_, "status": status, "lastTransitionTime": null, "lastProbeTime": now})
+            }
+            "DataVolumesReady" | "LiveMigratable" | "StorageLiveMigratable" => {
+                json!({"type": type_, "status": status, "lastTransitionTime": null, "lastProbeTime": null})
+            }
+            _ => {
+                json!({"type": type_, "status": status, "lastTransitionTime": now, "lastProbeTime": null})
+            }
         };
         if !reason.is_empty() {
             c["reason"] = json!(reason);
@@ -352,23 +409,34 @@ fn condition(
     })
 }
 
-/// The VMI's whole status after this reconcile.
-fn vmi_status(
-    vmi: &DynamicObject,
-    phase: &Phase,
+/// What this reconcile saw of the VMI's domain, agent and volumes.
+struct Seen<'a> {
     boot: Boot,
-    nics: &[Nic],
-    agent: Option<&AgentReport>,
-    now: Timestamp,
-) -> Value {
+    nics: &'a [Nic],
+    agent: Option<&'a AgentReport>,
+    volumes: &'a VolumeFacts,
+}
+
+/// The VMI's whole status after this reconcile.
+fn vmi_status(vmi: &DynamicObject, phase: &Phase, seen: Seen, now: Timestamp) -> Value {
+    let Seen {
+        boot,
+        nics,
+        agent,
+        volumes,
+    } = seen;
     let old = &vmi.data["status"];
     let now = now.to_string();
     let cond = |type_: &str, ok: bool, reason: &str, message: &str| {
-        condition(vmi, &now, type_, ok, reason, message)
+        let status = if ok { "True" } else { "False" };
+        condition(vmi, &now, type_, status, reason, message)
+    };
+    let said = |type_: &str, (status, reason, message): volumes::Said| {
+        condition(vmi, &now, type_, status, reason, &message)
     };
     let bench = boot == Boot::ReportReadyWithoutBooting;
-    let conditions = match phase {
-        Phase::Scheduling(waiting) => vec![
+    let mut conditions = match phase {
+        Phase::Scheduling(Some(waiting)) => vec![
             cond("PodScheduled", false, "Unschedulable", waiting),
             cond(
                 "Ready",
@@ -377,7 +445,7 @@ fn vmi_status(
                 "virt-launcher pod has not yet been scheduled",
             ),
         ],
-        Phase::Scheduled => vec![cond(
+        Phase::Scheduling(None) | Phase::Scheduled => vec![cond(
             "Ready",
             false,
             "GuestNotRunning",
@@ -414,6 +482,18 @@ fn vmi_status(
             cond("Synchronized", false, reason, message),
         ],
     };
+    // virt-controller's verdict on the DataVolumes, from the start; virt-handler's on migration, while the
+    // domain runs.
+    if let Some(dvs) = volumes::data_volumes_ready(volumes) {
+        conditions.push(said("DataVolumesReady", dvs));
+    }
+    if matches!(phase, Phase::Running { .. }) {
+        conditions.push(said("LiveMigratable", volumes::live_migratable(volumes)));
+        conditions.push(said(
+            "StorageLiveMigratable",
+            volumes::storage_live_migratable(),
+        ));
+    }
     let mut status = Map::new();
     status.insert("phase".into(), json!(phase.name()));
     status.insert("conditions".into(), json!(conditions));
@@ -432,13 +512,14 @@ fn vmi_status(
         _ => true,
     };
     if defined {
+        let pod = pod_address(&vmi.uid().unwrap_or_default());
         status.insert("nodeName".into(), json!(NODE));
         if bench {
             // The guest it pretends to be has an agent, so it reports its addresses with it.
             let pretended = matches!(phase, Phase::Running { .. }).then(|| pretended_guest(nics));
             status.insert(
                 "interfaces".into(),
-                json!(interfaces_status(nics, pretended.as_deref())),
+                json!(interfaces_status(nics, pretended.as_deref(), &pod)),
             );
         } else {
             status.insert("machine".into(), json!({"type": "q35"}));
@@ -446,7 +527,8 @@ fn vmi_status(
                 "interfaces".into(),
                 json!(interfaces_status(
                     nics,
-                    agent.map(|a| a.interfaces.as_slice())
+                    agent.map(|a| a.interfaces.as_slice()),
+                    &pod
                 )),
             );
         }
@@ -482,12 +564,6 @@ pub fn os_info_status(os: &GuestOsInfo) -> Value {
     Value::Object(info)
 }
 
-fn is_link_local_v6(address: &str) -> bool {
-    address
-        .parse::<std::net::Ipv6Addr>()
-        .is_ok_and(|a| (a.segments()[0] & 0xffc0) == 0xfe80)
-}
-
 /// What the agent of a `--no-boot` guest would report: one address per NIC, in QEMU's user network.
 fn pretended_guest(nics: &[Nic]) -> Vec<GuestInterface> {
     nics.iter()
@@ -504,11 +580,18 @@ fn pretended_guest(nics: &[Nic]) -> Vec<GuestInterface> {
         .collect()
 }
 
+/// The address of the launcher pod the VMI would run in. The lab has no pod network: an address in the range
+/// the real node's pods get (10.88.0.0/16), stable for the VMI, routed nowhere.
+pub fn pod_address(vmi_uid: &str) -> String {
+    let h = ferry_api::names::fnv1a(vmi_uid.as_bytes());
+    format!("10.88.{}.{}", (h >> 8) % 256, 2 + h % 250)
+}
+
 /// `status.interfaces` as KubeVirt merges them: the domain's NICs first (`domain`), joined by MAC with what
 /// the agent reports (`domain, guest-agent`: the guest's name for it and its addresses), then up to ten
-/// interfaces only the guest knows (`guest-agent`). The loopback is never listed. The lab has no pod, so
-/// the addresses are the guest's own (KubeVirt shows a masquerade NIC's pod IP).
-pub fn interfaces_status(nics: &[Nic], agent: Option<&[GuestInterface]>) -> Vec<Value> {
+/// interfaces only the guest knows (`guest-agent`). The loopback is never listed. The NIC on the pod network
+/// is the pod's `eth0` and shows the pod's address `pod` from the start, whatever the guest says (masquerade).
+pub fn interfaces_status(nics: &[Nic], agent: Option<&[GuestInterface]>, pod: &str) -> Vec<Value> {
     let reported: Vec<&GuestInterface> = agent
         .unwrap_or_default()
         .iter()
@@ -523,11 +606,16 @@ pub fn interfaces_status(nics: &[Nic], agent: Option<&[GuestInterface]>) -> Vec<
     for nic in nics {
         let mut status = json!({"name": nic.name, "mac": nic.mac, "infoSource": "domain",
                                 "queueCount": 1, "linkState": "up"});
+        let on_pod_network = matches!(nic.network, Network::Pod { .. });
+        if on_pod_network {
+            status["podInterfaceName"] = json!("eth0");
+            status["ipAddress"] = json!(pod);
+            status["ipAddresses"] = json!([pod]);
+        }
         if let Some(guest) = reported.iter().find(|i| same_mac(i, &nic.mac)) {
             let (v4, v6): (Vec<_>, Vec<_>) = guest
                 .ip_addresses
                 .iter()
-                .filter(|a| !(nic.masquerade && is_link_local_v6(&a.ip_address)))
                 .partition(|a| a.ip_address_type == "ipv4");
             let ips: Vec<&str> = v4
                 .iter()
@@ -536,7 +624,7 @@ pub fn interfaces_status(nics: &[Nic], agent: Option<&[GuestInterface]>) -> Vec<
                 .collect();
             status["interfaceName"] = json!(guest.name);
             status["infoSource"] = json!("domain, guest-agent");
-            if let Some(first) = ips.first() {
+            if let Some(first) = ips.first().filter(|_| !on_pod_network) {
                 status["ipAddress"] = json!(first);
                 status["ipAddresses"] = json!(ips);
             }
@@ -598,7 +686,6 @@ mod tests {
                 guest: "10.0.2.2".into(),
                 cidr: "10.0.2.0/24".into(),
             },
-            masquerade: true,
         };
         let agent = vec![
             GuestInterface {
@@ -622,21 +709,33 @@ mod tests {
             },
         ];
         assert_eq!(
-            interfaces_status(std::slice::from_ref(&nic), None),
+            interfaces_status(std::slice::from_ref(&nic), None, "10.88.0.7"),
             [
                 json!({"name": "nic-0", "mac": "00:50:56:01:02:03", "infoSource": "domain",
-                    "queueCount": 1, "linkState": "up"})
+                    "queueCount": 1, "linkState": "up", "podInterfaceName": "eth0",
+                    "ipAddress": "10.88.0.7", "ipAddresses": ["10.88.0.7"]})
             ]
         );
         assert_eq!(
-            interfaces_status(&[nic], Some(&agent)),
+            interfaces_status(std::slice::from_ref(&nic), Some(&agent), "10.88.0.7"),
             [
                 json!({"name": "nic-0", "mac": "00:50:56:01:02:03", "infoSource": "domain, guest-agent",
-                       "queueCount": 1, "linkState": "up", "interfaceName": "ens3",
-                       "ipAddress": "10.0.2.2", "ipAddresses": ["10.0.2.2", "fd00::2"]}),
+                       "queueCount": 1, "linkState": "up", "interfaceName": "ens3", "podInterfaceName": "eth0",
+                       "ipAddress": "10.88.0.7", "ipAddresses": ["10.88.0.7"]}),
                 json!({"interfaceName": "docker0", "infoSource": "guest-agent", "mac": "02:42:00:00:00:01",
                        "ipAddress": "172.17.0.1", "ipAddresses": ["fd01::1", "172.17.0.1"]}),
             ]
+        );
+        // A NIC off the pod network (Multus) shows what the guest says of it.
+        let multus = Nic {
+            network: Network::Isolated,
+            ..nic.clone()
+        };
+        assert_eq!(
+            interfaces_status(&[multus], Some(&agent), "10.88.0.7")[0],
+            json!({"name": "nic-0", "mac": "00:50:56:01:02:03", "infoSource": "domain, guest-agent",
+                   "queueCount": 1, "linkState": "up", "interfaceName": "ens3",
+                   "ipAddress": "10.0.2.2", "ipAddresses": ["10.0.2.2", "fe80::250:56ff:fe01:203", "fd00::2"]})
         );
     }
 
@@ -668,16 +767,40 @@ mod tests {
         .unwrap()
     }
 
+    fn seen<'a>(agent: Option<&'a AgentReport>, volumes: &'a VolumeFacts) -> Seen<'a> {
+        Seen {
+            boot: Boot::Qemu,
+            nics: &[],
+            agent,
+            volumes,
+        }
+    }
+
     #[test]
     fn ready_means_running_and_agent_connected_needs_an_answer() {
         let now: Timestamp = "2026-01-01T00:00:00Z".parse().unwrap();
+        // One DataVolume, Ready, on a claim that is not shared.
+        let facts = VolumeFacts {
+            data_volumes: vec!["True".into()],
+            not_shared: Some(volumes::Unshared::Claim("boot".into())),
+        };
+        let running_with = |agent: bool| -> Vec<(String, String)> {
+            let mut types = vec![("Ready".into(), "True".into())];
+            if agent {
+                types.push(("AgentConnected".into(), "True".into()));
+            }
+            types.extend([
+                ("DataVolumesReady".into(), "True".into()),
+                ("LiveMigratable".into(), "False".into()),
+                ("StorageLiveMigratable".into(), "True".into()),
+            ]);
+            types
+        };
         let vmi = stored(json!({"phase": "Scheduled"}));
         let running = vmi_status(
             &vmi,
             &Phase::Running { paused: false },
-            Boot::Qemu,
-            &[],
-            None,
+            seen(None, &facts),
             now,
         );
         let types = |s: &Value| -> Vec<(String, String)> {
@@ -693,7 +816,7 @@ mod tests {
                 })
                 .collect()
         };
-        assert_eq!(types(&running), [("Ready".into(), "True".into())]);
+        assert_eq!(types(&running), running_with(false));
         assert_eq!(running["phase"], "Running");
         assert_eq!(running["nodeName"], NODE);
         assert_eq!(running["phaseTransitionTimestamps"][0]["phase"], "Running");
@@ -709,18 +832,10 @@ mod tests {
         let answered = vmi_status(
             &stored(running.clone()),
             &Phase::Running { paused: false },
-            Boot::Qemu,
-            &[],
-            Some(&report),
+            seen(Some(&report), &facts),
             now,
         );
-        assert_eq!(
-            types(&answered),
-            [
-                ("Ready".into(), "True".into()),
-                ("AgentConnected".into(), "True".into())
-            ]
-        );
+        assert_eq!(types(&answered), running_with(true));
         assert_eq!(answered["guestOSInfo"]["name"], "Debian GNU/Linux");
         assert_eq!(
             answered["phaseTransitionTimestamps"]
@@ -734,36 +849,31 @@ mod tests {
         let away = vmi_status(
             &stored(answered),
             &Phase::Running { paused: false },
-            Boot::Qemu,
-            &[],
-            None,
+            seen(None, &facts),
             now,
         );
-        assert_eq!(types(&away), [("Ready".into(), "True".into())]);
+        assert_eq!(types(&away), running_with(false));
         assert_eq!(away["guestOSInfo"]["name"], "Debian GNU/Linux");
 
         let failed = vmi_status(
             &stored(away),
             &Phase::Failed("GuestCrashed", "QEMU exited".into()),
-            Boot::Qemu,
-            &[],
-            None,
+            seen(None, &facts),
             now,
         );
         assert_eq!(
             types(&failed),
             [
                 ("Ready".into(), "False".into()),
-                ("Synchronized".into(), "False".into())
+                ("Synchronized".into(), "False".into()),
+                ("DataVolumesReady".into(), "True".into())
             ]
         );
         assert_eq!(failed["conditions"][1]["message"], "QEMU exited");
         let waiting = vmi_status(
             &stored(json!({})),
-            &Phase::Scheduling("PVC boot is not bound yet".into()),
-            Boot::Qemu,
-            &[],
-            None,
+            &Phase::Scheduling(Some("PVC boot is not bound yet".into())),
+            seen(None, &facts),
             now,
         );
         assert_eq!(

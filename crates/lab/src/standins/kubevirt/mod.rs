@@ -8,7 +8,11 @@ pub mod accel;
 pub mod agent;
 pub mod domain;
 mod handler;
+mod pci;
 pub mod qemu;
+mod volumes;
+
+pub use handler::pod_address;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -360,6 +364,68 @@ fn failure_condition(vm: &DynamicObject, message: String, now: Timestamp) -> Val
         "lastProbeTime": null, "lastTransitionTime": since})
 }
 
+/// virt-controller's `syncConditions`: the VM's `Ready` is its VMI's (or says there is none), every other
+/// condition of the VMI is copied and kept once the VMI is gone, and a sync error is the `Failure` condition. A
+/// condition is replaced only when its status or reason changes.
+fn vm_conditions(
+    vm: &DynamicObject,
+    vmi: Option<&DynamicObject>,
+    failure: Option<Value>,
+    now: Timestamp,
+) -> Vec<Value> {
+    const NOT_COPIED: [&str; 3] = ["Ready", "Failure", "RestartRequired"];
+    let mut conditions: Vec<Value> = vm.data["status"]["conditions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|c| c["type"] != "Failure")
+        .cloned()
+        .collect();
+    let update = |conditions: &mut Vec<Value>, new: Value| match conditions
+        .iter_mut()
+        .find(|c| c["type"] == new["type"])
+    {
+        Some(old) if old["status"] != new["status"] || old["reason"] != new["reason"] => *old = new,
+        Some(_) => {}
+        None => conditions.push(new),
+    };
+    let missing = |reason: &str, message: &str| {
+        json!({"type": "Ready", "status": "False", "reason": reason, "message": message,
+               "lastProbeTime": now.to_string(), "lastTransitionTime": now.to_string()})
+    };
+    let vmi_conditions: Vec<Value> = vmi
+        .and_then(|v| v.data["status"]["conditions"].as_array().cloned())
+        .unwrap_or_default();
+    let ready = match vmi {
+        None => missing("VMINotExists", "VMI does not exist"),
+        Some(_) => vmi_conditions
+            .iter()
+            .find(|c| c["type"] == "Ready")
+            .cloned()
+            .unwrap_or_else(|| {
+                missing("VMIConditionMissing", "VMI is missing the Ready condition")
+            }),
+    };
+    update(&mut conditions, ready);
+    if let Some(failure) = failure {
+        conditions.push(failure);
+    }
+    if vmi.is_some() {
+        let copied: Vec<&Value> = vmi_conditions
+            .iter()
+            .filter(|c| !NOT_COPIED.iter().any(|t| c["type"] == *t))
+            .collect();
+        for c in &copied {
+            update(&mut conditions, (*c).clone());
+        }
+        conditions.retain(|c| {
+            NOT_COPIED.iter().any(|t| c["type"] == *t)
+                || copied.iter().any(|v| v["type"] == c["type"])
+        });
+    }
+    conditions
+}
+
 /// The VMI virt-controller creates from the VM's template.
 fn new_vmi(vm: &DynamicObject) -> DynamicObject {
     let owner = vm
@@ -456,8 +522,10 @@ async fn reconcile_vm(vm: Arc<DynamicObject>, ctx: Arc<KubeVirt>) -> Result<Acti
     if let Some(failure) = &start_failure {
         new_status["startFailure"] = failure.to_json();
     }
-    if let Some(message) = sync_failure {
-        new_status["conditions"] = json!([failure_condition(&vm, message, now)]);
+    let failure = sync_failure.map(|message| failure_condition(&vm, message, now));
+    let conditions = vm_conditions(&vm, vmi.as_ref(), failure, now);
+    if !conditions.is_empty() {
+        new_status["conditions"] = json!(conditions);
     }
     if start_requested {
         new_status["stateChangeRequests"] = json!([{"action": "Start"}]);
