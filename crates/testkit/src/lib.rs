@@ -23,6 +23,7 @@ mod exit;
 pub mod http;
 pub mod migration;
 pub mod proxy;
+pub mod real_node;
 
 /// A running lab owned by this test process.
 pub struct TestLab {

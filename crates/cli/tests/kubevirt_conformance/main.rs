@@ -12,13 +12,11 @@ mod scenario;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use ferry_testkit::TestLab;
+use ferry_testkit::real_node::RealNodeLab;
 use host::Host;
-use k8s_openapi::api::core::v1::Namespace;
-use kube::api::{DeleteParams, PostParams};
-use kube::{Api, Client};
+use kube::Client;
 use observe::Observed;
 use scenario::{Images, Scenario};
 
@@ -216,20 +214,6 @@ async fn the_kubevirt_standin_does_what_real_kubevirt_does() {
     assert_conforms("the KubeVirt stand-in", &observed);
 }
 
-/// `ferry lab down` for a lab this test started.
-struct LabGuard(Option<PathBuf>);
-
-impl Drop for LabGuard {
-    fn drop(&mut self) {
-        if let Some(dir) = &self.0 {
-            let _ = Command::new(env!("CARGO_BIN_EXE_ferry"))
-                .args(["lab", "down", "--dir"])
-                .arg(dir)
-                .output();
-        }
-    }
-}
-
 #[tokio::test]
 async fn the_record_of_real_kubevirt_v1_9_still_holds() {
     if std::env::var_os(REAL_NODE).is_none() {
@@ -242,42 +226,23 @@ async fn the_record_of_real_kubevirt_v1_9_still_holds() {
         return;
     }
     let work = tempfile::tempdir().unwrap();
-    let (dir, _guard) = match std::env::var_os(RUNNING_LAB) {
-        Some(dir) => (PathBuf::from(dir), LabGuard(None)),
-        None => {
-            let dir = work.path().join("lab");
-            let guard = LabGuard(Some(dir.clone()));
-            let up = Command::new(env!("CARGO_BIN_EXE_ferry"))
-                .args(["lab", "up", "--node", "real", "--kubevirt", "real", "--dir"])
-                .arg(&dir)
-                .output()
-                .unwrap();
-            assert!(
-                up.status.success(),
-                "ferry lab up --node real: {}",
-                String::from_utf8_lossy(&up.stderr)
-            );
-            (dir, guard)
-        }
-    };
-    let state = ferry_lab::LabState::load(&dir).unwrap().expect("a lab");
-    assert!(
-        state.real_node.is_some() && !state.processes.iter().any(|p| p.name == "standin-kubevirt"),
-        "{} is not a real-node lab with real KubeVirt",
-        dir.display()
+    let lab = RealNodeLab::running_or_started(
+        RUNNING_LAB,
+        Path::new(env!("CARGO_BIN_EXE_ferry")),
+        work.path(),
     );
-    let client = state.client().await.unwrap();
-    let namespaces = Api::<Namespace>::all(client.clone());
+    assert!(
+        !lab.state
+            .processes
+            .iter()
+            .any(|p| p.name == "standin-kubevirt"),
+        "{} runs the KubeVirt stand-in, not real KubeVirt",
+        lab.state.dir.display()
+    );
     let ns = format!("{PREFIX}-{}", std::process::id());
-    let namespace = serde_json::from_value(serde_json::json!({"metadata": {"name": ns,
-        "labels": {"pod-security.kubernetes.io/enforce": "restricted"}}}))
-    .unwrap();
-    namespaces
-        .create(&PostParams::default(), &namespace)
-        .await
-        .unwrap();
+    let client = lab.restricted_namespace(&ns).await;
     let observed = observe_all(&client, &ns, &Host { standin_dir: None }).await;
-    let _ = namespaces.delete(&ns, &DeleteParams::background()).await;
+    RealNodeLab::delete_namespace(&client, &ns).await;
     if std::env::var_os(RECORD_ANEW).is_some() {
         let text = serde_json::to_string_pretty(&observed).unwrap() + "\n";
         std::fs::write(record_path(), text).unwrap();
