@@ -13,6 +13,8 @@ pub enum AdaptationFailure {
     NoSpace,
     /// A Windows guest, and no virtio drivers for it.
     MissingDrivers,
+    /// A Windows guest, and no first-boot tool (rhsrvany.exe or pvvxsvc.exe) to install its first-boot scripts.
+    MissingFirstBootTool,
     /// The guest's file system could not be written: hibernated Windows, Fast Restart, an unclean shutdown.
     GuestFilesystemUnwritable,
     /// libguestfs's appliance did not start or died: this machine's trouble, not the guest's.
@@ -44,6 +46,11 @@ const PATTERNS: &[(AdaptationFailure, &str)] = &[
     (
         AdaptationFailure::MissingDrivers,
         "missing from the virtio-win directory or ISO",
+    ),
+    // libguestfs-common `mlcustomize/firstboot.ml`: "One of rhsrvany.exe or pvvxsvc.exe is missing in DIR".
+    (
+        AdaptationFailure::MissingFirstBootTool,
+        "rhsrvany.exe or pvvxsvc.exe is missing",
     ),
     (
         AdaptationFailure::NoSpace,

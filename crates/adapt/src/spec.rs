@@ -25,6 +25,10 @@ pub struct AdaptSpec {
     /// the migration names none (`conversion.virtioWin`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub virtio_win: Option<PathBuf>,
+    /// The first-boot tool for a Windows guest, `rhsrvany.exe` or `pvvxsvc.exe` or the directory holding it
+    /// (virt-v2v's `VIRT_TOOLS_DATA_DIR`); none when the migration names none (`conversion.firstBootTool`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_boot_tool: Option<PathBuf>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -75,20 +79,31 @@ impl AdaptSpec {
     }
 
     /// What a virt-v2v run on this spec means, before anything is committed: a Windows guest given no drivers
-    /// is refused whatever virt-v2v made of it (it would look in its own default place, which the worker image
-    /// does not fill), and otherwise virt-v2v's own words decide ([`AdaptationFailure::of_run`]).
+    /// or no first-boot tool is refused whatever virt-v2v made of it (it would look in its own default places,
+    /// which the worker image does not fill, and newer virt-v2v installs every driver at first boot), and
+    /// otherwise virt-v2v's own words decide ([`AdaptationFailure::of_run`]).
     pub fn verdict(&self, output: &str, exited_ok: bool) -> Option<(AdaptationFailure, String)> {
-        if self.virtio_win.is_none()
-            && let Some(windows) = Inspection::from_log(output).filter(Inspection::is_windows)
-        {
-            return Some((
-                AdaptationFailure::MissingDrivers,
-                format!(
-                    "virt-v2v found {}, and the migration names no virtio-win drivers for it: set \
-                     spec.conversion.virtioWin to the PersistentVolumeClaim or image holding the virtio-win ISO",
-                    windows.describe()
-                ),
-            ));
+        if let Some(windows) = Inspection::from_log(output).filter(Inspection::is_windows) {
+            if self.virtio_win.is_none() {
+                return Some((
+                    AdaptationFailure::MissingDrivers,
+                    format!(
+                        "virt-v2v found {}, and the migration names no virtio-win drivers for it: set \
+                         spec.conversion.virtioWin to the PersistentVolumeClaim or image holding the virtio-win ISO",
+                        windows.describe()
+                    ),
+                ));
+            }
+            if self.first_boot_tool.is_none() {
+                return Some((
+                    AdaptationFailure::MissingFirstBootTool,
+                    format!(
+                        "virt-v2v found {}, and the migration names no first-boot tool for it: set \
+                         spec.conversion.firstBootTool to the PersistentVolumeClaim or image holding rhsrvany.exe",
+                        windows.describe()
+                    ),
+                ));
+            }
         }
         AdaptationFailure::of_run(output, exited_ok)
     }
@@ -119,27 +134,10 @@ impl AdaptSpec {
 /// `conversion.virtioWin.path`.
 pub fn virtio_win_source(named: &Path) -> Result<PathBuf, String> {
     let metadata = std::fs::metadata(named).map_err(|e| {
-        let mut listing = String::new();
-        if let Some(parent) = named.ancestors().skip(1).find(|p| p.is_dir()) {
-            let names = entries(parent).unwrap_or_default();
-            const SHOWN: usize = 12;
-            let more = match names.len().saturating_sub(SHOWN) {
-                0 => String::new(),
-                n => format!(" and {n} more"),
-            };
-            listing = format!(
-                "; {} holds {}{more}",
-                parent.display(),
-                if names.is_empty() {
-                    "nothing".into()
-                } else {
-                    names[..names.len().min(SHOWN)].join(", ")
-                }
-            );
-        }
         format!(
-            "the virtio-win drivers named by spec.conversion.virtioWin are not at {} ({e}){listing}",
-            named.display()
+            "the virtio-win drivers named by spec.conversion.virtioWin are not at {} ({e}){}",
+            named.display(),
+            listing(named.ancestors().skip(1).find(|p| p.is_dir()))
         )
     })?;
     if !metadata.is_dir() {
@@ -160,6 +158,59 @@ pub fn virtio_win_source(named: &Path) -> Result<PathBuf, String> {
         }
     }
     Ok(named.to_path_buf())
+}
+
+/// The first-boot tool's names, in the order virt-v2v looks for them (libguestfs-common `mlcustomize/firstboot.ml`).
+pub const FIRST_BOOT_TOOLS: [&str; 2] = ["rhsrvany.exe", "pvvxsvc.exe"];
+
+/// The directory virt-v2v finds the first-boot tool in (`VIRT_TOOLS_DATA_DIR`), from what the Job mounted at
+/// `named`: the tool itself, or a directory holding it. Missing: what is there instead, for the person to fix
+/// `conversion.firstBootTool`.
+pub fn first_boot_tool_dir(named: &Path) -> Result<PathBuf, String> {
+    let holds_tool = |dir: &Path| FIRST_BOOT_TOOLS.iter().any(|tool| dir.join(tool).is_file());
+    let found = if named.is_dir() {
+        holds_tool(named).then(|| named.to_path_buf())
+    } else {
+        let name = named
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or_default();
+        named
+            .parent()
+            .filter(|_| named.is_file() && FIRST_BOOT_TOOLS.contains(&name))
+            .map(Path::to_path_buf)
+    };
+    found.ok_or_else(|| {
+        format!(
+            "the first-boot tool named by spec.conversion.firstBootTool is not at {}: it must be {} or a \
+             directory holding one of them{}",
+            named.display(),
+            FIRST_BOOT_TOOLS.join(" or "),
+            listing(named.ancestors().find(|p| p.is_dir()))
+        )
+    })
+}
+
+/// `; DIR holds a, b and N more`, for a message about a file that is not where it was named.
+fn listing(dir: Option<&Path>) -> String {
+    let Some(dir) = dir else {
+        return String::new();
+    };
+    let names = entries(dir).unwrap_or_default();
+    const SHOWN: usize = 12;
+    let more = match names.len().saturating_sub(SHOWN) {
+        0 => String::new(),
+        n => format!(" and {n} more"),
+    };
+    format!(
+        "; {} holds {}{more}",
+        dir.display(),
+        if names.is_empty() {
+            "nothing".into()
+        } else {
+            names[..names.len().min(SHOWN)].join(", ")
+        }
+    )
 }
 
 /// A directory's entries, sorted, without what a file system or a volume adds by itself.
@@ -206,6 +257,7 @@ mod tests {
             nics: vec![],
             scratch: "/scratch".into(),
             virtio_win: None,
+            first_boot_tool: None,
         }
     }
 
@@ -253,10 +305,27 @@ mod tests {
         );
         let mut given = spec(1);
         given.virtio_win = Some("/run/ferry/virtio-win/disk/virtio-win.iso".into());
+        let (class, message) = given.verdict(windows, true).unwrap();
+        assert_eq!(class, AdaptationFailure::MissingFirstBootTool);
+        assert!(
+            message.contains("spec.conversion.firstBootTool"),
+            "{message}"
+        );
+        given.first_boot_tool = Some("/run/ferry/first-boot-tool".into());
         assert_eq!(
             given.verdict(windows, true),
             None,
-            "drivers given and installed"
+            "drivers and first-boot tool given, and installed"
+        );
+        let no_tool = format!(
+            "{windows}virt-v2v-in-place: error: One of rhsrvany.exe or pvvxsvc.exe is missing in \
+             /usr/share/virt-tools.  One of them is required in order to install Windows firstboot scripts.  \
+             You can get one by building rhsrvany (https://github.com/rwmjones/rhsrvany)\n"
+        );
+        assert_eq!(
+            given.verdict(&no_tool, false).unwrap().0,
+            AdaptationFailure::MissingFirstBootTool,
+            "virt-v2v's own words for a directory without the tool"
         );
         let linux = windows.replace("= windows", "= linux");
         assert_eq!(
@@ -319,5 +388,32 @@ mod tests {
         let lone = tempfile::tempdir().unwrap();
         std::fs::write(lone.path().join("drivers.zip"), b"PK").unwrap();
         assert_eq!(virtio_win_source(lone.path()).unwrap(), lone.path());
+    }
+}
+
+#[cfg(test)]
+mod first_boot_tool {
+    use super::*;
+
+    #[test]
+    fn the_tool_or_a_directory_holding_it_names_virt_v2vs_directory() {
+        let dir = tempfile::tempdir().unwrap();
+        let tools = dir.path().join("virt-tools");
+        std::fs::create_dir(&tools).unwrap();
+        std::fs::write(tools.join("README"), "").unwrap();
+        let missing = first_boot_tool_dir(&tools).unwrap_err();
+        assert!(
+            missing.contains("rhsrvany.exe or pvvxsvc.exe") && missing.contains("holds README"),
+            "{missing}"
+        );
+        std::fs::write(tools.join("pvvxsvc.exe"), "").unwrap();
+        assert_eq!(first_boot_tool_dir(&tools).unwrap(), tools);
+        assert_eq!(
+            first_boot_tool_dir(&tools.join("pvvxsvc.exe")).unwrap(),
+            tools
+        );
+        let other = first_boot_tool_dir(&tools.join("README")).unwrap_err();
+        assert!(other.contains("spec.conversion.firstBootTool"), "{other}");
+        assert!(first_boot_tool_dir(&dir.path().join("nothing")).is_err());
     }
 }

@@ -9,7 +9,7 @@
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::os::unix::fs::MetadataExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -22,7 +22,7 @@ use ferry_vsphere::datastore::{Download, flat_disk};
 use ferry_vsphere::inventory::{self, VmSelector};
 use ferry_vsphere::provision;
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod};
+use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use kube::runtime::{WatchStreamExt, watcher};
 use serde_json::json;
@@ -324,7 +324,8 @@ async fn migrate_one(
         "the disk is not verified against the source: {disk_status:?}"
     );
     let dv = disk_status.data_volume.as_deref().context("no volume")?;
-    let allocated = std::fs::metadata(volume_image(client, ns, dv).await?)?.blocks() * 512;
+    let allocated =
+        std::fs::metadata(ferry_lab::volumes::volume_image(client, ns, dv).await?)?.blocks() * 512;
     let reports = reports.take();
     Ok(PathRun {
         name: path.name(),
@@ -338,32 +339,6 @@ async fn migrate_one(
         allocated,
         peak_rss: reports.iter().filter_map(|r| r.peak_rss).max(),
         conversion_pods: reports.len(),
-    })
-}
-
-/// The image a volume's PV holds on this machine: `disk.img` in a Filesystem PV's directory, the file of a Block
-/// one.
-async fn volume_image(client: &kube::Client, ns: &str, pvc: &str) -> Result<PathBuf> {
-    let claim = Api::<PersistentVolumeClaim>::namespaced(client.clone(), ns)
-        .get(pvc)
-        .await?;
-    let pv_name = claim
-        .spec
-        .and_then(|s| s.volume_name)
-        .context("the PVC is not bound")?;
-    let pv = Api::<PersistentVolume>::all(client.clone())
-        .get(&pv_name)
-        .await?;
-    let path = PathBuf::from(
-        pv.spec
-            .and_then(|s| s.host_path)
-            .context("not a hostPath PV")?
-            .path,
-    );
-    Ok(if path.is_dir() {
-        path.join("disk.img")
-    } else {
-        path
     })
 }
 

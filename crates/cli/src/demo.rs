@@ -1,5 +1,6 @@
-//! `ferry lab demo [--plan]`: the lab up, the controller running as in a cluster, one migration per demo VM (or
-//! one plan of them all, through shared maps) followed live, and a summary of what happened to each.
+//! `ferry lab demo [--plan | --windows]`: the lab up, the controller running as in a cluster, one migration per
+//! demo VM (or one plan of them all, through shared maps; or the phony Windows VMs, adapted) followed live, and a
+//! summary of what happened to each.
 
 use std::io::IsTerminal;
 use std::path::PathBuf;
@@ -24,13 +25,14 @@ pub async fn run(
     dir: PathBuf,
     vms: Vec<String>,
     as_plan: bool,
+    windows: bool,
     node: crate::lab::NodeArg,
 ) -> Result<()> {
     let started = Instant::now();
-    let vms = if vms.is_empty() {
-        DEFAULT_VMS.map(String::from).to_vec()
-    } else {
-        vms
+    let vms = match (vms.is_empty(), windows) {
+        (false, _) => vms,
+        (true, false) => DEFAULT_VMS.map(String::from).to_vec(),
+        (true, true) => WINDOWS_VMS.iter().map(|w| w.name.to_string()).collect(),
     };
     println!(
         "starting the lab in {} (the first run builds the Debian guest images: minutes) ...",
@@ -51,6 +53,12 @@ pub async fn run(
     );
     let client = state.client().await?;
     fresh_namespace(&client).await?;
+    if windows {
+        println!("seeding the phony Windows VMs (the first run builds them: a minute or two) ...");
+        let vcsim = state.vcsim.as_ref().context("the lab has no vcsim")?;
+        let fixtures = ferry_lab::windows::vms::seed_phony_windows_vms(vcsim, &state.dir).await?;
+        ferry_lab::windows::claims::create_claims(&client, NAMESPACE, &fixtures).await?;
+    }
     power_on_sources(&state, &vms).await?;
     ferry_lab::vsphere::demo::create_provider(&client, &state, NAMESPACE).await?;
     let name_of = |vm: &str| {
@@ -74,12 +82,19 @@ pub async fn run(
     } else {
         for vm in &vms {
             let name = migration_name(vm);
-            ferry_lab::vsphere::demo::apply(
-                &client,
-                NAMESPACE,
-                ferry_lab::vsphere::demo::migration(&state, NAMESPACE, &name, vm),
-            )
-            .await?;
+            let mut manifest = ferry_lab::vsphere::demo::migration(&state, NAMESPACE, &name, vm);
+            if windows {
+                let adapted = ferry_lab::windows::claims::adapted_spec(
+                    ferry_lab::windows::claims::DRIVERS_CLAIM,
+                    true,
+                );
+                if let (Some(spec), serde_json::Value::Object(extra)) =
+                    (manifest["spec"].as_object_mut(), adapted)
+                {
+                    spec.extend(extra);
+                }
+            }
+            ferry_lab::vsphere::demo::apply(&client, NAMESPACE, manifest).await?;
             println!("created migration {NAMESPACE}/{name} for {vm}");
         }
     }
@@ -102,6 +117,9 @@ pub async fn run(
         let name = name_of(vm);
         let m = api.get(&name).await?;
         print!("{}", summary(&client, vm, &m).await);
+        if windows {
+            print!("{}", windows_summary(&client, vm, &m).await);
+        }
         if m.status.as_ref().and_then(|s| s.phase) != Some(Phase::Succeeded) {
             failed.push(name);
         }
@@ -124,6 +142,48 @@ pub async fn run(
         failed.join(", ")
     );
     Ok(())
+}
+
+/// The phony Windows VMs `--windows` migrates by default.
+const WINDOWS_VMS: [ferry_lab::windows::PhonyWindows; 2] =
+    [ferry_lab::windows::WIN2K22, ferry_lab::windows::WIN11];
+
+/// What was checked in a phony Windows VM's adapted volume, and what no lab can check.
+async fn windows_summary(client: &kube::Client, vm: &str, m: &VirtualMachineMigration) -> String {
+    let Some(guest) = ferry_lab::windows::ALL.into_iter().find(|w| w.name == vm) else {
+        return String::new();
+    };
+    let status = m.status.clone().unwrap_or_default();
+    let Some(claim) = status.disks.first().and_then(|d| d.data_volume.clone()) else {
+        return "  adapted volume: none\n".into();
+    };
+    if status.phase != Some(Phase::Succeeded) {
+        return String::new();
+    }
+    let checked = match ferry_lab::volumes::volume_image(client, NAMESPACE, &claim).await {
+        Ok(image) => tokio::task::spawn_blocking(move || {
+            ferry_lab::windows::check::adapted_volume(&image, &guest)
+        })
+        .await
+        .map_err(anyhow::Error::from)
+        .and_then(|checked| checked),
+        Err(e) => Err(e),
+    };
+    let mut out = String::new();
+    match checked {
+        Ok(found) => {
+            out.push_str("  checked in the adapted volume (guestfish, hivexsh):\n");
+            for line in found {
+                out.push_str(&format!("    {line}\n"));
+            }
+        }
+        Err(e) => out.push_str(&format!("  adapted volume: NOT as expected: {e:#}\n")),
+    }
+    out.push_str("  no lab can check:\n");
+    for line in ferry_lab::windows::check::UNPROVEN {
+        out.push_str(&format!("    {line}\n"));
+    }
+    out
 }
 
 /// The demo's plan, with every demo VM in flight at once.
@@ -286,7 +346,9 @@ async fn summary(client: &kube::Client, vm: &str, m: &VirtualMachineMigration) -
     let target = status.target_vm.clone().unwrap_or_default();
     // A guest's agent may answer before the guest prints its line (which waits for the network and hashes the
     // data disk): under software emulation on a busy machine that takes minutes.
-    let deadline = Instant::now() + Duration::from_secs(240);
+    // A phony Windows guest prints nothing: nothing to wait for.
+    let phony_windows = ferry_lab::windows::ALL.iter().any(|w| w.name == vm);
+    let deadline = Instant::now() + Duration::from_secs(if phony_windows { 0 } else { 240 });
     let marker = loop {
         let vmi = vmis.get_opt(&target).await.ok().flatten();
         let mut line = vmi.as_ref().and_then(|vmi| {

@@ -34,6 +34,11 @@ enum LabCommand {
         /// Migrate them as one MigrationPlan, through a NetworkMap and a StorageMap.
         #[arg(long)]
         plan: bool,
+        /// Migrate the lab's phony Windows VMs (Windows Server 2022 on BIOS, Windows 11 on UEFI with Secure Boot)
+        /// with guest adaptation, with the lab's fake virtio-win drivers and first-boot tool, and print what was
+        /// checked in each adapted volume and what no lab can check.
+        #[arg(long, conflicts_with = "plan")]
+        windows: bool,
         /// With `real`, Ferry is installed from deploy/ (its Deployment, the image built here) instead of running
         /// as a process, and its Jobs run as containers.
         #[command(flatten)]
@@ -106,8 +111,9 @@ pub async fn run(args: LabArgs) -> Result<()> {
             dir,
             vms,
             plan,
+            windows,
             node,
-        } => crate::demo::run(dir.dir, vms, plan, node).await,
+        } => crate::demo::run(dir.dir, vms, plan, windows, node).await,
         #[cfg(feature = "chaos")]
         LabCommand::Chaos(args) => ferry_chaos::run(args).await,
         LabCommand::Up {

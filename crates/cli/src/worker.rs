@@ -96,16 +96,29 @@ pub async fn adapt(args: AdaptArgs) -> Result<()> {
         Some(named) => ferry_adapt::spec::virtio_win_source(named).map(Some),
         None => Ok(None),
     };
-    let outcome = match drivers {
-        Ok(drivers) => {
+    let tool = match spec.first_boot_tool.as_deref() {
+        Some(named) => ferry_adapt::spec::first_boot_tool_dir(named).map(Some),
+        None => Ok(None),
+    };
+    use ferry_adapt::failure::AdaptationFailure;
+    let outcome = match (drivers, tool) {
+        (Ok(drivers), Ok(tool)) => {
             if let Some(drivers) = &drivers {
                 println!("virtio-win drivers: {}", drivers.display());
             }
+            if let Some(tool) = &tool {
+                println!("first-boot tool: {}", tool.display());
+            }
             spec.virtio_win = drivers;
+            spec.first_boot_tool = tool;
             ferry_datapath::adapt::adapt(&spec).await
         }
-        Err(message) => Err(ferry_datapath::Error::Adaptation {
-            failure: ferry_adapt::failure::AdaptationFailure::MissingDrivers,
+        (Err(message), _) => Err(ferry_datapath::Error::Adaptation {
+            failure: AdaptationFailure::MissingDrivers,
+            message,
+        }),
+        (_, Err(message)) => Err(ferry_datapath::Error::Adaptation {
+            failure: AdaptationFailure::MissingFirstBootTool,
             message,
         }),
     };

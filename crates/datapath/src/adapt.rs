@@ -123,6 +123,9 @@ async fn virt_v2v(spec: &AdaptSpec, domain: &Path, work: &Path) -> Result<(Strin
     if let Some(drivers) = &spec.virtio_win {
         command.env("VIRTIO_WIN", drivers);
     }
+    if let Some(tools) = &spec.first_boot_tool {
+        command.env("VIRT_TOOLS_DATA_DIR", tools);
+    }
     let mut child = command.spawn().map_err(|e| Error::Adaptation {
         failure: AdaptationFailure::ApplianceFailed,
         message: format!("virt-v2v-in-place could not be started: {e}"),
@@ -281,6 +284,7 @@ mod tests {
             nics: vec![],
             scratch: dir.path().join("scratch"),
             virtio_win: None,
+            first_boot_tool: None,
         };
         // Only the disk's own bytes count, not the volume's tail.
         assert_eq!(

@@ -111,6 +111,7 @@ impl Error {
                     F::UnsupportedGuest => Reason::GuestOSUnsupported,
                     F::NoSpace => Reason::GuestDiskFull,
                     F::MissingDrivers => Reason::GuestDriversMissing,
+                    F::MissingFirstBootTool => Reason::GuestFirstBootToolMissing,
                     F::GuestFilesystemUnwritable => Reason::GuestFilesystemUnwritable,
                     F::ApplianceFailed => Reason::AdaptationApplianceFailed,
                     F::Other => Reason::AdaptationFailed,

@@ -7,7 +7,9 @@ pub mod lab;
 pub mod minio;
 pub mod real_node;
 pub mod standins;
+pub mod volumes;
 pub mod vsphere;
+pub mod windows;
 
 pub use control_plane::process::Lifetime;
 pub use lab::{DownReport, LabOptions, LabState, UpOutcome, VcsimEndpoint, down, up};

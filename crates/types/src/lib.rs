@@ -115,6 +115,7 @@ reasons! {
         AdaptationApplianceFailed,
         GuestOSUnsupported,
         GuestDriversMissing,
+        GuestFirstBootToolMissing,
         GuestDiskFull,
         GuestFilesystemUnwritable,
         VolumeNotAsConverted,

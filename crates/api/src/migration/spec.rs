@@ -311,7 +311,9 @@ pub struct MultusNetwork {
 #[serde(rename_all = "camelCase")]
 #[x_kube(
     validation = Rule::new("!has(self.virtioWin) || (has(self.guestAdaptation) && self.guestAdaptation == 'VirtV2v')")
-        .message("conversion.virtioWin is used only by guest adaptation: set conversion.guestAdaptation VirtV2v, or remove virtioWin")
+        .message("conversion.virtioWin is used only by guest adaptation: set conversion.guestAdaptation VirtV2v, or remove virtioWin"),
+    validation = Rule::new("!has(self.firstBootTool) || (has(self.guestAdaptation) && self.guestAdaptation == 'VirtV2v')")
+        .message("conversion.firstBootTool is used only by guest adaptation: set conversion.guestAdaptation VirtV2v, or remove firstBootTool")
 )]
 pub struct ConversionSpec {
     #[serde(default)]
@@ -322,6 +324,11 @@ pub struct ConversionSpec {
     /// agent's MSI): a Windows guest cannot be adapted without them. Linux guests do not use them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub virtio_win: Option<VirtioWinSource>,
+    /// The Windows first-boot tool, `rhsrvany.exe` (or `pvvxsvc.exe`), which virt-v2v installs as a service to
+    /// run its first-boot scripts (installing the drivers with pnputil and the QEMU guest agent, removing VMware
+    /// Tools, setting static addresses): a Windows guest cannot be adapted without it. Linux guests do not use it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_boot_tool: Option<FirstBootToolSource>,
 }
 
 #[derive(Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, Default, JsonSchema)]
@@ -365,21 +372,85 @@ pub struct VirtioWinSource {
     pub path: Option<String>,
 }
 
-impl VirtioWinSource {
+/// Where the Windows first-boot tool is: exactly one of a PersistentVolumeClaim or an image, mounted read-only
+/// into the adaptation Job, and the file or the directory holding it inside.
+#[derive(KubeSchema, Deserialize, Serialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(
+    validation = Rule::new("[has(self.persistentVolumeClaim), has(self.image)].exists_one(x, x)")
+        .message("conversion.firstBootTool needs exactly one of persistentVolumeClaim or image")
+)]
+pub struct FirstBootToolSource {
+    /// The name of a PersistentVolumeClaim in the migration's namespace that holds the tool.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253), pattern(crate::DNS_SUBDOMAIN))]
+    pub persistent_volume_claim: Option<String>,
+    /// An OCI image that holds the tool, mounted as an image volume (the cluster needs the ImageVolume feature).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 1024), pattern(r"^[^\s]+$"))]
+    pub image: Option<String>,
+    /// Inside the volume: `rhsrvany.exe` or `pvvxsvc.exe`, or the directory holding it (virt-v2v's
+    /// `VIRT_TOOLS_DATA_DIR`, where it also finds `pnp_wait.exe` when present). Unset: the volume's root.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[x_kube(
+        validation = Rule::new("!self.startsWith('/')")
+            .message("firstBootTool.path is relative to the volume's root: it must not start with /"),
+        validation = Rule::new("!self.matches('(^|/)[.][.](/|$)')")
+            .message("firstBootTool.path must stay inside the volume: it must not contain ..")
+    )]
+    #[schemars(length(min = 1, max = 1024))]
+    pub path: Option<String>,
+}
+
+/// A volume the adaptation Job mounts read-only, and a path inside it: the drivers or the first-boot tool.
+pub trait MountedFiles {
+    /// The field, for messages: `conversion.virtioWin`.
+    const FIELD: &'static str;
+    fn claim(&self) -> Option<&str>;
+    fn image(&self) -> Option<&str>;
+    fn path(&self) -> Option<&str>;
+
     /// `path` as admission checks it: relative and never above the volume's root; empty for the root itself.
-    pub fn relative_path(&self) -> Result<&str, String> {
-        let path = self.path.as_deref().unwrap_or_default();
+    fn relative_path(&self) -> Result<&str, String> {
+        let field = Self::FIELD;
+        let path = self.path().unwrap_or_default();
         if path.starts_with('/') {
             return Err(format!(
-                "conversion.virtioWin.path {path} must be relative to the volume's root"
+                "{field}.path {path} must be relative to the volume's root"
             ));
         }
         if path.split('/').any(|segment| segment == "..") {
             return Err(format!(
-                "conversion.virtioWin.path {path} must stay inside the volume (no ..)"
+                "{field}.path {path} must stay inside the volume (no ..)"
             ));
         }
         Ok(path)
+    }
+}
+
+impl MountedFiles for VirtioWinSource {
+    const FIELD: &'static str = "conversion.virtioWin";
+    fn claim(&self) -> Option<&str> {
+        self.persistent_volume_claim.as_deref()
+    }
+    fn image(&self) -> Option<&str> {
+        self.image.as_deref()
+    }
+    fn path(&self) -> Option<&str> {
+        self.path.as_deref()
+    }
+}
+
+impl MountedFiles for FirstBootToolSource {
+    const FIELD: &'static str = "conversion.firstBootTool";
+    fn claim(&self) -> Option<&str> {
+        self.persistent_volume_claim.as_deref()
+    }
+    fn image(&self) -> Option<&str> {
+        self.image.as_deref()
+    }
+    fn path(&self) -> Option<&str> {
+        self.path.as_deref()
     }
 }
 

@@ -272,22 +272,9 @@ pub async fn writes_in(ns: &str) -> usize {
 
 /// The image file behind a DataVolume: its PVC's hostPath PV holds `disk.img` (CDI's layout in the lab).
 pub async fn volume_image(client: &Client, ns: &str, dv: &str) -> std::path::PathBuf {
-    use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
-    let pvc = Api::<PersistentVolumeClaim>::namespaced(client.clone(), ns)
-        .get(dv)
+    ferry_lab::volumes::volume_image(client, ns, dv)
         .await
-        .unwrap();
-    let pv_name = pvc.spec.and_then(|s| s.volume_name).expect("a bound PVC");
-    let pv = Api::<PersistentVolume>::all(client.clone())
-        .get(&pv_name)
-        .await
-        .unwrap();
-    let path = std::path::PathBuf::from(pv.spec.unwrap().host_path.unwrap().path);
-    if path.is_dir() {
-        path.join("disk.img")
-    } else {
-        path
-    }
+        .unwrap()
 }
 
 /// The serial console of the lab guest that ran `vm` in `ns` (the KubeVirt stand-in keeps it after the VMI).

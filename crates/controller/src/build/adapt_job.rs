@@ -1,12 +1,13 @@
 //! The adaptation Job: `ferry adapt` with the migration's volumes (filesystem or block, either path), a scratch
 //! emptyDir for virt-v2v's overlays and appliance, the source VM as discovery recorded it, and the virtio-win
-//! drivers read-only when the migration names them (`conversion.virtioWin`).
+//! drivers and the Windows first-boot tool read-only when the migration names them (`conversion.virtioWin`,
+//! `conversion.firstBootTool`).
 
 use std::path::{Component, Path, PathBuf};
 
 use ferry_adapt::domain::{Bus, Firmware as DomainFirmware, Nic};
 use ferry_adapt::spec::{AdaptDisk, AdaptSpec};
-use ferry_api::{DiskStatus, Firmware, SourceVmStatus, VirtioWinSource, VirtualMachineMigration};
+use ferry_api::{DiskStatus, Firmware, MountedFiles, SourceVmStatus, VirtualMachineMigration};
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{
     EmptyDirVolumeSource, ImageVolumeSource, PersistentVolumeClaimVolumeSource, Volume,
@@ -19,6 +20,8 @@ use crate::children;
 const SCRATCH: &str = "/scratch";
 /// Where the volume `conversion.virtioWin` names is mounted, read-only.
 const VIRTIO_WIN: &str = "/run/ferry/virtio-win";
+/// Where the volume `conversion.firstBootTool` names is mounted, read-only.
+const FIRST_BOOT_TOOL: &str = "/run/ferry/first-boot-tool";
 /// Overlays hold what virt-v2v changes (a new initramfs, removed packages), and the appliance is about 300 MiB.
 const SCRATCH_MIB: u64 = 8 * 1024;
 
@@ -66,15 +69,26 @@ pub fn adapt_spec(
             })
             .collect(),
         scratch: SCRATCH.into(),
-        virtio_win: vmm.spec.conversion.virtio_win.as_ref().map(virtio_win_path),
+        virtio_win: vmm
+            .spec
+            .conversion
+            .virtio_win
+            .as_ref()
+            .map(|d| path_in(VIRTIO_WIN, d)),
+        first_boot_tool: vmm
+            .spec
+            .conversion
+            .first_boot_tool
+            .as_ref()
+            .map(|t| path_in(FIRST_BOOT_TOOL, t)),
     }
 }
 
-/// The ISO or directory virt-v2v reads (`VIRTIO_WIN`): `path` inside the mounted volume. Only plain names are
-/// joined, so it never leaves the volume (preflight refuses a path that would).
-fn virtio_win_path(drivers: &VirtioWinSource) -> PathBuf {
-    let mut path = PathBuf::from(VIRTIO_WIN);
-    for part in Path::new(drivers.path.as_deref().unwrap_or_default()).components() {
+/// The file or directory virt-v2v reads (`VIRTIO_WIN`, `VIRT_TOOLS_DATA_DIR`): `path` inside the volume mounted
+/// at `mount`. Only plain names are joined, so it never leaves the volume (preflight refuses a path that would).
+fn path_in(mount: &str, files: &impl MountedFiles) -> PathBuf {
+    let mut path = PathBuf::from(mount);
+    for part in Path::new(files.path().unwrap_or_default()).components() {
         if let Component::Normal(name) = part {
             path.push(name);
         }
@@ -82,21 +96,21 @@ fn virtio_win_path(drivers: &VirtioWinSource) -> PathBuf {
     path
 }
 
-/// The claim or image that holds the drivers; neither when the migration names none.
-fn virtio_win_volume(drivers: &VirtioWinSource) -> Option<Volume> {
+/// The claim or image that holds the files, as volume `name`.
+fn files_volume(name: &str, files: &impl MountedFiles) -> Option<Volume> {
     let mut volume = Volume {
-        name: "virtio-win".into(),
+        name: name.into(),
         ..Volume::default()
     };
-    if let Some(claim) = &drivers.persistent_volume_claim {
+    if let Some(claim) = files.claim() {
         volume.persistent_volume_claim = Some(PersistentVolumeClaimVolumeSource {
-            claim_name: claim.clone(),
+            claim_name: claim.into(),
             read_only: Some(true),
         });
     } else {
         // An image volume is read-only whatever the mount says; IfNotPresent unless the tag is `latest`.
         volume.image = Some(ImageVolumeSource {
-            reference: Some(drivers.image.clone()?),
+            reference: Some(files.image()?.into()),
             pull_policy: None,
         });
     }
@@ -135,15 +149,29 @@ pub fn adapt_job(
             ),
         scratch_mib: Some(SCRATCH_MIB),
     };
-    if let Some(volume) = vmm
-        .spec
-        .conversion
-        .virtio_win
-        .as_ref()
-        .and_then(virtio_win_volume)
-    {
-        work.volumes.push(volume);
-        work.mounts.push(mount("virtio-win", VIRTIO_WIN, true));
+    let conversion = &vmm.spec.conversion;
+    for (name, at, volume) in [
+        (
+            "virtio-win",
+            VIRTIO_WIN,
+            conversion
+                .virtio_win
+                .as_ref()
+                .and_then(|d| files_volume("virtio-win", d)),
+        ),
+        (
+            "first-boot-tool",
+            FIRST_BOOT_TOOL,
+            conversion
+                .first_boot_tool
+                .as_ref()
+                .and_then(|t| files_volume("first-boot-tool", t)),
+        ),
+    ] {
+        if let Some(volume) = volume {
+            work.volumes.push(volume);
+            work.mounts.push(mount(name, at, true));
+        }
     }
     mount_disks(&mut work, vmm, disks.iter().map(|d| d.index as u32), false);
     job(vmm, &children::adapt_job(vmm, attempt), image, work)
@@ -317,12 +345,68 @@ mod tests {
     }
 
     #[test]
+    fn the_first_boot_tool_is_mounted_read_only_beside_the_drivers_and_named_to_the_worker() {
+        let (source, disks) = (source(), disks());
+        let vmm = migration(json!({"guestAdaptation": "VirtV2v",
+            "virtioWin": {"persistentVolumeClaim": "virtio-win"},
+            "firstBootTool": {"image": "registry.example/virt-tools:1", "path": "virt-tools/rhsrvany.exe"}}));
+        let spec = adapt_spec(&vmm, &source, &disks);
+        assert_eq!(
+            spec.first_boot_tool.as_deref(),
+            Some(Path::new(
+                "/run/ferry/first-boot-tool/virt-tools/rhsrvany.exe"
+            ))
+        );
+        let pod = pod(adapt_job(&vmm, &source, &disks, 1, "ferry:1"));
+        let mounts: Vec<_> = pod.containers[0]
+            .volume_mounts
+            .iter()
+            .flatten()
+            .filter(|m| m.mount_path.starts_with("/run/ferry/"))
+            .map(|m| (m.name.as_str(), m.mount_path.as_str(), m.read_only))
+            .collect();
+        assert_eq!(
+            mounts,
+            [
+                ("virtio-win", "/run/ferry/virtio-win", Some(true)),
+                ("first-boot-tool", "/run/ferry/first-boot-tool", Some(true)),
+            ]
+        );
+        let volume = pod
+            .volumes
+            .iter()
+            .flatten()
+            .find(|v| v.name == "first-boot-tool")
+            .unwrap();
+        assert_eq!(
+            volume.image.as_ref().and_then(|i| i.reference.as_deref()),
+            Some("registry.example/virt-tools:1")
+        );
+        // Without adaptation's fields, neither is mounted.
+        let bare = pod_of_plain(&source, &disks);
+        assert!(
+            bare.volumes
+                .iter()
+                .flatten()
+                .all(|v| v.name != "first-boot-tool")
+        );
+    }
+
+    fn pod_of_plain(
+        source: &SourceVmStatus,
+        disks: &[DiskStatus],
+    ) -> k8s_openapi::api::core::v1::PodSpec {
+        let vmm = migration(json!({"guestAdaptation": "VirtV2v"}));
+        pod(adapt_job(&vmm, source, disks, 1, "ferry:1"))
+    }
+
+    #[test]
     fn a_path_that_would_leave_the_volume_is_kept_inside_it() {
-        let drivers: VirtioWinSource = serde_json::from_value(
+        let drivers: ferry_api::VirtioWinSource = serde_json::from_value(
             json!({"persistentVolumeClaim": "v", "path": "/../x/../virtio-win.iso"}),
         )
         .unwrap();
         // Preflight refuses it first; the builder still never names a file outside the mount.
-        assert!(virtio_win_path(&drivers).starts_with(VIRTIO_WIN));
+        assert!(path_in(VIRTIO_WIN, &drivers).starts_with(VIRTIO_WIN));
     }
 }

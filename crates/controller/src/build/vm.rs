@@ -110,6 +110,38 @@ fn firmware(source: &SourceVmStatus) -> (Value, Value) {
     }
 }
 
+/// Whether vSphere calls the guest Windows (its guest ID: `windows2019srvNext_64Guest`, `windows11_64Guest`).
+pub fn is_windows(source: &SourceVmStatus) -> bool {
+    source
+        .guest_os
+        .as_deref()
+        .is_some_and(|id| id.to_ascii_lowercase().starts_with("win"))
+}
+
+/// What a Windows guest's domain adds, as KubeVirt's own Windows example and virt-v2v's KubeVirt output give
+/// it: Hyper-V enlightenments Windows uses when it finds them (relaxed timing, a virtual APIC, spinlock
+/// notification), no HPET, Hyper-V's reference clock, a PIT that delays missed ticks and an RTC that catches up.
+/// The RTC keeps UTC, as virt-v2v's KubeVirt output sets it (KubeVirt has no guest-local RTC but a time zone).
+fn windows_domain(features: &mut Value) -> Value {
+    if let Some(features) = features.as_object_mut() {
+        features.insert("acpi".into(), json!({}));
+        features.insert("apic".into(), json!({}));
+        features.insert(
+            "hyperv".into(),
+            json!({"relaxed": {}, "vapic": {}, "spinlocks": {"spinlocks": 8191}}),
+        );
+    }
+    json!({
+        "utc": {},
+        "timer": {
+            "hpet": {"present": false},
+            "hyperv": {},
+            "pit": {"tickPolicy": "delay"},
+            "rtc": {"tickPolicy": "catchup"},
+        },
+    })
+}
+
 /// The source as the adapted guest boots: what vSphere left unsaid (no boot order, no firmware) is taken from
 /// virt-v2v's inspection (the disk holding the root file system; the firmware the guest was installed for).
 pub fn as_adapted(
@@ -204,7 +236,8 @@ pub fn virtual_machine(vmm: &VirtualMachineMigration, source: &SourceVmStatus) -
         networks.push(network);
     }
     let (sockets, cores) = cpu_topology(source.cpus, source.cores_per_socket);
-    let (bootloader, features) = firmware(source);
+    let (bootloader, mut features) = firmware(source);
+    let clock = is_windows(source).then(|| windows_domain(&mut features));
     let object = json!({
         "apiVersion": "kubevirt.io/v1",
         "kind": "VirtualMachine",
@@ -236,6 +269,9 @@ pub fn virtual_machine(vmm: &VirtualMachineMigration, source: &SourceVmStatus) -
         },
     });
     let mut object = object;
+    if let Some(clock) = clock {
+        object["spec"]["template"]["spec"]["domain"]["clock"] = clock;
+    }
     if features.as_object().is_some_and(|f| f.is_empty())
         && let Some(domain) = object["spec"]["template"]["spec"]["domain"].as_object_mut()
     {
@@ -519,6 +555,35 @@ mod tests {
         let vm = virtual_machine(&vmm, &source);
         let domain = &vm.data["spec"]["template"]["spec"]["domain"];
         assert_eq!(domain["firmware"]["bootloader"], json!({"bios": {}}));
+    }
+
+    #[test]
+    fn a_windows_guest_gets_hyper_v_and_windows_timers_and_a_linux_guest_none() {
+        let mut source = linux_source();
+        let linux = virtual_machine(&migration(json!({})), &source);
+        assert!(
+            linux.data["spec"]["template"]["spec"]["domain"]
+                .get("clock")
+                .is_none()
+        );
+        source.guest_os = Some("windows11_64Guest".into());
+        source.firmware = Some(Firmware::Efi);
+        source.secure_boot = true;
+        let vm = virtual_machine(&migration(json!({})), &source);
+        let domain = &vm.data["spec"]["template"]["spec"]["domain"];
+        assert_eq!(domain["clock"]["utc"], json!({}));
+        assert_eq!(domain["clock"]["timer"]["hpet"], json!({"present": false}));
+        assert_eq!(domain["clock"]["timer"]["rtc"]["tickPolicy"], "catchup");
+        assert_eq!(domain["features"]["hyperv"]["spinlocks"]["spinlocks"], 8191);
+        assert_eq!(
+            domain["features"]["smm"],
+            json!({"enabled": true}),
+            "Secure Boot keeps SMM"
+        );
+        assert_eq!(
+            domain["firmware"]["bootloader"],
+            json!({"efi": {"secureBoot": true}})
+        );
     }
 
     #[test]

@@ -105,6 +105,7 @@ fn may_have_changed_volumes(failure: &Failure) -> bool {
             | Reason::AdaptationApplianceFailed
             | Reason::GuestOSUnsupported
             | Reason::GuestDriversMissing
+            | Reason::GuestFirstBootToolMissing
             | Reason::GuestDiskFull
             | Reason::GuestFilesystemUnwritable
     )

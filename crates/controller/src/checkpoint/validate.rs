@@ -5,8 +5,9 @@
 use std::collections::BTreeSet;
 
 use ferry_api::{
-    ConditionType, DiskStorage, GuestAdaptation, NetworkMap, NetworkMapSpec, NetworkMapping,
-    Reason, SourceVmStatus, StorageMap, StorageMapSpec, VirtualMachineMigration,
+    ConditionType, DiskStorage, FirstBootToolSource, GuestAdaptation, MountedFiles, NetworkMap,
+    NetworkMapSpec, NetworkMapping, Reason, SourceVmStatus, StorageMap, StorageMapSpec,
+    VirtioWinSource, VirtualMachineMigration,
 };
 use ferry_datapath::staging::{PartPlan, too_large_message};
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
@@ -34,7 +35,7 @@ pub async fn run(step: &mut Step<'_>) -> Result<Next> {
     let networks = check_networks(step.vmm, network_map.as_ref(), &source)?;
     let storage = check_storage(step.vmm, storage_map.as_ref(), &source)?;
     let storage_class = check_storage_classes(step, &storage).await?;
-    check_virtio_win_claim(step).await?;
+    check_adaptation_claims(step).await?;
     check_collisions(step).await?;
     let route = if crate::staging::staged(step.vmm) {
         let staging = crate::staging::open(step.ctx, step.vmm).await?;
@@ -85,15 +86,25 @@ fn plain_http_staging(vmm: &VirtualMachineMigration) -> Option<String> {
 /// What virt-v2v can adapt, as far as vSphere's description tells before the source is touched. The adaptation
 /// Job checks again with its own inspection of the guest.
 fn check_adaptable(vmm: &VirtualMachineMigration, source: &SourceVmStatus) -> Result<()> {
-    let drivers = vmm.spec.conversion.virtio_win.as_ref();
-    if let Some(drivers) = drivers {
-        drivers
-            .relative_path()
-            .map_err(|message| Failure::fixable(Reason::InvalidConversionSpec, message))?;
+    let conversion = &vmm.spec.conversion;
+    for path in [
+        conversion
+            .virtio_win
+            .as_ref()
+            .map(MountedFiles::relative_path),
+        conversion
+            .first_boot_tool
+            .as_ref()
+            .map(MountedFiles::relative_path),
+    ]
+    .into_iter()
+    .flatten()
+    {
+        path.map_err(|message| Failure::fixable(Reason::InvalidConversionSpec, message))?;
     }
     let guest = source.guest_os.as_deref().unwrap_or_default();
-    if guest.starts_with("win") && drivers.is_none() {
-        // Fixable: nothing has happened to the source yet, and naming the drivers in place lets it go on.
+    // Fixable: nothing has happened to the source yet, and naming what is missing in place lets it go on.
+    if guest.starts_with("win") && conversion.virtio_win.is_none() {
         return Err(Failure::fixable(
             Reason::GuestDriversMissing,
             format!(
@@ -102,6 +113,19 @@ fn check_adaptable(vmm: &VirtualMachineMigration, source: &SourceVmStatus) -> Re
                  (persistentVolumeClaim) or image (image) that holds the virtio-win ISO or its unpacked \
                  contents, for example image quay.io/kubevirt/virtio-container-disk:<KubeVirt version>; or \
                  migrate it with guestAdaptation None, which keeps the devices it has drivers for",
+                source.name
+            ),
+        ));
+    }
+    if guest.starts_with("win") && conversion.first_boot_tool.is_none() {
+        return Err(Failure::fixable(
+            Reason::GuestFirstBootToolMissing,
+            format!(
+                "{} is a Windows guest ({guest}): adapting it needs the first-boot tool rhsrvany.exe (or \
+                 pvvxsvc.exe), which runs virt-v2v's first-boot scripts (installing the drivers and the QEMU \
+                 guest agent, removing VMware Tools); set spec.conversion.firstBootTool to the \
+                 PersistentVolumeClaim (persistentVolumeClaim) or image (image) that holds it; or migrate it \
+                 with guestAdaptation None",
                 source.name
             ),
         ));
@@ -120,39 +144,53 @@ fn check_adaptable(vmm: &VirtualMachineMigration, source: &SourceVmStatus) -> Re
     Ok(())
 }
 
-/// The claim `conversion.virtioWin` names must exist before the source is touched: the adaptation Job's pod
-/// would wait for it forever.
-async fn check_virtio_win_claim(step: &Step<'_>) -> Result<()> {
-    if step.vmm.spec.conversion.guest_adaptation != GuestAdaptation::VirtV2v {
+/// The claims `conversion.virtioWin` and `conversion.firstBootTool` name must exist before the source is
+/// touched: the adaptation Job's pod would wait for them forever.
+async fn check_adaptation_claims(step: &Step<'_>) -> Result<()> {
+    let conversion = &step.vmm.spec.conversion;
+    if conversion.guest_adaptation != GuestAdaptation::VirtV2v {
         return Ok(());
     }
-    let Some(name) = step
-        .vmm
-        .spec
-        .conversion
-        .virtio_win
-        .as_ref()
-        .and_then(|d| d.persistent_volume_claim.as_deref())
-    else {
-        return Ok(());
-    };
+    let named = [
+        (
+            conversion.virtio_win.as_ref().and_then(MountedFiles::claim),
+            VirtioWinSource::FIELD,
+            Reason::GuestDriversMissing,
+            "the virtio-win ISO or its unpacked drivers",
+        ),
+        (
+            conversion
+                .first_boot_tool
+                .as_ref()
+                .and_then(MountedFiles::claim),
+            FirstBootToolSource::FIELD,
+            Reason::GuestFirstBootToolMissing,
+            "rhsrvany.exe or pvvxsvc.exe",
+        ),
+    ];
     let ns = step.vmm.namespace().unwrap_or_default();
     let claims = Api::<PersistentVolumeClaim>::namespaced(step.ctx.client.clone(), &ns);
-    match claims.get_opt(name).await? {
-        Some(claim) if claim.metadata.deletion_timestamp.is_none() => Ok(()),
-        found => Err(Failure::fixable(
-            Reason::GuestDriversMissing,
-            format!(
-                "PersistentVolumeClaim {ns}/{name}, named by spec.conversion.virtioWin, {}; create it holding \
-                 the virtio-win ISO or its unpacked drivers (or name another), and the migration resumes",
-                if found.is_some() {
-                    "is being deleted"
-                } else {
-                    "does not exist"
-                }
-            ),
-        )),
+    for (name, field, reason, holding) in named {
+        let Some(name) = name else { continue };
+        match claims.get_opt(name).await? {
+            Some(claim) if claim.metadata.deletion_timestamp.is_none() => {}
+            found => {
+                return Err(Failure::fixable(
+                    reason,
+                    format!(
+                        "PersistentVolumeClaim {ns}/{name}, named by spec.{field}, {}; create it holding \
+                         {holding} (or name another), and the migration resumes",
+                        if found.is_some() {
+                            "is being deleted"
+                        } else {
+                            "does not exist"
+                        }
+                    ),
+                ));
+            }
+        }
     }
+    Ok(())
 }
 
 /// The checks that need nothing but the spec and what discovery found.
@@ -642,13 +680,38 @@ mod tests {
             "{}",
             refused.message
         );
+        let tool = json!({"persistentVolumeClaim": "virt-tools", "path": "rhsrvany.exe"});
         for drivers in [
             json!({"image": "quay.io/kubevirt/virtio-container-disk:v1.6.0", "path": "disk/virtio-win.iso"}),
             json!({"persistentVolumeClaim": "virtio-win"}),
         ] {
-            let named = adapted(json!({"guestAdaptation": "VirtV2v", "virtioWin": drivers}));
+            let named = adapted(
+                json!({"guestAdaptation": "VirtV2v", "virtioWin": drivers, "firstBootTool": tool}),
+            );
             assert!(check_source(&named, &windows).is_ok(), "{drivers}");
+            // The drivers alone are not enough: virt-v2v installs them through first-boot scripts.
+            let no_tool = adapted(json!({"guestAdaptation": "VirtV2v", "virtioWin": drivers}));
+            let refused = check_source(&no_tool, &windows).unwrap_err();
+            assert_eq!(
+                (refused.reason.as_str(), refused.fixable),
+                ("GuestFirstBootToolMissing", true)
+            );
+            assert!(
+                refused.message.contains("rhsrvany.exe")
+                    && refused.message.contains("spec.conversion.firstBootTool"),
+                "{}",
+                refused.message
+            );
         }
+        let escaping = adapted(json!({"guestAdaptation": "VirtV2v",
+            "virtioWin": {"persistentVolumeClaim": "virtio-win"},
+            "firstBootTool": {"persistentVolumeClaim": "virt-tools", "path": "../x"}}));
+        let refused = check_source(&escaping, &windows).unwrap_err();
+        assert!(
+            refused.message.contains("conversion.firstBootTool.path"),
+            "{}",
+            refused.message
+        );
         // Not adapted: its devices stay ones it has drivers for, and nothing is asked of it.
         assert!(check_source(&adapted(json!({})), &windows).is_ok());
         // A Linux guest needs no drivers.

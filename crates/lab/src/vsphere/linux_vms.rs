@@ -94,13 +94,6 @@ impl LinuxVmSeed {
 /// Creates `vm` in the lab's vcsim with its disks and powers it on. Seeding it again changes nothing.
 pub async fn seed_linux_vm(endpoint: &VcsimEndpoint, dir: &Path, vm: &LinuxVmSeed) -> Result<()> {
     vm.check()?;
-    let cache = dir.join("linux-vms");
-    std::fs::create_dir_all(&cache)?;
-    // vSphere's own names for a VM's first and second disk.
-    let root = flat_vmdk_once(&vm.root_raw, &cache, &vm.name)?;
-    let data = flat_vmdk_once(&vm.data_raw, &cache, &format!("{}_1", vm.name))?;
-
-    let session = Session::connect(endpoint.connect_config(Duration::from_secs(120))?).await?;
     let spec = NewVm {
         name: vm.name.clone(),
         guest_id: GUEST_ID.into(),
@@ -113,16 +106,38 @@ pub async fn seed_linux_vm(endpoint: &VcsimEndpoint, dir: &Path, vm: &LinuxVmSee
         datastore: DATASTORE.into(),
         network: NETWORK.into(),
     };
-    let disks = [root.files(), data.files()];
+    seed_from_raws(endpoint, dir, &spec, &[&vm.root_raw, &vm.data_raw]).await
+}
+
+/// Creates `spec` in the lab's vcsim with disks made from raw images (each turned into a monolithicFlat VMDK
+/// once per lab dir, named as vSphere names a VM's disks) and powers it on. Seeding it again changes nothing.
+pub(crate) async fn seed_from_raws(
+    endpoint: &VcsimEndpoint,
+    dir: &Path,
+    spec: &NewVm,
+    raws: &[&Path],
+) -> Result<()> {
+    let cache = dir.join("linux-vms");
+    std::fs::create_dir_all(&cache)?;
+    let mut vmdks = vec![];
+    for (index, raw) in raws.iter().enumerate() {
+        let stem = match index {
+            0 => spec.name.clone(),
+            n => format!("{}_{n}", spec.name),
+        };
+        vmdks.push(flat_vmdk_once(raw, &cache, &stem)?);
+    }
+    let disks: Vec<VmdkFiles> = vmdks.iter().map(Vmdk::files).collect();
+    let session = Session::connect(endpoint.connect_config(Duration::from_secs(120))?).await?;
     let result = async {
         let moref =
-            provision::provision_vm(&session, &spec, &disks, Transfer::LinkIntoLocalDatastore)
+            provision::provision_vm(&session, spec, &disks, Transfer::LinkIntoLocalDatastore)
                 .await?;
         power::power_on(&session, &moref, Duration::from_secs(60)).await?;
         anyhow::Ok(())
     }
     .await
-    .with_context(|| format!("seeding the Linux VM {}", vm.name));
+    .with_context(|| format!("seeding the VM {}", spec.name));
     session.logout().await;
     result
 }

@@ -1,0 +1,346 @@
+//! Windows guests, proven the way virt-v2v's own test suite proves them: phony Windows disks (real registry hives
+//! on NTFS, a PE `cmd.exe`, and for UEFI an ESP), fake virtio-win drivers on an ISO laid out as the real one, and a
+//! fake first-boot tool (`ferry_lab::windows`). Ferry migrates each phony VM from vcsim with guest adaptation;
+//! then the adapted volume is read back (`ferry_lab::windows::check`): the drivers, the block driver's service and
+//! device database entries (the CriticalDeviceDatabase layout on one guest, the DriverDatabase layout on the
+//! other), the first-boot service and its scripts. What only a real Windows can show (that it boots from virtio,
+//! that first boot runs, that the agent answers) is not claimed here. Refusals: no drivers or no first-boot tool
+//! (before the source is touched), a hibernated guest and drivers for another Windows version (after the copy).
+
+mod support;
+
+use std::time::Duration;
+
+use ferry_api::{Phase, PowerState, VirtualMachineMigrationStatus};
+use ferry_lab::windows::claims::{self, DRIVERS_2K19_CLAIM, DRIVERS_CLAIM};
+use ferry_lab::windows::phony::PhonyFixtures;
+use ferry_lab::windows::{PhonyWindows, WIN2K22, WIN2K22_HIBERNATED, WIN11};
+use ferry_testkit::migration;
+use kube::Api;
+use kube::api::DynamicObject;
+use serde_json::Value;
+use support::*;
+
+/// A 512 MiB disk through the data path, virt-v2v under software emulation, and a VM that settles.
+const WINDOWS_TIMEOUT: Duration = Duration::from_secs(1200);
+
+/// The phony VMs, seeded into the shared lab's vcsim once per test binary.
+async fn fixtures() -> &'static PhonyFixtures {
+    static SEEDED: tokio::sync::OnceCell<PhonyFixtures> = tokio::sync::OnceCell::const_new();
+    SEEDED
+        .get_or_init(|| async {
+            let lab = lab().await;
+            let vcsim = lab.state().vcsim.clone().unwrap();
+            ferry_lab::windows::vms::seed_phony_windows_vms(&vcsim, lab.dir())
+                .await
+                .unwrap()
+        })
+        .await
+}
+
+/// One adaptation at a time: each is a core of emulation for a minute.
+async fn one_adaptation_at_a_time() -> tokio::sync::OwnedMutexGuard<()> {
+    source_lock("windows-adaptations").await
+}
+
+/// A namespace with the drivers' and the first-boot tool's claims; their volumes are deleted on drop.
+struct WindowsNamespace {
+    client: kube::Client,
+    ns: ferry_testkit::TestNamespace,
+    volumes: Vec<String>,
+}
+
+impl WindowsNamespace {
+    async fn new(prefix: &str) -> Self {
+        let fixtures = fixtures().await;
+        let (client, ns) = setup(prefix).await;
+        let volumes = claims::create_claims(&client, ns.name(), fixtures)
+            .await
+            .unwrap();
+        Self {
+            client,
+            ns,
+            volumes,
+        }
+    }
+
+    fn name(&self) -> &str {
+        self.ns.name()
+    }
+
+    async fn migrate(&self, name: &str, guest: &PhonyWindows, spec: Value) {
+        let lab = lab().await;
+        let mut manifest = migration::migration(lab, self.name(), name, guest.name);
+        if let (Some(existing), Value::Object(extra)) = (manifest["spec"].as_object_mut(), spec) {
+            existing.extend(extra);
+        }
+        migration::apply(&self.client, self.name(), manifest)
+            .await
+            .unwrap();
+    }
+}
+
+impl Drop for WindowsNamespace {
+    fn drop(&mut self) {
+        // A client of its own on a runtime of its own: the test's runtime is blocked here, and its client would
+        // wait for it forever.
+        let volumes = std::mem::take(&mut self.volumes);
+        let _ = std::thread::spawn(move || {
+            tokio::runtime::Runtime::new().unwrap().block_on(async {
+                let client = lab().await.client().await;
+                claims::delete_volumes(&client, &volumes).await;
+            })
+        })
+        .join();
+    }
+}
+
+/// The VM Ferry built for a Windows guest: KubeVirt's admission took it with Hyper-V and Windows' timers, on
+/// virtio, with the firmware of its source.
+async fn assert_windows_vm(client: &kube::Client, ns: &str, name: &str, guest: &PhonyWindows) {
+    let vm = Api::<DynamicObject>::namespaced_with(
+        client.clone(),
+        ns,
+        &resource("kubevirt.io", "v1", "VirtualMachine"),
+    )
+    .get(name)
+    .await
+    .unwrap();
+    let domain = &vm.data["spec"]["template"]["spec"]["domain"];
+    assert_eq!(domain["clock"]["utc"], serde_json::json!({}), "{domain}");
+    assert_eq!(
+        domain["clock"]["timer"]["hpet"]["present"], false,
+        "{domain}"
+    );
+    assert_eq!(
+        domain["clock"]["timer"]["rtc"]["tickPolicy"], "catchup",
+        "{domain}"
+    );
+    assert_eq!(
+        domain["clock"]["timer"]["pit"]["tickPolicy"], "delay",
+        "{domain}"
+    );
+    assert!(
+        domain["features"]["hyperv"]["relaxed"].is_object(),
+        "{domain}"
+    );
+    assert!(
+        domain["features"]["hyperv"]["vapic"].is_object(),
+        "{domain}"
+    );
+    let bootloader = &domain["firmware"]["bootloader"];
+    if guest.secure_boot {
+        assert_eq!(bootloader["efi"]["secureBoot"], true, "{domain}");
+        assert!(domain["features"]["smm"].is_object(), "{domain}");
+    } else {
+        assert!(bootloader["bios"].is_object(), "{domain}");
+    }
+    let buses: Vec<&str> = domain["devices"]["disks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["disk"]["bus"].as_str().unwrap())
+        .collect();
+    assert_eq!(buses, ["virtio"], "{domain}");
+    assert_eq!(
+        domain["devices"]["interfaces"][0]["model"], "virtio",
+        "{domain}"
+    );
+}
+
+/// Windows Server 2022 (BIOS, CriticalDeviceDatabase) and Windows 11 (UEFI with Secure Boot, DriverDatabase)
+/// adapted with the lab's drivers and first-boot tool, each read back from its volume.
+#[tokio::test]
+async fn phony_windows_guests_are_adapted_with_drivers_and_first_boot_scripts() {
+    let ns = WindowsNamespace::new("windows").await;
+    for guest in [WIN2K22, WIN11] {
+        let _turn = one_adaptation_at_a_time().await;
+        let _source = source_lock(guest.name).await;
+        set_source_power(guest.name, true).await;
+        let name = guest.name.trim_start_matches("ferry-");
+        ns.migrate(name, &guest, claims::adapted_spec(DRIVERS_CLAIM, true))
+            .await;
+        let done = wait_for_phase(
+            &ns.client,
+            ns.name(),
+            name,
+            Phase::Succeeded,
+            WINDOWS_TIMEOUT,
+        )
+        .await;
+        let status = done.status.clone().unwrap();
+        let adaptation = status.adaptation.clone().expect("status.adaptation");
+        assert_eq!(
+            (
+                adaptation.os_type.as_str(),
+                adaptation.distro.as_str(),
+                adaptation.arch.as_str()
+            ),
+            ("windows", "windows", "x86_64"),
+            "{adaptation:?}"
+        );
+        assert!(adaptation.os.contains(guest.product_name), "{adaptation:?}");
+        let root = &status.disks[0];
+        assert!(
+            root.adapted_sha256.is_some() && root.adapted_sha256 != root.sha256,
+            "{root:?}"
+        );
+        assert_windows_vm(&ns.client, ns.name(), name, &guest).await;
+        let volume =
+            volume_image(&ns.client, ns.name(), root.data_volume.as_deref().unwrap()).await;
+        let found = ferry_lab::windows::check::adapted_volume(&volume, &guest)
+            .unwrap_or_else(|e| panic!("{}: {e:#}", guest.name));
+        eprintln!("{}: {}", guest.name, found.join("; "));
+        assert_eq!(
+            source_power(guest.name).await,
+            PowerState::PoweredOff,
+            "{}: a migrated source stays off",
+            guest.name
+        );
+    }
+}
+
+/// The status of `ns/name` once its reason is `reason`.
+async fn wait_for_reason(
+    ns: &WindowsNamespace,
+    name: &str,
+    reason: &str,
+) -> VirtualMachineMigrationStatus {
+    let api = migrations(&ns.client, ns.name());
+    ferry_testkit::eventually(
+        &format!("{name} to say {reason}"),
+        Duration::from_secs(300),
+        || async {
+            let status = api.get(name).await.ok()?.status?;
+            (status.reason.as_deref() == Some(reason)).then_some(status)
+        },
+    )
+    .await
+}
+
+/// No drivers or no first-boot tool named: refused in preflight, fixably, and the source was never powered off.
+#[tokio::test]
+async fn a_windows_guest_without_drivers_or_a_first_boot_tool_is_refused_before_its_source_is_touched()
+ {
+    let ns = WindowsNamespace::new("windows-unnamed").await;
+    let _source = source_lock(WIN2K22.name).await;
+    set_source_power(WIN2K22.name, true).await;
+    let mut no_drivers = claims::adapted_spec(DRIVERS_CLAIM, true);
+    no_drivers["conversion"]
+        .as_object_mut()
+        .unwrap()
+        .remove("virtioWin");
+    for (name, spec, reason, words) in [
+        (
+            "no-tool",
+            claims::adapted_spec(DRIVERS_CLAIM, false),
+            "GuestFirstBootToolMissing",
+            ["spec.conversion.firstBootTool", "rhsrvany.exe"],
+        ),
+        (
+            "no-drivers",
+            no_drivers,
+            "GuestDriversMissing",
+            ["spec.conversion.virtioWin", "windows2019srvNext_64Guest"],
+        ),
+    ] {
+        ns.migrate(name, &WIN2K22, spec).await;
+        let status = wait_for_reason(&ns, name, reason).await;
+        let message = status.message.clone().unwrap_or_default();
+        assert!(
+            words.iter().all(|w| message.contains(w)),
+            "{name}: {message}"
+        );
+        assert_eq!(
+            status.phase,
+            Some(Phase::ManualInterventionRequired),
+            "{name}: fixable in place"
+        );
+        assert!(
+            status.disks.iter().all(|d| d.sha256.is_none()),
+            "{name}: nothing copied: {status:?}"
+        );
+        assert!(
+            status
+                .power
+                .as_ref()
+                .is_none_or(|p| p.current != Some(PowerState::PoweredOff)),
+            "{name}: {status:?}"
+        );
+        assert_eq!(
+            source_power(WIN2K22.name).await,
+            PowerState::PoweredOn,
+            "{name}: vSphere says the source runs"
+        );
+        migrations(&ns.client, ns.name())
+            .delete(name, &Default::default())
+            .await
+            .unwrap();
+    }
+}
+
+/// After the copy, virt-v2v finds what vSphere could not tell: a hibernated guest, and drivers for another
+/// Windows version only. Both fail for good with virt-v2v's reason, before anything is committed; the migration
+/// then cleans up as any failed one does (its volumes go too: keeping them for a fix in place is not built yet),
+/// and the source is powered on again.
+#[tokio::test]
+async fn a_hibernated_guest_and_drivers_for_another_version_fail_after_the_copy_with_virt_v2vs_reason()
+ {
+    let ns = WindowsNamespace::new("windows-refused").await;
+    for (name, guest, drivers_claim, reason, words) in [
+        (
+            "hibernated",
+            WIN2K22_HIBERNATED,
+            DRIVERS_CLAIM,
+            "GuestFilesystemUnwritable",
+            "Windows Hibernation or Fast Restart",
+        ),
+        (
+            "other-version",
+            WIN2K22,
+            DRIVERS_2K19_CLAIM,
+            "GuestDriversMissing",
+            "no virtio drivers available for this version of Windows",
+        ),
+    ] {
+        let _turn = one_adaptation_at_a_time().await;
+        let _source = source_lock(guest.name).await;
+        set_source_power(guest.name, true).await;
+        ns.migrate(name, &guest, claims::adapted_spec(drivers_claim, true))
+            .await;
+        let failed =
+            wait_for_phase(&ns.client, ns.name(), name, Phase::Failed, WINDOWS_TIMEOUT).await;
+        let status = failed.status.clone().unwrap();
+        let message = status.message.clone().unwrap_or_default();
+        assert_eq!(status.reason.as_deref(), Some(reason), "{name}: {message}");
+        assert!(message.contains(words), "{name}: {message}");
+        assert!(
+            status
+                .disks
+                .iter()
+                .all(|d| d.sha256.is_some() && d.adapted_sha256.is_none()),
+            "{name}: copied and verified, never adapted: {:?}",
+            status.disks
+        );
+        let uid = failed.metadata.uid.clone().unwrap();
+        ferry_testkit::eventually(
+            &format!("{name} to clean up"),
+            Duration::from_secs(180),
+            || async {
+                let status = migrations(&ns.client, ns.name())
+                    .get(name)
+                    .await
+                    .ok()?
+                    .status?;
+                let left = children_left(&ns.client, ns.name(), &uid).await;
+                (status.cleaned_up && left.is_empty()).then_some(())
+            },
+        )
+        .await;
+        assert_eq!(
+            source_power(guest.name).await,
+            PowerState::PoweredOn,
+            "{name}: restored"
+        );
+    }
+}
