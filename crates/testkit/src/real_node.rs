@@ -15,7 +15,25 @@ pub struct RealNodeLab {
     started_by: Option<PathBuf>,
 }
 
+/// Set to run the tests that start a real node (they change the machine: runc, loop devices, mounts).
+pub const ENABLE: &str = "FERRY_REAL_NODE";
+
 impl RealNodeLab {
+    /// Whether the real node may run here ([`ENABLE`] is set); if not, says on stderr that `real` (real CDI,
+    /// real KubeVirt) was skipped and that its stand-in is still compared with the record.
+    pub fn enabled(real: &str) -> bool {
+        if std::env::var_os(ENABLE).is_some() {
+            return true;
+        }
+        use std::io::Write;
+        let _ = writeln!(
+            std::io::stderr(),
+            "skipped: {real} runs on the real node, which changes the machine; run with {ENABLE}=1 (the stand-in \
+             is compared with the record of {real} in any case)"
+        );
+        false
+    }
+
     /// The lab in the directory `$running` names, else one started with `ferry lab up --node real` in `work`.
     pub fn running_or_started(running: &str, ferry: &Path, work: &Path) -> Self {
         let (dir, started_by) = match std::env::var_os(running) {

@@ -17,7 +17,6 @@ use kube::Client;
 use observe::{Observed, Scenario, Sources};
 
 const RECORD: &str = "tests/cdi_conformance/real-cdi-v1.65.0.json";
-const REAL_NODE: &str = "FERRY_REAL_NODE";
 /// Record real CDI's observations instead of comparing with them.
 const RECORD_ANEW: &str = "FERRY_CDI_RECORD";
 /// A real-node lab already running (its directory), used instead of starting one.
@@ -227,13 +226,7 @@ async fn the_cdi_standin_does_what_real_cdi_does() {
 
 #[tokio::test]
 async fn the_record_of_real_cdi_v1_65_still_holds() {
-    if std::env::var_os(REAL_NODE).is_none() {
-        use std::io::Write;
-        let _ = writeln!(
-            std::io::stderr(),
-            "skipped: real CDI runs on the real node, which changes the machine; run with {REAL_NODE}=1 \
-             (the stand-in is compared with the record of real CDI in any case)"
-        );
+    if !RealNodeLab::enabled("real CDI") {
         return;
     }
     let work = tempfile::tempdir().unwrap();

@@ -21,7 +21,6 @@ use observe::Observed;
 use scenario::{Images, Scenario};
 
 const RECORD: &str = "tests/kubevirt_conformance/real-kubevirt-v1.9.0.json";
-const REAL_NODE: &str = "FERRY_REAL_NODE";
 /// Record real KubeVirt's observations instead of comparing with them.
 const RECORD_ANEW: &str = "FERRY_KUBEVIRT_RECORD";
 /// A real-node lab already running (its directory), used instead of starting one.
@@ -216,13 +215,7 @@ async fn the_kubevirt_standin_does_what_real_kubevirt_does() {
 
 #[tokio::test]
 async fn the_record_of_real_kubevirt_v1_9_still_holds() {
-    if std::env::var_os(REAL_NODE).is_none() {
-        use std::io::Write;
-        let _ = writeln!(
-            std::io::stderr(),
-            "skipped: real KubeVirt runs on the real node, which changes the machine; run with {REAL_NODE}=1 \
-             (the stand-in is compared with the record of real KubeVirt in any case)"
-        );
+    if !RealNodeLab::enabled("real KubeVirt") {
         return;
     }
     let work = tempfile::tempdir().unwrap();
