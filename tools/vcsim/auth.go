@@ -112,6 +112,8 @@ func (s *sim) handler(next http.Handler, calls io.Writer, delay time.Duration) h
 			soapHandler.ServeHTTP(rw, r)
 		case strings.HasPrefix(r.URL.Path, "/folder/"):
 			folderHandler.ServeHTTP(rw, r)
+		case r.URL.Path == guestNetPath:
+			s.guestNet(rw, r)
 		default:
 			next.ServeHTTP(rw, r)
 		}

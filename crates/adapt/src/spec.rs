@@ -29,6 +29,60 @@ pub struct AdaptSpec {
     /// (virt-v2v's `VIRT_TOOLS_DATA_DIR`); none when the migration names none (`conversion.firstBootTool`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub first_boot_tool: Option<PathBuf>,
+    /// The static addresses a Windows guest's NICs get back at first boot (`conversion.preserveStaticIPs`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub static_ips: Vec<StaticIp>,
+}
+
+/// One address virt-v2v's first boot gives the NIC with this MAC: `--mac MAC:ip:ADDRESS,GATEWAY,PREFIX,DNS...`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StaticIp {
+    pub mac: String,
+    pub address: String,
+    pub prefix_length: u8,
+    /// virt-v2v takes the prefix and name servers only after a gateway: without one, only the address is given.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gateway: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub dns_servers: Vec<String>,
+}
+
+impl StaticIp {
+    /// virt-v2v's `--mac` value, or why it would refuse it (its own checks: six hex pairs, addresses of hex
+    /// digits, `:` and `.`, a prefix up to 128).
+    pub fn mac_option(&self) -> Result<String, String> {
+        let hex_pairs = self.mac.split(':').collect::<Vec<_>>();
+        if hex_pairs.len() != 6
+            || !hex_pairs
+                .iter()
+                .all(|p| p.len() == 2 && p.chars().all(|c| c.is_ascii_hexdigit()))
+        {
+            return Err(format!("{:?} is not a MAC address", self.mac));
+        }
+        let plain = |a: &str| {
+            !a.is_empty()
+                && a.chars()
+                    .all(|c| c.is_ascii_hexdigit() || c == ':' || c == '.')
+        };
+        let addresses = std::iter::once(&self.address)
+            .chain(&self.gateway)
+            .chain(&self.dns_servers);
+        if let Some(bad) = addresses.into_iter().find(|a| !plain(a)) {
+            return Err(format!("{bad:?} is not an IP address"));
+        }
+        if self.prefix_length > 128 {
+            return Err(format!("prefix length {} is over 128", self.prefix_length));
+        }
+        let mut value = format!("{}:ip:{}", self.mac.to_ascii_lowercase(), self.address);
+        if let Some(gateway) = &self.gateway {
+            value += &format!(",{gateway},{}", self.prefix_length);
+            for server in &self.dns_servers {
+                value += &format!(",{server}");
+            }
+        }
+        Ok(value)
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -258,7 +312,36 @@ mod tests {
             scratch: "/scratch".into(),
             virtio_win: None,
             first_boot_tool: None,
+            static_ips: vec![],
         }
+    }
+
+    #[test]
+    fn a_static_ip_becomes_virt_v2vs_mac_option_and_nothing_else() {
+        let mut ip = StaticIp {
+            mac: "00:50:56:AA:BB:CC".into(),
+            address: "192.168.122.50".into(),
+            prefix_length: 24,
+            gateway: Some("192.168.122.1".into()),
+            dns_servers: vec!["192.168.122.2".into(), "192.168.122.3".into()],
+        };
+        assert_eq!(
+            ip.mac_option().unwrap(),
+            "00:50:56:aa:bb:cc:ip:192.168.122.50,192.168.122.1,24,192.168.122.2,192.168.122.3"
+        );
+        ip.gateway = None;
+        assert_eq!(
+            ip.mac_option().unwrap(),
+            "00:50:56:aa:bb:cc:ip:192.168.122.50",
+            "virt-v2v reads the prefix only after a gateway"
+        );
+        ip.address = "fd00::50".into();
+        assert!(ip.mac_option().is_ok());
+        ip.address = "10.0.0.1,evil".into();
+        assert!(ip.mac_option().unwrap_err().contains("not an IP address"));
+        ip.address = "10.0.0.1".into();
+        ip.mac = "00:50:56:aa:bb".into();
+        assert!(ip.mac_option().unwrap_err().contains("not a MAC address"));
     }
 
     #[test]

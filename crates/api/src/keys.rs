@@ -30,6 +30,10 @@ pub const PLAN_UID_LABEL: &str = concat!(group!(), "/plan-uid");
 /// Left on a handed-over VM and its disks: where they came from.
 pub const MIGRATED_BY_ANNOTATION: &str = concat!(group!(), "/migrated-by");
 
+/// On a Job: the migration's `metadata.generation` it was made from. A refusal that a change to the migration can
+/// fix (the drivers it names) waits until the migration is newer than the Job that refused.
+pub const SPEC_GENERATION_ANNOTATION: &str = concat!(group!(), "/spec-generation");
+
 /// The well-known label naming the tool that manages an object, and Ferry's value for it.
 pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
 pub const MANAGED_BY: &str = "ferry";
@@ -58,6 +62,10 @@ mod tests {
         assert_eq!(FINALIZER, "migration.platform.example/cleanup");
         assert_eq!(HOLD_ANNOTATION, "migration.platform.example/hold-before");
         assert_eq!(UID_LABEL, "migration.platform.example/uid");
+        assert_eq!(
+            SPEC_GENERATION_ANNOTATION,
+            "migration.platform.example/spec-generation"
+        );
         assert_eq!(NAME_LABEL, "migration.platform.example/migration");
         assert_eq!(STEP_LABEL, "migration.platform.example/step");
         assert_eq!(

@@ -478,6 +478,11 @@ fn invalid_cases() -> Vec<Invalid> {
             "conversion.virtioWin is used only by guest adaptation",
         ),
         create(
+            "static addresses kept without guest adaptation",
+            with(m(), "/spec/conversion/preserveStaticIPs", json!(true)),
+            "conversion.preserveStaticIPs is done by guest adaptation",
+        ),
+        create(
             "virtio-win drivers from nowhere",
             with(
                 m(),

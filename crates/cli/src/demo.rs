@@ -160,9 +160,10 @@ async fn windows_summary(client: &kube::Client, vm: &str, m: &VirtualMachineMigr
     if status.phase != Some(Phase::Succeeded) {
         return String::new();
     }
+    let static_mac = ferry_lab::windows::check::static_mac(m);
     let checked = match ferry_lab::volumes::volume_image(client, NAMESPACE, &claim).await {
         Ok(image) => tokio::task::spawn_blocking(move || {
-            ferry_lab::windows::check::adapted_volume(&image, &guest)
+            ferry_lab::windows::check::adapted_volume(&image, &guest, static_mac.as_deref())
         })
         .await
         .map_err(anyhow::Error::from)

@@ -137,6 +137,7 @@ fn print_vm(vm: &ferry_vsphere::VmInfo) {
         "  tools           {}",
         vm.tools_running_status.as_deref().unwrap_or("-")
     );
+    println!("  vTPM            {}", vm.vtpm);
     println!("  snapshots       {}", vm.snapshots);
     println!("  change tracking {}", vm.change_tracking);
     println!("\n  DISK  BUS   CAPACITY    THIN   MODE        FILE");
@@ -159,5 +160,23 @@ fn print_vm(vm: &ferry_vsphere::VmInfo) {
     println!("\n  NIC   MODEL     MAC                NETWORK");
     for n in &vm.nics {
         println!("  {:<5} {:<9} {:<18} {}", n.key, n.model, n.mac, n.network);
+    }
+    let reported = &vm.guest_network;
+    if reported.reported() {
+        println!("\n  GUEST ADDRESSES (VMware Tools)");
+        for nic in &reported.nics {
+            for a in &nic.addresses {
+                println!(
+                    "  {:<18} {}/{} {}",
+                    nic.mac, a.address, a.prefix_length, a.origin
+                );
+            }
+        }
+        for g in &reported.default_gateways {
+            println!("  default gateway    {}", g.address);
+        }
+        if !reported.dns_servers.is_empty() {
+            println!("  DNS                {}", reported.dns_servers.join(", "));
+        }
     }
 }

@@ -39,6 +39,7 @@ fn source(firmware: Option<Firmware>, secure_boot: bool) -> SourceVmStatus {
         mac: mac.into(),
         network: network.into(),
         model: Some(model.into()),
+        ip_addresses: vec![],
     };
     SourceVmStatus {
         cpus: 4,

@@ -5,7 +5,8 @@
 //! device database entries (the CriticalDeviceDatabase layout on one guest, the DriverDatabase layout on the
 //! other), the first-boot service and its scripts. What only a real Windows can show (that it boots from virtio,
 //! that first boot runs, that the agent answers) is not claimed here. Refusals: no drivers or no first-boot tool
-//! (before the source is touched), a hibernated guest and drivers for another Windows version (after the copy).
+//! (before the source is touched), a hibernated guest (after the copy, for good), drivers for another Windows
+//! version (after the copy, waiting for a person with the volumes kept, then adapted once fixed).
 
 mod support;
 
@@ -146,6 +147,59 @@ async fn assert_windows_vm(client: &kube::Client, ns: &str, name: &str, guest: &
         domain["devices"]["interfaces"][0]["model"], "virtio",
         "{domain}"
     );
+    let tpm = &domain["devices"]["tpm"];
+    if guest.vtpm {
+        assert_eq!(tpm, &serde_json::json!({"persistent": true}), "{domain}");
+    } else {
+        assert!(tpm.is_null(), "{domain}");
+    }
+}
+
+/// A static address VMware Tools reported, on a NIC the lab maps to the pod network: the warning, in the status
+/// and as an Event; a DHCP address, none.
+async fn assert_static_address_warning(
+    client: &kube::Client,
+    ns: &str,
+    name: &str,
+    status: &VirtualMachineMigrationStatus,
+    guest: &PhonyWindows,
+) {
+    const WARNING: &str = "StaticAddressOnPodNetwork";
+    let condition = status.conditions.iter().find(|c| c.type_ == WARNING);
+    if !guest.tools_address.manual {
+        assert!(condition.is_none(), "{condition:?}");
+        return;
+    }
+    let condition = condition.unwrap_or_else(|| panic!("no {WARNING}: {:?}", status.conditions));
+    assert!(
+        condition.status == "True" && condition.message.contains(guest.tools_address.address),
+        "{condition:?}"
+    );
+    let events = Api::<k8s_openapi::api::core::v1::Event>::namespaced(client.clone(), ns)
+        .list(&Default::default())
+        .await
+        .unwrap();
+    let said = events.items.iter().filter(|e| {
+        e.reason.as_deref() == Some(WARNING)
+            && e.type_.as_deref() == Some("Warning")
+            && e.involved_object.name.as_deref() == Some(name)
+    });
+    assert_eq!(said.count(), 1, "one Event when it turned True");
+}
+
+/// A source with a vTPM carries the warning that BitLocker's keys do not follow; one without, none.
+fn assert_vtpm_warning(status: &VirtualMachineMigrationStatus, guest: &PhonyWindows) {
+    let warning = status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "TPMNotCarried");
+    match warning {
+        Some(c) => assert!(
+            guest.vtpm && c.status == "True" && c.message.contains("BitLocker"),
+            "{c:?}"
+        ),
+        None => assert!(!guest.vtpm, "{:?}", status.conditions),
+    }
 }
 
 /// Windows Server 2022 (BIOS, CriticalDeviceDatabase) and Windows 11 (UEFI with Secure Boot, DriverDatabase)
@@ -186,10 +240,22 @@ async fn phony_windows_guests_are_adapted_with_drivers_and_first_boot_scripts() 
             "{root:?}"
         );
         assert_windows_vm(&ns.client, ns.name(), name, &guest).await;
+        assert_vtpm_warning(&status, &guest);
+        assert_static_address_warning(&ns.client, ns.name(), name, &status, &guest).await;
+        assert!(status.source.as_ref().is_some_and(|s| s.vtpm == guest.vtpm));
         let volume =
             volume_image(&ns.client, ns.name(), root.data_volume.as_deref().unwrap()).await;
-        let found = ferry_lab::windows::check::adapted_volume(&volume, &guest)
-            .unwrap_or_else(|e| panic!("{}: {e:#}", guest.name));
+        let static_mac = ferry_lab::windows::check::static_mac(&done);
+        assert_eq!(
+            static_mac.is_some(),
+            guest.tools_address.manual,
+            "VMware Tools reported {:?}: {:?}",
+            guest.tools_address,
+            status.source.as_ref().map(|s| &s.nics)
+        );
+        let found =
+            ferry_lab::windows::check::adapted_volume(&volume, &guest, static_mac.as_deref())
+                .unwrap_or_else(|e| panic!("{}: {e:#}", guest.name));
         eprintln!("{}: {}", guest.name, found.join("; "));
         assert_eq!(
             source_power(guest.name).await,
@@ -218,7 +284,8 @@ async fn wait_for_reason(
     .await
 }
 
-/// No drivers or no first-boot tool named: refused in preflight, fixably, and the source was never powered off.
+/// No drivers or no first-boot tool named, or static addresses to keep that VMware Tools never reported: refused
+/// in preflight, fixably, and the source was never powered off.
 #[tokio::test]
 async fn a_windows_guest_without_drivers_or_a_first_boot_tool_is_refused_before_its_source_is_touched()
  {
@@ -277,70 +344,181 @@ async fn a_windows_guest_without_drivers_or_a_first_boot_tool_is_refused_before_
             .await
             .unwrap();
     }
+    // Static addresses asked to be kept, and VMware Tools reporting none: refused the same way.
+    let vcsim = lab().await.state().vcsim.clone().unwrap();
+    ferry_lab::windows::vms::report_guest_network(&vcsim, &WIN2K22, false)
+        .await
+        .unwrap();
+    ns.migrate(
+        "no-addresses",
+        &WIN2K22,
+        claims::adapted_spec(DRIVERS_CLAIM, true),
+    )
+    .await;
+    let status = wait_for_reason(&ns, "no-addresses", "StaticIPsNotReported").await;
+    ferry_lab::windows::vms::report_guest_network(&vcsim, &WIN2K22, true)
+        .await
+        .unwrap();
+    let message = status.message.clone().unwrap_or_default();
+    assert!(
+        message.contains("preserveStaticIPs")
+            && message.contains("VMware Tools reported no address"),
+        "{message}"
+    );
+    assert_eq!(status.phase, Some(Phase::ManualInterventionRequired));
+    assert_eq!(source_power(WIN2K22.name).await, PowerState::PoweredOn);
 }
 
-/// After the copy, virt-v2v finds what vSphere could not tell: a hibernated guest, and drivers for another
-/// Windows version only. Both fail for good with virt-v2v's reason, before anything is committed; the migration
-/// then cleans up as any failed one does (its volumes go too: keeping them for a fix in place is not built yet),
-/// and the source is powered on again.
+/// After the copy, virt-v2v finds what vSphere could not tell: a hibernated guest. It fails for good with
+/// virt-v2v's reason, before anything is committed, and cleans up as any failed migration does: the copy is of
+/// no use (the guest must be booted and shut down fully, which changes its disks, and a new migration copies
+/// them), and the source is powered on again for that.
 #[tokio::test]
-async fn a_hibernated_guest_and_drivers_for_another_version_fail_after_the_copy_with_virt_v2vs_reason()
- {
-    let ns = WindowsNamespace::new("windows-refused").await;
-    for (name, guest, drivers_claim, reason, words) in [
-        (
-            "hibernated",
-            WIN2K22_HIBERNATED,
-            DRIVERS_CLAIM,
-            "GuestFilesystemUnwritable",
-            "Windows Hibernation or Fast Restart",
-        ),
-        (
-            "other-version",
-            WIN2K22,
-            DRIVERS_2K19_CLAIM,
-            "GuestDriversMissing",
-            "no virtio drivers available for this version of Windows",
-        ),
-    ] {
-        let _turn = one_adaptation_at_a_time().await;
-        let _source = source_lock(guest.name).await;
-        set_source_power(guest.name, true).await;
-        ns.migrate(name, &guest, claims::adapted_spec(drivers_claim, true))
-            .await;
-        let failed =
-            wait_for_phase(&ns.client, ns.name(), name, Phase::Failed, WINDOWS_TIMEOUT).await;
-        let status = failed.status.clone().unwrap();
-        let message = status.message.clone().unwrap_or_default();
-        assert_eq!(status.reason.as_deref(), Some(reason), "{name}: {message}");
-        assert!(message.contains(words), "{name}: {message}");
-        assert!(
-            status
-                .disks
-                .iter()
-                .all(|d| d.sha256.is_some() && d.adapted_sha256.is_none()),
-            "{name}: copied and verified, never adapted: {:?}",
-            status.disks
-        );
-        let uid = failed.metadata.uid.clone().unwrap();
-        ferry_testkit::eventually(
-            &format!("{name} to clean up"),
-            Duration::from_secs(180),
-            || async {
-                let status = migrations(&ns.client, ns.name())
-                    .get(name)
-                    .await
-                    .ok()?
-                    .status?;
-                let left = children_left(&ns.client, ns.name(), &uid).await;
-                (status.cleaned_up && left.is_empty()).then_some(())
-            },
-        )
+async fn a_hibernated_guest_fails_after_the_copy_with_virt_v2vs_reason_and_its_source_is_restored()
+{
+    let ns = WindowsNamespace::new("windows-hibernated").await;
+    let (name, guest) = ("hibernated", WIN2K22_HIBERNATED);
+    let _turn = one_adaptation_at_a_time().await;
+    let _source = source_lock(guest.name).await;
+    set_source_power(guest.name, true).await;
+    ns.migrate(name, &guest, claims::adapted_spec(DRIVERS_CLAIM, true))
         .await;
-        assert_eq!(
-            source_power(guest.name).await,
-            PowerState::PoweredOn,
-            "{name}: restored"
-        );
-    }
+    let failed = wait_for_phase(&ns.client, ns.name(), name, Phase::Failed, WINDOWS_TIMEOUT).await;
+    let status = failed.status.clone().unwrap();
+    let message = status.message.clone().unwrap_or_default();
+    assert_eq!(
+        status.reason.as_deref(),
+        Some("GuestFilesystemUnwritable"),
+        "{message}"
+    );
+    assert!(
+        message.contains("Windows Hibernation or Fast Restart"),
+        "{message}"
+    );
+    assert!(
+        status
+            .disks
+            .iter()
+            .all(|d| d.sha256.is_some() && d.adapted_sha256.is_none()),
+        "copied and verified, never adapted: {:?}",
+        status.disks
+    );
+    let uid = failed.metadata.uid.clone().unwrap();
+    ferry_testkit::eventually(
+        "the migration to clean up",
+        Duration::from_secs(180),
+        || async {
+            let status = migrations(&ns.client, ns.name())
+                .get(name)
+                .await
+                .ok()?
+                .status?;
+            let left = children_left(&ns.client, ns.name(), &uid).await;
+            (status.cleaned_up && left.is_empty()).then_some(())
+        },
+    )
+    .await;
+    assert_eq!(
+        source_power(guest.name).await,
+        PowerState::PoweredOn,
+        "restored"
+    );
+}
+
+/// Drivers for another Windows version only: virt-v2v refuses after the copy, before anything is committed. The
+/// migration waits for a person with every volume kept (and the source off), does not run virt-v2v again while
+/// nothing changed, and once the migration names the right drivers adapts the same volumes and finishes.
+#[tokio::test]
+async fn drivers_for_another_version_wait_for_a_person_with_the_volumes_kept_and_adapt_once_fixed()
+{
+    let ns = WindowsNamespace::new("windows-fixed").await;
+    let (name, guest) = ("other-version", WIN2K22);
+    let _turn = one_adaptation_at_a_time().await;
+    let _source = source_lock(guest.name).await;
+    set_source_power(guest.name, true).await;
+    ns.migrate(name, &guest, claims::adapted_spec(DRIVERS_2K19_CLAIM, true))
+        .await;
+    let refused = wait_for_reason(&ns, name, "GuestDriversMissing").await;
+    let message = refused.message.clone().unwrap_or_default();
+    assert!(
+        message.contains("no virtio drivers available for this version of Windows"),
+        "{message}"
+    );
+    let waiting = wait_for_phase(
+        &ns.client,
+        ns.name(),
+        name,
+        Phase::ManualInterventionRequired,
+        Duration::from_secs(120),
+    )
+    .await;
+    let status = waiting.status.clone().unwrap();
+    assert!(
+        status
+            .disks
+            .iter()
+            .all(|d| d.sha256.is_some() && d.adapted_sha256.is_none()),
+        "copied and verified, never adapted: {:?}",
+        status.disks
+    );
+    let uid = waiting.metadata.uid.clone().unwrap();
+    let kept = children_left(&ns.client, ns.name(), &uid).await;
+    let volume = status.disks[0].data_volume.clone().unwrap();
+    assert!(
+        kept.iter().any(|c| c.ends_with(&format!(" {volume}"))),
+        "the volume is kept: {kept:?}"
+    );
+    assert_eq!(
+        source_power(guest.name).await,
+        PowerState::PoweredOff,
+        "the copied source stays off"
+    );
+    // Rechecked, but not run again: the refused Job stays as it was (its attempt uncharged).
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    let still = migrations(&ns.client, ns.name())
+        .get(name)
+        .await
+        .unwrap()
+        .status
+        .unwrap();
+    assert_eq!(still.phase, Some(Phase::ManualInterventionRequired));
+    assert!(
+        still.retry.as_ref().is_none_or(|r| r.charged.is_empty()),
+        "{:?}",
+        still.retry
+    );
+    // The person names the drivers for this Windows.
+    migrations(&ns.client, ns.name())
+        .patch(
+            name,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(serde_json::json!({"spec": {"conversion": {
+                "virtioWin": {"persistentVolumeClaim": DRIVERS_CLAIM}}}})),
+        )
+        .await
+        .unwrap();
+    let done = wait_for_phase(
+        &ns.client,
+        ns.name(),
+        name,
+        Phase::Succeeded,
+        WINDOWS_TIMEOUT,
+    )
+    .await;
+    let status = done.status.clone().unwrap();
+    let root = &status.disks[0];
+    assert_eq!(
+        root.data_volume.as_deref(),
+        Some(volume.as_str()),
+        "the same volume"
+    );
+    assert!(
+        root.adapted_sha256.is_some() && root.adapted_sha256 != root.sha256,
+        "{root:?}"
+    );
+    let image = volume_image(&ns.client, ns.name(), &volume).await;
+    let static_mac = ferry_lab::windows::check::static_mac(&done);
+    let found = ferry_lab::windows::check::adapted_volume(&image, &guest, static_mac.as_deref())
+        .unwrap_or_else(|e| panic!("{}: {e:#}", guest.name));
+    eprintln!("{name} once fixed: {}", found.join("; "));
 }

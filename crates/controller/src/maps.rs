@@ -153,6 +153,7 @@ mod tests {
             mac: "00:50:56:00:00:01".into(),
             network: network.into(),
             model: None,
+            ip_addresses: vec![],
         }
     }
 

@@ -126,6 +126,11 @@ async fn virt_v2v(spec: &AdaptSpec, domain: &Path, work: &Path) -> Result<(Strin
     if let Some(tools) = &spec.first_boot_tool {
         command.env("VIRT_TOOLS_DATA_DIR", tools);
     }
+    for ip in &spec.static_ips {
+        command
+            .arg("--mac")
+            .arg(ip.mac_option().map_err(Error::Spec)?);
+    }
     let mut child = command.spawn().map_err(|e| Error::Adaptation {
         failure: AdaptationFailure::ApplianceFailed,
         message: format!("virt-v2v-in-place could not be started: {e}"),
@@ -285,6 +290,7 @@ mod tests {
             scratch: dir.path().join("scratch"),
             virtio_win: None,
             first_boot_tool: None,
+            static_ips: vec![],
         };
         // Only the disk's own bytes count, not the volume's tail.
         assert_eq!(

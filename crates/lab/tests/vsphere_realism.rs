@@ -98,6 +98,7 @@ async fn realism_options_reach_the_simulator() {
         memory_mib: 256,
         firmware: Firmware::Bios,
         efi_secure_boot: false,
+        vtpm: false,
         host: "DC0_H0".into(),
         datastore: "LocalDS_0".into(),
         network: "DC0_DVPG0".into(),

@@ -116,6 +116,8 @@ reasons! {
         GuestOSUnsupported,
         GuestDriversMissing,
         GuestFirstBootToolMissing,
+        StaticIPsNotReported,
+        StaticAddressOnPodNetwork,
         GuestDiskFull,
         GuestFilesystemUnwritable,
         VolumeNotAsConverted,

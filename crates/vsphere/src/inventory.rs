@@ -58,12 +58,16 @@ pub struct VmInfo {
     /// The disk keys of `config.bootOptions.bootOrder`, in order (other bootable devices left out); empty when
     /// the VM has no explicit boot order.
     pub boot_order: Vec<i32>,
+    /// A virtual TPM (`VirtualTPM`) among the devices. Its contents stay in vSphere, sealed by its key provider.
+    pub vtpm: bool,
     pub cpus: i32,
     pub cores_per_socket: i32,
     pub memory_mib: i64,
     pub power_state: PowerState,
     /// `guestToolsRunning` when VMware Tools answers; a guest shutdown needs it.
     pub tools_running_status: Option<String>,
+    /// What VMware Tools reports of the guest's network; empty while they do not run.
+    pub guest_network: crate::guest_network::GuestNetwork,
     pub change_tracking: bool,
     pub snapshots: usize,
     /// The datacenter's inventory path below the root folder (`DC0`, or `Folder1/DC0` in a folder): the
@@ -286,7 +290,7 @@ pub async fn find_vm(session: &Session, selector: &VmSelector) -> Result<MoRef> 
     }
 }
 
-const DESCRIBE_PROPS: [&str; 17] = [
+const DESCRIBE_PROPS: [&str; 19] = [
     "name",
     "config.uuid",
     "config.instanceUuid",
@@ -301,6 +305,8 @@ const DESCRIBE_PROPS: [&str; 17] = [
     "runtime.powerState",
     "runtime.host",
     "guest.toolsRunningStatus",
+    "guest.net",
+    "guest.ipStack",
     "snapshot",
     "parent",
     "resourcePool",
@@ -329,6 +335,7 @@ pub async fn describe_vm(session: &Session, vm: &MoRef) -> Result<VmInfo> {
         .prop("config.hardware.device")
         .map(decode_devices)
         .unwrap_or_default();
+    let vtpm = o.prop("config.hardware.device").is_some_and(has_vtpm);
     let boot = parse_boot_options(o.prop("config.bootOptions"));
     resolve_names(session, &mut disks, &mut nics).await?;
     let invalid = |what: &str| Error::InvalidResponse {
@@ -348,6 +355,7 @@ pub async fn describe_vm(session: &Session, vm: &MoRef) -> Result<VmInfo> {
         },
         efi_secure_boot: boot.efi_secure_boot,
         boot_order: boot.disk_order,
+        vtpm,
         cpus: o.int("config.hardware.numCPU").unwrap_or(1) as i32,
         cores_per_socket: o
             .int("config.hardware.numCoresPerSocket")
@@ -361,6 +369,10 @@ pub async fn describe_vm(session: &Session, vm: &MoRef) -> Result<VmInfo> {
             .and_then(power_state)
             .ok_or_else(|| invalid("power state"))?,
         tools_running_status: o.text("guest.toolsRunningStatus").map(String::from),
+        guest_network: crate::guest_network::GuestNetwork::parse(
+            o.prop("guest.net"),
+            o.prop("guest.ipStack"),
+        ),
         change_tracking: o.text("config.changeTrackingEnabled") == Some("true"),
         snapshots: o.prop("snapshot").map(count_snapshots).unwrap_or(0),
         datacenter: datacenter_of(session, o.prop("parent").or(o.prop("resourcePool"))).await?,
@@ -375,6 +387,14 @@ pub async fn describe_vm(session: &Session, vm: &MoRef) -> Result<VmInfo> {
 pub fn decode_devices(devices: &Element) -> (Vec<DiskInfo>, Vec<NicInfo>) {
     let devices: Vec<&Element> = devices.children.iter().collect();
     (parse_disks(&devices), parse_nics(&devices))
+}
+
+/// Whether a VM's `config.hardware.device` holds a virtual TPM.
+pub fn has_vtpm(devices: &Element) -> bool {
+    devices
+        .children
+        .iter()
+        .any(|d| d.xsi_type.as_deref() == Some("VirtualTPM"))
 }
 
 /// The instance UUID (`config.instanceUuid`) of the VM `vm` names now; VmNotFound when it names none.
@@ -730,6 +750,20 @@ fn inventory_path(upward: &[String]) -> String {
 #[cfg(test)]
 mod name_index_tests {
     use super::*;
+
+    #[test]
+    fn a_virtual_tpm_is_found_among_the_devices() {
+        let devices = |inner: &str| {
+            crate::xml::parse(&format!(
+                r#"<val xmlns:xsi="http://www.w3.org/2001/XMLSchema-instance">{inner}</val>"#
+            ))
+            .unwrap()
+        };
+        let nic = r#"<VirtualDevice xsi:type="VirtualVmxnet3"><key>4000</key></VirtualDevice>"#;
+        let tpm = r#"<VirtualDevice xsi:type="VirtualTPM"><key>11000</key></VirtualDevice>"#;
+        assert!(has_vtpm(&devices(&format!("{nic}{tpm}"))));
+        assert!(!has_vtpm(&devices(nic)));
+    }
 
     #[test]
     fn a_datacenter_path_joins_its_folders_from_the_root_down() {

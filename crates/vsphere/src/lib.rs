@@ -11,6 +11,7 @@
 pub mod chaos;
 pub mod datastore;
 pub mod error;
+pub mod guest_network;
 pub mod inventory;
 pub mod power;
 pub mod preflight;

@@ -192,6 +192,18 @@ pub struct TargetSpec {
     /// (`conversion.guestAdaptation: VirtV2v`), since only then is it sure to have virtio drivers.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub devices: Option<DeviceModel>,
+    /// What preflight does about a NIC whose address VMware Tools reported as configured by hand, mapped to the
+    /// pod network (masquerade, where the guest must take the pod's DHCP address): `Warn` (the condition
+    /// `StaticAddressOnPodNetwork` and an Event), or `Refuse` before the source is touched.
+    #[serde(default)]
+    pub static_address_on_pod_network: StaticAddressPolicy,
+}
+
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, Default, JsonSchema)]
+pub enum StaticAddressPolicy {
+    #[default]
+    Warn,
+    Refuse,
 }
 
 /// Which devices the KubeVirt VM gives the guest.
@@ -313,7 +325,9 @@ pub struct MultusNetwork {
     validation = Rule::new("!has(self.virtioWin) || (has(self.guestAdaptation) && self.guestAdaptation == 'VirtV2v')")
         .message("conversion.virtioWin is used only by guest adaptation: set conversion.guestAdaptation VirtV2v, or remove virtioWin"),
     validation = Rule::new("!has(self.firstBootTool) || (has(self.guestAdaptation) && self.guestAdaptation == 'VirtV2v')")
-        .message("conversion.firstBootTool is used only by guest adaptation: set conversion.guestAdaptation VirtV2v, or remove firstBootTool")
+        .message("conversion.firstBootTool is used only by guest adaptation: set conversion.guestAdaptation VirtV2v, or remove firstBootTool"),
+    validation = Rule::new("!has(self.preserveStaticIPs) || !self.preserveStaticIPs || (has(self.guestAdaptation) && self.guestAdaptation == 'VirtV2v')")
+        .message("conversion.preserveStaticIPs is done by guest adaptation: set conversion.guestAdaptation VirtV2v, or remove preserveStaticIPs")
 )]
 pub struct ConversionSpec {
     #[serde(default)]
@@ -329,6 +343,16 @@ pub struct ConversionSpec {
     /// Tools, setting static addresses): a Windows guest cannot be adapted without it. Linux guests do not use it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub first_boot_tool: Option<FirstBootToolSource>,
+    /// Give a Windows guest's NICs the static addresses VMware Tools reported for them (with the guest's default
+    /// gateway and DNS servers), by a first-boot script virt-v2v installs: Windows binds its addresses to the
+    /// adapter, and the new virtio adapter would come up without them. Refused before the source is touched when
+    /// the tools reported no address. Linux guests keep their own configuration.
+    #[serde(
+        default,
+        rename = "preserveStaticIPs",
+        skip_serializing_if = "std::ops::Not::not"
+    )]
+    pub preserve_static_ips: bool,
 }
 
 #[derive(Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, Default, JsonSchema)]

@@ -55,11 +55,15 @@ pub enum ConditionType {
     GuestReady,
     /// A warning, True while the staging endpoint is plain http (`spec.staging.insecure`).
     InsecureStaging,
+    /// A warning, True when the source has a vTPM: its contents stay in vSphere and the VM's starts empty.
+    TpmNotCarried,
+    /// A warning, True when a NIC with an address configured by hand goes to the pod network, where it cannot work.
+    StaticAddressOnPodNetwork,
     Ready,
 }
 
 impl ConditionType {
-    pub const ALL: [ConditionType; 10] = [
+    pub const ALL: [ConditionType; 12] = [
         ConditionType::SourceDiscovered,
         ConditionType::Validated,
         ConditionType::DiskConverted,
@@ -69,7 +73,16 @@ impl ConditionType {
         ConditionType::VmStarted,
         ConditionType::GuestReady,
         ConditionType::InsecureStaging,
+        ConditionType::TpmNotCarried,
+        ConditionType::StaticAddressOnPodNetwork,
         ConditionType::Ready,
+    ];
+
+    /// The warnings: True while what they say holds, and an Event when they turn True.
+    pub const WARNINGS: [ConditionType; 3] = [
+        ConditionType::InsecureStaging,
+        ConditionType::TpmNotCarried,
+        ConditionType::StaticAddressOnPodNetwork,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -83,6 +96,8 @@ impl ConditionType {
             ConditionType::VmStarted => "VMStarted",
             ConditionType::GuestReady => "GuestReady",
             ConditionType::InsecureStaging => "InsecureStaging",
+            ConditionType::TpmNotCarried => "TPMNotCarried",
+            ConditionType::StaticAddressOnPodNetwork => "StaticAddressOnPodNetwork",
             ConditionType::Ready => "Ready",
         }
     }
@@ -250,6 +265,10 @@ pub struct SourceVmStatus {
     /// EFI Secure Boot (`bootOptions.efiSecureBootEnabled`).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub secure_boot: bool,
+    /// A virtual TPM (`VirtualTPM`). Its contents (BitLocker's keys among them) stay in vSphere, sealed by its key
+    /// provider; the VM gets a new, empty persistent one.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub vtpm: bool,
     /// The disks' device keys in the source's boot order (`bootOptions.bootOrder`); empty when it has none.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub boot_order: Vec<i32>,
@@ -272,6 +291,9 @@ pub struct SourceVmStatus {
     pub disks: Vec<SourceDisk>,
     #[serde(default)]
     pub nics: Vec<SourceNic>,
+    /// What VMware Tools reported of the guest's routes and name servers; absent when they reported none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub guest_network: Option<GuestNetworkStatus>,
 }
 
 #[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
@@ -306,6 +328,68 @@ pub struct SourceNic {
     pub network: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub model: Option<String>,
+    /// The addresses VMware Tools reported on this NIC when the VM was discovered.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ip_addresses: Vec<GuestIpAddress>,
+}
+
+/// An address of the guest's, as VMware Tools reported it.
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct GuestIpAddress {
+    pub address: String,
+    pub prefix_length: i32,
+    /// `manual` (configured by hand in the guest: a static address), `dhcp`, `linklayer`, `random` or `other`.
+    pub origin: String,
+}
+
+impl GuestIpAddress {
+    pub fn is_static(&self) -> bool {
+        self.origin == "manual"
+    }
+
+    pub fn is_ipv6(&self) -> bool {
+        self.address.contains(':')
+    }
+}
+
+/// The guest's routes and name servers, as VMware Tools reported them when the VM was discovered.
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct GuestNetworkStatus {
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub default_gateways: Vec<GuestGateway>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub dns_servers: Vec<String>,
+}
+
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct GuestGateway {
+    pub address: String,
+    /// The NIC it is reached through, as an index into `source.nics`, when the tools said.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nic: Option<i32>,
+}
+
+impl GuestNetworkStatus {
+    /// The default gateway of `address`'s family for NIC `nic`: its own, else the guest's only one of that family.
+    pub fn gateway_for(&self, nic: usize, address: &GuestIpAddress) -> Option<&str> {
+        let family: Vec<&GuestGateway> = self
+            .default_gateways
+            .iter()
+            .filter(|g| g.address.contains(':') == address.is_ipv6())
+            .collect();
+        let only = match family.as_slice() {
+            [only] => Some(only),
+            _ => None,
+        };
+        family
+            .iter()
+            .find(|g| g.nic == Some(nic as i32))
+            .or(only)
+            .map(|g| g.address.as_str())
+    }
 }
 
 #[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]

@@ -94,6 +94,9 @@ fn asked(out: &mut String, vmm: &VirtualMachineMigration, status: &VirtualMachin
         format!("{}/{}", vmm.namespace().unwrap_or_default(), vmm.name_any()),
     );
     line(out, "Source:", source(spec, status));
+    if let Some(network) = status.source.as_ref().and_then(guest_network) {
+        line(out, "Guest network:", network);
+    }
     line(out, "Target:", target(vmm, status));
     line(out, "Devices:", devices(spec));
     line(
@@ -130,6 +133,47 @@ fn source(spec: &VirtualMachineMigrationSpec, status: &VirtualMachineMigrationSt
             .map(|s| format!(", {} {} vCPU {} MiB", s.moref, s.cpus, s.memory_mib))
             .unwrap_or_default()
     )
+}
+
+/// What VMware Tools reported of the guest's network when it was discovered: each NIC's addresses and their
+/// origin, the default gateways and DNS servers; `None` when they reported nothing.
+fn guest_network(source: &ferry_api::SourceVmStatus) -> Option<String> {
+    let mut parts: Vec<String> = source
+        .nics
+        .iter()
+        .filter(|n| !n.ip_addresses.is_empty())
+        .map(|n| {
+            let addresses: Vec<String> = n
+                .ip_addresses
+                .iter()
+                .map(|a| {
+                    let origin = if a.is_static() { "static" } else { &a.origin };
+                    format!("{}/{} {origin}", a.address, a.prefix_length)
+                })
+                .collect();
+            format!("{} {}", n.mac, addresses.join(", "))
+        })
+        .collect();
+    if parts.is_empty() {
+        return None;
+    }
+    if let Some(reported) = &source.guest_network {
+        if !reported.default_gateways.is_empty() {
+            let gateways: Vec<&str> = reported
+                .default_gateways
+                .iter()
+                .map(|g| g.address.as_str())
+                .collect();
+            parts.push(format!("gateway {}", gateways.join(", ")));
+        }
+        if !reported.dns_servers.is_empty() {
+            parts.push(format!("DNS {}", reported.dns_servers.join(", ")));
+        }
+    }
+    Some(format!(
+        "{} (as VMware Tools reported it)",
+        parts.join("; ")
+    ))
 }
 
 fn target(vmm: &VirtualMachineMigration, status: &VirtualMachineMigrationStatus) -> String {
@@ -501,6 +545,8 @@ pub fn next_step(reason: &str, class: ErrorClass, phase: Option<Phase>, name: &s
         Some(Reason::SnapshotsPresent) => "delete or consolidate the VM's snapshots in vSphere".into(),
         Some(Reason::Forbidden) => "grant the controller's ServiceAccount the permission (see deploy/rbac)".into(),
         Some(Reason::GuestDriversMissing) => "name the virtio-win drivers in spec.conversion.virtioWin: a PersistentVolumeClaim (persistentVolumeClaim) or image (image, for example quay.io/kubevirt/virtio-container-disk:<KubeVirt version>) holding a virtio-win ISO with drivers for this Windows version, and path if it is not found by itself; or migrate it with conversion.guestAdaptation None".into(),
+        Some(Reason::StaticAddressOnPodNetwork) => "map the NIC's network to a multus network (a bridge on the guest's own subnet) in spec.target.networks or the NetworkMap, or set spec.target.staticAddressOnPodNetwork Warn and give the guest DHCP on the pod network".into(),
+        Some(Reason::StaticIPsNotReported) => "start the source VM with VMware Tools running, so that vSphere reports its addresses, and create the migration again; or set spec.conversion.preserveStaticIPs false and give the guest its addresses after the move".into(),
         Some(Reason::GuestFirstBootToolMissing) => "name the first-boot tool in spec.conversion.firstBootTool: a PersistentVolumeClaim (persistentVolumeClaim) or image (image) holding rhsrvany.exe (RHEL's mingw32-srvany package, or built from github.com/rwmjones/rhsrvany) or pvvxsvc.exe, and path if it is not at the volume's root; or migrate it with conversion.guestAdaptation None".into(),
         Some(Reason::GuestAdaptationUnsupported | Reason::GuestOSUnsupported) => "migrate this VM with conversion.guestAdaptation None (it keeps devices its guest has drivers for)".into(),
         Some(Reason::GuestDiskFull) => "free space in the guest's file systems (virt-v2v needs room to rebuild its initramfs) in vSphere".into(),
@@ -530,6 +576,24 @@ pub fn next_step(reason: &str, class: ErrorClass, phase: Option<Phase>, name: &s
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_guest_network_is_shown_as_the_tools_reported_it() {
+        let mut source: ferry_api::SourceVmStatus = serde_json::from_value(serde_json::json!({
+            "name": "w", "moref": "vm-1", "cpus": 2, "coresPerSocket": 1, "memoryMib": 1024,
+            "nics": [{"mac": "00:50:56:aa:bb:cc", "network": "VM Network", "ipAddresses": [
+                {"address": "192.168.122.50", "prefixLength": 24, "origin": "manual"}]}],
+            "guestNetwork": {"defaultGateways": [{"address": "192.168.122.1", "nic": 0}],
+                             "dnsServers": ["192.168.122.2"]}}))
+        .unwrap();
+        assert_eq!(
+            guest_network(&source).unwrap(),
+            "00:50:56:aa:bb:cc 192.168.122.50/24 static; gateway 192.168.122.1; DNS 192.168.122.2 (as VMware \
+             Tools reported it)"
+        );
+        source.nics[0].ip_addresses.clear();
+        assert_eq!(guest_network(&source), None, "the tools reported nothing");
+    }
 
     #[test]
     fn missing_windows_drivers_are_named_where_they_go() {

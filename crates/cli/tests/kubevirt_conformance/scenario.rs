@@ -120,6 +120,7 @@ impl Scenario {
                 mac: "00:50:56:a0:00:01".into(),
                 network: "VM Network".into(),
                 model: Some("vmxnet3".into()),
+                ip_addresses: vec![],
             }],
             boot_order: vec![2000],
             ..Default::default()

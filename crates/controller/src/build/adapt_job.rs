@@ -6,7 +6,7 @@
 use std::path::{Component, Path, PathBuf};
 
 use ferry_adapt::domain::{Bus, Firmware as DomainFirmware, Nic};
-use ferry_adapt::spec::{AdaptDisk, AdaptSpec};
+use ferry_adapt::spec::{AdaptDisk, AdaptSpec, StaticIp};
 use ferry_api::{DiskStatus, Firmware, MountedFiles, SourceVmStatus, VirtualMachineMigration};
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{
@@ -81,7 +81,31 @@ pub fn adapt_spec(
             .first_boot_tool
             .as_ref()
             .map(|t| path_in(FIRST_BOOT_TOOL, t)),
+        static_ips: if vmm.spec.conversion.preserve_static_ips {
+            static_ips(source)
+        } else {
+            vec![]
+        },
     }
+}
+
+/// Every address VMware Tools reported as configured by hand, on the NIC with its MAC, with the guest's default
+/// gateway of its family and its name servers. Pure.
+pub fn static_ips(source: &SourceVmStatus) -> Vec<StaticIp> {
+    let network = source.guest_network.clone().unwrap_or_default();
+    let mut ips = Vec::new();
+    for (index, nic) in source.nics.iter().enumerate() {
+        for address in nic.ip_addresses.iter().filter(|a| a.is_static()) {
+            ips.push(StaticIp {
+                mac: nic.mac.clone(),
+                address: address.address.clone(),
+                prefix_length: address.prefix_length.clamp(0, 128) as u8,
+                gateway: network.gateway_for(index, address).map(String::from),
+                dns_servers: network.dns_servers.clone(),
+            });
+        }
+    }
+    ips
 }
 
 /// The file or directory virt-v2v reads (`VIRTIO_WIN`, `VIRT_TOOLS_DATA_DIR`): `path` inside the volume mounted
@@ -342,6 +366,42 @@ mod tests {
                 args[1]
             );
         }
+    }
+
+    #[test]
+    fn static_addresses_go_to_virt_v2v_only_when_asked_with_their_nics_gateway_and_dns() {
+        let mut source = source();
+        source.nics = serde_json::from_value(json!([
+            {"mac": "00:50:56:aa:bb:cc", "network": "VM Network", "ipAddresses": [
+                {"address": "192.168.122.50", "prefixLength": 24, "origin": "manual"},
+                {"address": "fe80::1", "prefixLength": 64, "origin": "linklayer"}]},
+            {"mac": "00:50:56:aa:bb:cd", "network": "Backup", "ipAddresses": [
+                {"address": "10.1.0.9", "prefixLength": 16, "origin": "manual"},
+                {"address": "10.1.0.10", "prefixLength": 16, "origin": "dhcp"}]}]))
+        .unwrap();
+        source.guest_network = serde_json::from_value(json!({
+            "defaultGateways": [{"address": "192.168.122.1", "nic": 0}, {"address": "10.1.0.1", "nic": 1}],
+            "dnsServers": ["192.168.122.2"]}))
+        .unwrap();
+        let ips = static_ips(&source);
+        let options: Vec<String> = ips.iter().map(|ip| ip.mac_option().unwrap()).collect();
+        assert_eq!(
+            options,
+            [
+                "00:50:56:aa:bb:cc:ip:192.168.122.50,192.168.122.1,24,192.168.122.2",
+                "00:50:56:aa:bb:cd:ip:10.1.0.9,10.1.0.1,16,192.168.122.2",
+            ],
+            "hand-configured addresses only, each with its own NIC's gateway"
+        );
+        let disks = disks();
+        let asked = migration(json!({"guestAdaptation": "VirtV2v", "preserveStaticIPs": true}));
+        assert_eq!(adapt_spec(&asked, &source, &disks).static_ips, ips);
+        let not_asked = migration(json!({"guestAdaptation": "VirtV2v"}));
+        assert!(
+            adapt_spec(&not_asked, &source, &disks)
+                .static_ips
+                .is_empty()
+        );
     }
 
     #[test]

@@ -508,6 +508,12 @@ pub(super) fn job(vmm: &VirtualMachineMigration, name: &str, image: &str, work: 
             name: Some(name.into()),
             namespace: vmm.namespace(),
             labels: Some(labels.clone()),
+            annotations: vmm.metadata.generation.map(|generation| {
+                BTreeMap::from([(
+                    ferry_api::keys::SPEC_GENERATION_ANNOTATION.to_string(),
+                    generation.to_string(),
+                )])
+            }),
             owner_references: Some(vec![children::owner(vmm)]),
             ..ObjectMeta::default()
         },

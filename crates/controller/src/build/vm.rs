@@ -110,6 +110,16 @@ fn firmware(source: &SourceVmStatus) -> (Value, Value) {
     }
 }
 
+/// The devices: a source with a vTPM gets a persistent one (KubeVirt keeps its state in a volume of its own, so
+/// what the guest seals to it survives restarts); it starts empty.
+fn domain_devices(disks: Vec<Value>, interfaces: Vec<Value>, source: &SourceVmStatus) -> Value {
+    let mut devices = json!({"disks": disks, "interfaces": interfaces});
+    if source.vtpm {
+        devices["tpm"] = json!({"persistent": true});
+    }
+    devices
+}
+
 /// Whether vSphere calls the guest Windows (its guest ID: `windows2019srvNext_64Guest`, `windows11_64Guest`).
 pub fn is_windows(source: &SourceVmStatus) -> bool {
     source
@@ -260,7 +270,7 @@ pub fn virtual_machine(vmm: &VirtualMachineMigration, source: &SourceVmStatus) -
                         "resources": {"requests": {"memory": memory_quantity(source.memory_mib)}},
                         "firmware": {"bootloader": bootloader},
                         "features": features,
-                        "devices": {"disks": disks, "interfaces": interfaces},
+                        "devices": domain_devices(disks, interfaces, source),
                     },
                     "networks": networks,
                     "volumes": volumes,
@@ -317,16 +327,19 @@ mod tests {
                     mac: "00:50:56:00:00:01".into(),
                     network: "VM Network".into(),
                     model: Some("vmxnet3".into()),
+                    ip_addresses: vec![],
                 },
                 SourceNic {
                     mac: "00:50:56:00:00:02".into(),
                     network: "backup".into(),
                     model: None,
+                    ip_addresses: vec![],
                 },
                 SourceNic {
                     mac: "00:50:56:00:00:03".into(),
                     network: "dmz".into(),
                     model: Some("e1000e".into()),
+                    ip_addresses: vec![],
                 },
             ],
             ..Default::default()
@@ -401,6 +414,7 @@ mod tests {
                 mac: "00:50:56:00:00:01".into(),
                 network: "VM Network".into(),
                 model: Some("vmxnet3".into()),
+                ip_addresses: vec![],
             }],
             ..Default::default()
         }
@@ -583,6 +597,13 @@ mod tests {
         assert_eq!(
             domain["firmware"]["bootloader"],
             json!({"efi": {"secureBoot": true}})
+        );
+        assert!(domain["devices"].get("tpm").is_none(), "no vTPM in vSphere");
+        source.vtpm = true;
+        let vm = virtual_machine(&migration(json!({})), &source);
+        assert_eq!(
+            vm.data["spec"]["template"]["spec"]["domain"]["devices"]["tpm"],
+            json!({"persistent": true})
         );
     }
 

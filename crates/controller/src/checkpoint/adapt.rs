@@ -4,7 +4,9 @@
 //! Job `<name>-rewrite-<attempt>`; pods of earlier attempts still running. Action: once no earlier pod runs,
 //! rewrite the volumes from the source if `rewriteVolumes` says so, then create the adaptation Job (it refuses
 //! volumes that no longer hold the source's bytes, so an adapted or torn disk is never adapted again); a failed
-//! attempt is charged, and unless it failed before touching the volumes, they are marked for rewriting.
+//! attempt is charged, and unless it failed before touching the volumes, they are marked for rewriting; a refusal
+//! the person fixes in the migration (the drivers or first-boot tool it names) waits for them with every volume
+//! kept, and adapts again once the migration changed.
 //! Recorded: each disk's `adaptedSha256`, `status.adaptation`, `rewriteVolumes`; GuestAdapted.
 
 use std::time::Duration;
@@ -41,6 +43,11 @@ const ADAPTATION: JobAttempt = JobAttempt {
         )
     },
     failed: mark_for_rewriting,
+    // The person names other drivers or a first-boot tool; the volumes virt-v2v never touched are adapted then.
+    fixable_in_place: &[
+        Reason::GuestDriversMissing,
+        Reason::GuestFirstBootToolMissing,
+    ],
     restarting: "AdaptationRestarting",
     retrying: "AdaptationRetrying",
 };
@@ -60,6 +67,7 @@ const REWRITE: JobAttempt = JobAttempt {
         )
     },
     failed: JobAttempt::only_charged,
+    fixable_in_place: &[],
     ..ADAPTATION
 };
 

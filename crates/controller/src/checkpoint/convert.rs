@@ -29,6 +29,7 @@ const CONVERSION: JobAttempt = JobAttempt {
         )
     },
     failed: JobAttempt::only_charged,
+    fixable_in_place: &[],
     restarting: "ConversionRestarting",
     retrying: "ConversionRetrying",
 };

@@ -35,6 +35,7 @@ const WRITING: JobAttempt = JobAttempt {
         )
     },
     failed: JobAttempt::only_charged,
+    fixable_in_place: &[],
     restarting: "ConversionRestarting",
     retrying: "ConversionRetrying",
 };

@@ -2,7 +2,12 @@
 //! hardware, disks, NICs and power. Action: log in and read (nothing changes in vSphere). Recorded:
 //! `status.source`, the disk list, the target VM name; SourceDiscovered.
 
-use ferry_api::{DiskStatus, Reason, SourceDisk, SourceNic, SourceVmStatus};
+use ferry_api::{
+    DiskStatus, GuestGateway, GuestIpAddress, GuestNetworkStatus, Reason, SourceDisk, SourceNic,
+    SourceVmStatus,
+};
+use ferry_vsphere::guest_network::GuestNic;
+use ferry_vsphere::inventory::NicInfo;
 use ferry_vsphere::{VmInfo, VmSelector};
 
 use super::step::{Next, Step};
@@ -92,6 +97,7 @@ pub fn source_status(info: &VmInfo, vcenter_uuid: Option<String>) -> SourceVmSta
         guest_os: info.guest_id.clone(),
         firmware: Some(info.firmware),
         secure_boot: info.efi_secure_boot.unwrap_or(false),
+        vtpm: info.vtpm,
         boot_order: info.boot_order.clone(),
         datacenter: Some(info.datacenter.clone()),
         host: info.host.as_ref().map(|h| h.name.clone()),
@@ -122,9 +128,60 @@ pub fn source_status(info: &VmInfo, vcenter_uuid: Option<String>) -> SourceVmSta
                 mac: n.mac.clone(),
                 network: n.network.clone(),
                 model: Some(n.model.clone()),
+                ip_addresses: reported_nic(info, n)
+                    .map(|g| {
+                        g.addresses
+                            .iter()
+                            .map(|a| GuestIpAddress {
+                                address: a.address.clone(),
+                                prefix_length: i32::from(a.prefix_length),
+                                origin: a.origin.clone(),
+                            })
+                            .collect()
+                    })
+                    .unwrap_or_default(),
             })
             .collect(),
+        guest_network: guest_network(info),
     }
+}
+
+/// What the tools reported for the VM's NIC `nic`: the guest interface with its device key, or else its MAC.
+fn reported_nic<'a>(info: &'a VmInfo, nic: &NicInfo) -> Option<&'a GuestNic> {
+    let reported = &info.guest_network.nics;
+    reported
+        .iter()
+        .find(|g| g.device_key == Some(nic.key))
+        .or_else(|| {
+            reported
+                .iter()
+                .find(|g| g.mac.eq_ignore_ascii_case(&nic.mac))
+        })
+}
+
+/// The guest's default gateways (each NIC as an index into the VM's NICs) and name servers; none when the tools
+/// reported neither.
+fn guest_network(info: &VmInfo) -> Option<GuestNetworkStatus> {
+    let reported = &info.guest_network;
+    let vm_nic = |guest_index: usize| {
+        let guest = reported.nics.get(guest_index)?;
+        info.nics
+            .iter()
+            .position(|n| reported_nic(info, n) == Some(guest))
+            .map(|i| i as i32)
+    };
+    let status = GuestNetworkStatus {
+        default_gateways: reported
+            .default_gateways
+            .iter()
+            .map(|g| GuestGateway {
+                address: g.address.clone(),
+                nic: g.nic.and_then(vm_nic),
+            })
+            .collect(),
+        dns_servers: reported.dns_servers.clone(),
+    };
+    (!status.default_gateways.is_empty() || !status.dns_servers.is_empty()).then_some(status)
 }
 
 /// The disk list discovery records: one entry per source disk, nothing staged yet.

@@ -75,7 +75,17 @@ pub async fn run(step: &mut Step<'_>) -> Result<Next> {
         None => entered,
     };
     let observed = Observed::read(vm.as_ref(), vmi.as_ref());
-    let verdict = judge(&check(step.vmm), &observed, window_start, step.now.0);
+    let windows = step
+        .status
+        .source
+        .as_ref()
+        .is_some_and(crate::build::vm::is_windows);
+    let verdict = judge(
+        &check(step.vmm, windows),
+        &observed,
+        window_start,
+        step.now.0,
+    );
     match verdict {
         Verdict::Proven(guest) => {
             let message = guest.message.clone();
@@ -105,10 +115,19 @@ pub async fn run(step: &mut Step<'_>) -> Result<Next> {
     }
 }
 
-/// What the spec asks of the guest check, with the defaults resolved.
-fn check(vmm: &VirtualMachineMigration) -> Check {
+/// What an adapted Windows guest's first boot adds to the check's timeout: virt-v2v's first-boot service installs
+/// the drivers, the guest agent and removes VMware Tools, and Windows reboots for them before the agent answers.
+pub const WINDOWS_FIRST_BOOT: Duration = Duration::from_secs(600);
+
+/// What the spec asks of the guest check, with the defaults resolved; `windows` as vSphere called the guest.
+fn check(vmm: &VirtualMachineMigration, windows: bool) -> Check {
     let spec = &vmm.spec.guest_check;
     let adapted = vmm.spec.conversion.guest_adaptation == GuestAdaptation::VirtV2v;
+    let first_boot = if adapted && windows {
+        WINDOWS_FIRST_BOOT
+    } else {
+        Duration::ZERO
+    };
     Check {
         agent_required: spec.agent.unwrap_or(if adapted {
             GuestAgent::Required
@@ -116,7 +135,7 @@ fn check(vmm: &VirtualMachineMigration) -> Check {
             GuestAgent::Optional
         }) == GuestAgent::Required,
         settle: Duration::from_secs(spec.settle_seconds.max(0) as u64),
-        timeout: Duration::from_secs(spec.timeout_seconds.max(0) as u64),
+        timeout: Duration::from_secs(spec.timeout_seconds.max(0) as u64) + first_boot,
     }
 }
 
@@ -266,6 +285,32 @@ mod tests {
 
     fn at(rfc3339: &str) -> Timestamp {
         rfc3339.parse().unwrap()
+    }
+
+    #[test]
+    fn an_adapted_windows_guest_gets_time_for_its_first_boot_and_nothing_else_does() {
+        let migration = |adaptation: &str| {
+            VirtualMachineMigration::new(
+                "m",
+                serde_json::from_value(serde_json::json!({
+                    "source": {"providerRef": {"name": "p"}, "vm": {"name": "x"}},
+                    "conversion": {"guestAdaptation": adaptation},
+                    "guestCheck": {"timeoutSeconds": 300}}))
+                .unwrap(),
+            )
+        };
+        let adapted = migration("VirtV2v");
+        assert_eq!(
+            check(&adapted, true).timeout,
+            Duration::from_secs(300) + WINDOWS_FIRST_BOOT
+        );
+        assert!(check(&adapted, true).agent_required);
+        assert_eq!(check(&adapted, false).timeout, Duration::from_secs(300));
+        assert_eq!(
+            check(&migration("None"), true).timeout,
+            Duration::from_secs(300),
+            "no first-boot service without adaptation"
+        );
     }
 
     #[test]

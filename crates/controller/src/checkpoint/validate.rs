@@ -20,6 +20,9 @@ use crate::build::{dv_resource, vm_resource};
 use crate::children;
 use crate::error::{Failure, Result};
 use crate::maps;
+use warnings::{check_static_addresses, warn, warn_if_plain_http, warn_if_vtpm};
+
+mod warnings;
 
 const FLAT_BACKINGS: [&str; 3] = [
     "VirtualDiskFlatVer2BackingInfo",
@@ -33,10 +36,20 @@ pub async fn run(step: &mut Step<'_>) -> Result<Next> {
     super::support::disk_files::check(step, &source).await?;
     let (network_map, storage_map) = read_maps(step).await?;
     let networks = check_networks(step.vmm, network_map.as_ref(), &source)?;
+    let static_on_pod = check_static_addresses(step.vmm, &source, &networks)?;
     let storage = check_storage(step.vmm, storage_map.as_ref(), &source)?;
     let storage_class = check_storage_classes(step, &storage).await?;
     check_adaptation_claims(step).await?;
     check_collisions(step).await?;
+    warn_if_vtpm(step, &source);
+    if let Some(message) = static_on_pod {
+        warn(
+            step,
+            ConditionType::StaticAddressOnPodNetwork,
+            "StaticAddressOnPodNetwork",
+            message,
+        );
+    }
     let route = if crate::staging::staged(step.vmm) {
         let staging = crate::staging::open(step.ctx, step.vmm).await?;
         staging.head("preflight").await?;
@@ -55,31 +68,6 @@ pub async fn run(step: &mut Step<'_>) -> Result<Next> {
             "{} disk(s) supported and readable, every NIC mapped, StorageClass {storage_class}, {route}",
             source.disks.len()
         ),
-    ))
-}
-
-/// The warning a plain-http staging endpoint (`insecure: true`) carries for as long as the migration lives.
-fn warn_if_plain_http(step: &mut Step<'_>) {
-    let Some(message) = plain_http_staging(step.vmm) else {
-        return;
-    };
-    let update = ferry_kube::conditions::ConditionUpdate {
-        type_: ConditionType::InsecureStaging.as_str(),
-        status: true,
-        reason: "PlainHTTP",
-        message,
-        observed_generation: step.vmm.metadata.generation,
-    };
-    ferry_kube::conditions::set_condition(&mut step.status.conditions, update, &step.now);
-}
-
-/// Why the migration's staging is insecure, if it is. Pure.
-fn plain_http_staging(vmm: &VirtualMachineMigration) -> Option<String> {
-    let staging = vmm.spec.staging.as_ref().filter(|s| s.plain_http())?;
-    let endpoint = staging.endpoint.as_deref().unwrap_or(&staging.url);
-    Some(format!(
-        "staging {endpoint} is plain http (insecure: true): the disks and the signed requests cross the network \
-         unencrypted; use https"
     ))
 }
 
@@ -126,6 +114,19 @@ fn check_adaptable(vmm: &VirtualMachineMigration, source: &SourceVmStatus) -> Re
                  guest agent, removing VMware Tools); set spec.conversion.firstBootTool to the \
                  PersistentVolumeClaim (persistentVolumeClaim) or image (image) that holds it; or migrate it \
                  with guestAdaptation None",
+                source.name
+            ),
+        ));
+    }
+    // Fixable by giving up on it; a source whose tools start reporting needs a new migration (discovery is done).
+    if conversion.preserve_static_ips && source.nics.iter().all(|n| n.ip_addresses.is_empty()) {
+        return Err(Failure::fixable(
+            Reason::StaticIPsNotReported,
+            format!(
+                "spec.conversion.preserveStaticIPs is true, but VMware Tools reported no address for {} when it \
+                 was discovered (the tools were not running, or the VM was off), so there is nothing to keep: \
+                 start it with VMware Tools running and create the migration again, or set preserveStaticIPs \
+                 false",
                 source.name
             ),
         ));
@@ -488,12 +489,12 @@ async fn check_collisions(step: &Step<'_>) -> Result<()> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use ferry_api::{SourceDisk, SourceNic};
     use serde_json::json;
 
-    fn vmm(networks: serde_json::Value) -> VirtualMachineMigration {
+    pub(super) fn vmm(networks: serde_json::Value) -> VirtualMachineMigration {
         VirtualMachineMigration::new(
             "m",
             serde_json::from_value(json!({
@@ -503,7 +504,7 @@ mod tests {
         )
     }
 
-    fn source() -> SourceVmStatus {
+    pub(super) fn source() -> SourceVmStatus {
         SourceVmStatus {
             name: "x".into(),
             disks: vec![SourceDisk {
@@ -516,9 +517,32 @@ mod tests {
                 mac: "m".into(),
                 network: "VM Network".into(),
                 model: None,
+                ip_addresses: vec![],
             }],
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn keeping_static_addresses_is_refused_when_the_tools_reported_none() {
+        let mut vmm = vmm(json!([]));
+        vmm.spec.conversion = serde_json::from_value(
+            json!({"guestAdaptation": "VirtV2v", "preserveStaticIPs": true}),
+        )
+        .unwrap();
+        let mut source = source();
+        let refused = check_adaptable(&vmm, &source).unwrap_err();
+        assert_eq!(refused.reason, "StaticIPsNotReported");
+        assert!(refused.fixable && refused.message.contains("VMware Tools reported no address"));
+        source.nics[0].ip_addresses = vec![ferry_api::GuestIpAddress {
+            address: "10.0.0.7".into(),
+            prefix_length: 16,
+            origin: "dhcp".into(),
+        }];
+        assert!(
+            check_adaptable(&vmm, &source).is_ok(),
+            "reported, if by DHCP: nothing static to keep, and nothing refused"
+        );
     }
 
     fn reason(r: Result<()>) -> String {
@@ -778,31 +802,5 @@ mod tests {
             refused.message
         );
         assert!(refused.message.contains("43.9 TiB"), "{}", refused.message);
-    }
-
-    #[test]
-    fn plain_http_staging_is_named_and_https_is_not() {
-        let with_staging = |staging: serde_json::Value| {
-            VirtualMachineMigration::new(
-                "m",
-                serde_json::from_value(json!({
-                    "source": {"providerRef": {"name": "p"}, "vm": {"name": "x"}}, "staging": staging}))
-                .unwrap(),
-            )
-        };
-        let plain = with_staging(
-            json!({"url": "s3://b/p", "endpoint": "http://minio:9000", "insecure": true}),
-        );
-        let said = plain_http_staging(&plain).unwrap();
-        assert!(
-            said.contains("staging http://minio:9000 is plain http"),
-            "{said}"
-        );
-        let tls = with_staging(json!({"url": "s3://b/p", "endpoint": "https://minio:9000"}));
-        assert_eq!(plain_http_staging(&tls), None);
-        assert_eq!(
-            plain_http_staging(&with_staging(json!({"url": "s3://b/p"}))),
-            None
-        );
     }
 }

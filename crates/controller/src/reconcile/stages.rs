@@ -203,6 +203,7 @@ impl<'a> Reconcile<'a> {
     /// Turns where the checkpoints stopped into the status and what to do next.
     pub(super) async fn conclude(&mut self, stop: Stop) -> Action {
         self.publish_passed().await;
+        self.publish_new_warnings().await;
         match stop {
             Stop::Entered(Phase::Succeeded) => {
                 self.edit.status.completion_time = Some(self.edit.now().clone());
@@ -231,6 +232,34 @@ impl<'a> Reconcile<'a> {
                 checkpoint,
                 failure,
             } => self.on_failure(checkpoint, failure).await,
+        }
+    }
+
+    /// A warning condition that turned True in this pass (`ConditionType::WARNINGS`): said once, as an Event.
+    async fn publish_new_warnings(&self) {
+        let true_warning = |s: &Status, type_: ConditionType| {
+            s.conditions
+                .iter()
+                .find(|c| c.type_ == type_.as_str() && c.status == "True")
+                .cloned()
+        };
+        for type_ in ConditionType::WARNINGS {
+            let Some(now) = true_warning(&self.edit.status, type_) else {
+                continue;
+            };
+            if true_warning(&self.before, type_).is_some() {
+                continue;
+            }
+            // The user's to weigh, not an error of the controller's: logged as news.
+            tracing::info!(condition = type_.as_str(), reason = %now.reason, "{}", now.message);
+            event(
+                self.ctx,
+                self.vmm,
+                EventType::Warning,
+                &now.reason,
+                &now.message,
+            )
+            .await;
         }
     }
 

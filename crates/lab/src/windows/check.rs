@@ -21,9 +21,35 @@ pub const UNPROVEN: [&str; 3] = [
 
 const FIRSTBOOT: &str = "/Program Files/Guestfs/Firstboot";
 
+/// Where virt-v2v writes the script that gives a NIC its static address: 2.2 in `%SystemRoot%\Temp`, later ones
+/// in the first-boot directory.
+const STATIC_IP_SCRIPTS: [&str; 2] = [
+    "/Windows/Temp/v2vnetcf.ps1",
+    "/Program Files/Guestfs/Firstboot/Temp/network-configure.ps1",
+];
+
+/// The MAC whose static address the migration asked virt-v2v to keep (`preserveStaticIPs`, and an address VMware
+/// Tools reported as configured by hand), as the volume check expects it.
+pub fn static_mac(migration: &ferry_api::VirtualMachineMigration) -> Option<String> {
+    if !migration.spec.conversion.preserve_static_ips {
+        return None;
+    }
+    let source = migration.status.as_ref()?.source.as_ref()?;
+    source
+        .nics
+        .iter()
+        .find(|n| n.ip_addresses.iter().any(|a| a.is_static()))
+        .map(|n| n.mac.clone())
+}
+
 /// Reads the adapted system disk `disk` of `guest` and returns what was found, one line each; an error names
-/// what is missing.
-pub fn adapted_volume(disk: &Path, guest: &PhonyWindows) -> Result<Vec<String>> {
+/// what is missing. With `static_mac`, the first-boot script must give that NIC the address VMware Tools reported
+/// (with the lab's gateway and DNS server); without, there must be none.
+pub fn adapted_volume(
+    disk: &Path,
+    guest: &PhonyWindows,
+    static_mac: Option<&str>,
+) -> Result<Vec<String>> {
     let scratch = tempfile::tempdir()?;
     let system = scratch.path().join("SYSTEM");
     let answers = guestfish(
@@ -31,12 +57,26 @@ pub fn adapted_volume(disk: &Path, guest: &PhonyWindows) -> Result<Vec<String>> 
         &format!(
             "ls /Windows/Drivers/VirtIO\necho ---\ncat /Windows/Drivers/VirtIO/viostor.sys\necho ---\n\
              is-file /Windows/System32/drivers/viostor.sys\necho ---\nls \"{FIRSTBOOT}/scripts\"\necho ---\n\
-             cat \"{FIRSTBOOT}/rhsrvany.exe\"\necho ---\ndownload /Windows/System32/config/SYSTEM {}\n",
-            system.display()
+             cat \"{FIRSTBOOT}/rhsrvany.exe\"\necho ---\ndownload /Windows/System32/config/SYSTEM {}\n\
+             echo ---\n-cat \"{}\"\necho ---\n-cat \"{}\"\necho ---\n",
+            system.display(),
+            STATIC_IP_SCRIPTS[0],
+            STATIC_IP_SCRIPTS[1],
         ),
     )?;
     let parts: Vec<&str> = answers.split("---\n").collect();
-    let [copied, viostor, in_system32, scripts, tool, ..] = parts[..] else {
+    let [
+        copied,
+        viostor,
+        in_system32,
+        scripts,
+        tool,
+        _,
+        older_ip,
+        newer_ip,
+        ..,
+    ] = parts[..]
+    else {
         bail!("guestfish answered {answers:?}");
     };
     let mut found = vec![];
@@ -148,7 +188,58 @@ pub fn adapted_volume(disk: &Path, guest: &PhonyWindows) -> Result<Vec<String>> 
         "first-boot scripts: {}",
         scripts.lines().collect::<Vec<_>>().join(", ")
     ));
+    let ip_script = [older_ip, newer_ip]
+        .into_iter()
+        .find(|text| !text.trim().is_empty());
+    match (static_mac, ip_script) {
+        (Some(mac), Some(script)) => {
+            ensure!(
+                scripts
+                    .lines()
+                    .any(|l| l.contains("v2vnetcf") || l.contains("network-configure")),
+                "no first-boot script runs the static-address script: {scripts:?}"
+            );
+            found.push(static_ip_script(script, mac, guest)?);
+        }
+        (Some(mac), None) => bail!(
+            "no script gives {mac} its static address: neither {} exists",
+            STATIC_IP_SCRIPTS.join(" nor ")
+        ),
+        (None, Some(script)) => bail!("a static address was not asked for, and yet: {script}"),
+        (None, None) => {}
+    }
     Ok(found)
+}
+
+/// What the script that gives NIC `mac` its static address says, or what it lacks.
+fn static_ip_script(script: &str, mac: &str, guest: &PhonyWindows) -> Result<String> {
+    let address = guest.tools_address;
+    let text = script.to_ascii_lowercase();
+    let dashed = mac.to_ascii_lowercase().replace(':', "-");
+    let wanted = [
+        dashed.as_str(),
+        address.address,
+        super::TOOLS_GATEWAY,
+        super::TOOLS_DNS,
+        &format!("-prefixlength {}", address.prefix_length),
+    ];
+    let missing: Vec<&str> = wanted
+        .iter()
+        .copied()
+        .filter(|w| !text.contains(w))
+        .collect();
+    ensure!(
+        missing.is_empty(),
+        "the static-address script lacks {}: {script}",
+        missing.join(", ")
+    );
+    Ok(format!(
+        "static address script: {dashed} gets {}/{} via {}, DNS {}",
+        address.address,
+        address.prefix_length,
+        super::TOOLS_GATEWAY,
+        super::TOOLS_DNS
+    ))
 }
 
 fn guestfish(disk: &Path, commands: &str) -> Result<String> {

@@ -87,7 +87,7 @@ async fn files_claim(client: &Client, ns: &str, claim: &str, dir: &Path) -> Resu
 /// boots and no agent answers.
 pub fn adapted_spec(drivers_claim: &str, tool: bool) -> Value {
     let mut spec = json!({
-        "conversion": {"guestAdaptation": "VirtV2v",
+        "conversion": {"guestAdaptation": "VirtV2v", "preserveStaticIPs": true,
                        "virtioWin": {"persistentVolumeClaim": drivers_claim, "path": "virtio-win.iso"}},
         "guestCheck": {"agent": "Optional", "settleSeconds": 5, "timeoutSeconds": 600},
     });

@@ -36,9 +36,25 @@ pub struct PhonyWindows {
     /// Hibernated (or shut down with Fast Startup): `hiberfil.sys` holds an image, and the volume cannot be
     /// mounted for writing.
     pub hibernated: bool,
+    /// A virtual TPM (`VirtualTPM`) in vSphere, as Windows 11 requires.
+    pub vtpm: bool,
+    /// The address VMware Tools reports on the guest's one NIC, with the lab's gateway and DNS server.
+    pub tools_address: ToolsAddress,
 }
 
-/// Windows Server 2022 on BIOS, its block driver registered the pre-Windows 8 way.
+/// An IPv4 address as VMware Tools reports it: configured by hand in the guest (`manual`) or leased by DHCP.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ToolsAddress {
+    pub address: &'static str,
+    pub prefix_length: u8,
+    pub manual: bool,
+}
+
+/// The default gateway and DNS server VMware Tools reports for every phony guest.
+pub const TOOLS_GATEWAY: &str = "192.168.122.1";
+pub const TOOLS_DNS: &str = "192.168.122.2";
+
+/// Windows Server 2022 on BIOS, its block driver registered the pre-Windows 8 way, with a static address.
 pub const WIN2K22: PhonyWindows = PhonyWindows {
     name: "ferry-win2k22",
     guest_id: "windows2019srvNext_64Guest",
@@ -50,9 +66,15 @@ pub const WIN2K22: PhonyWindows = PhonyWindows {
     secure_boot: false,
     driver_database: false,
     hibernated: false,
+    vtpm: false,
+    tools_address: ToolsAddress {
+        address: "192.168.122.50",
+        prefix_length: 24,
+        manual: true,
+    },
 };
 
-/// Windows 11 on UEFI with Secure Boot, with a DriverDatabase.
+/// Windows 11 on UEFI with Secure Boot and a vTPM, with a DriverDatabase, its address from DHCP.
 pub const WIN11: PhonyWindows = PhonyWindows {
     name: "ferry-win11",
     guest_id: "windows11_64Guest",
@@ -64,6 +86,12 @@ pub const WIN11: PhonyWindows = PhonyWindows {
     secure_boot: true,
     driver_database: true,
     hibernated: false,
+    vtpm: true,
+    tools_address: ToolsAddress {
+        address: "192.168.122.61",
+        prefix_length: 24,
+        manual: false,
+    },
 };
 
 /// The Windows Server 2022 guest, hibernated.

@@ -1,14 +1,19 @@
 //! The phony Windows VMs in the lab's vcsim, shaped as vSphere makes Windows VMs: the guest ID of their version,
-//! the system disk on a PVSCSI controller, a vmxnet3 NIC, BIOS or EFI with Secure Boot, powered on.
+//! the system disk on a PVSCSI controller, a vmxnet3 NIC, BIOS or EFI with Secure Boot (and Windows 11's vTPM),
+//! powered on, and VMware Tools reporting the guest's address (static on Windows Server, DHCP on Windows 11).
 
 use std::path::Path;
 
-use anyhow::{Context, Result};
+use std::time::Duration;
+
+use anyhow::{Context, Result, ensure};
 use ferry_api::Firmware;
 use ferry_vsphere::provision::NewVm;
+use ferry_vsphere::{Session, VmSelector, inventory};
+use serde_json::{Value, json};
 
 use super::phony::{PhonyFixtures, ensure_phony_windows};
-use super::{ALL, PhonyWindows};
+use super::{ALL, PhonyWindows, TOOLS_DNS, TOOLS_GATEWAY};
 use crate::vsphere::linux_vms::{DATASTORE, HOST, NETWORK, seed_from_raws};
 use crate::vsphere::vcsim::VcsimEndpoint;
 
@@ -22,6 +27,7 @@ pub fn new_vm(guest: &PhonyWindows) -> NewVm {
         memory_mib: if guest.server() { 2048 } else { 4096 },
         firmware: guest.firmware,
         efi_secure_boot: guest.secure_boot && guest.firmware == Firmware::Efi,
+        vtpm: guest.vtpm,
         host: HOST.into(),
         datastore: DATASTORE.into(),
         network: NETWORK.into(),
@@ -36,6 +42,87 @@ pub async fn seed_phony_windows_vms(endpoint: &VcsimEndpoint, dir: &Path) -> Res
         .context("building the lab's phony Windows guests")?;
     for guest in ALL {
         seed_from_raws(endpoint, dir, &new_vm(&guest), &[&fixtures.disk(&guest)]).await?;
+        report_guest_network(endpoint, &guest, true).await?;
     }
     Ok(fixtures)
+}
+
+/// Makes vcsim report what VMware Tools in `guest` would (through the lab's launcher, `tools/vcsim/guestnet.go`):
+/// its NIC's address with its origin, the default gateway and the DNS server; with `running` false, nothing, as
+/// when the tools do not run.
+pub async fn report_guest_network(
+    endpoint: &VcsimEndpoint,
+    guest: &PhonyWindows,
+    running: bool,
+) -> Result<()> {
+    let session = Session::connect(endpoint.connect_config(Duration::from_secs(60))?).await?;
+    let described = async {
+        let vm = inventory::find_vm(&session, &VmSelector::Name(guest.name.into())).await?;
+        inventory::describe_vm(&session, &vm).await
+    }
+    .await;
+    session.logout().await;
+    let nic = described?
+        .nics
+        .into_iter()
+        .next()
+        .with_context(|| format!("{} has no NIC", guest.name))?;
+    let body = if running {
+        reported_network(guest, &nic.mac, nic.key)
+    } else {
+        json!({"net": [], "ipStack": []})
+    };
+    // The lab's VM names need no escaping.
+    ensure!(
+        guest
+            .name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-'),
+        "{} would need escaping in a URL",
+        guest.name
+    );
+    let url = format!(
+        "{}/ferry-lab/guest-net?vm={}",
+        endpoint.url.trim_end_matches("/sdk"),
+        guest.name
+    );
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let mut client = reqwest::Client::builder().timeout(Duration::from_secs(30));
+    for cert in reqwest::Certificate::from_pem_bundle(&std::fs::read(&endpoint.ca_file)?)? {
+        client = client.add_root_certificate(cert);
+    }
+    let response = client
+        .build()?
+        .put(url)
+        .header("content-type", "application/json")
+        .body(body.to_string())
+        .send()
+        .await?;
+    let status = response.status();
+    ensure!(
+        status.is_success(),
+        "vcsim refused {}'s guest network: {status} {}",
+        guest.name,
+        response.text().await.unwrap_or_default()
+    );
+    Ok(())
+}
+
+/// vSphere's `guest.net` and `guest.ipStack` for `guest`'s NIC (`mac`, device `key`), as JSON of govmomi's types.
+fn reported_network(guest: &PhonyWindows, mac: &str, key: i32) -> Value {
+    let address = guest.tools_address;
+    json!({
+        "net": [{
+            "network": NETWORK, "macAddress": mac, "connected": true, "deviceConfigId": key,
+            "ipAddress": [address.address],
+            "ipConfig": {"ipAddress": [{
+                "ipAddress": address.address, "prefixLength": address.prefix_length,
+                "origin": if address.manual { "manual" } else { "dhcp" }, "state": "preferred"}]},
+        }],
+        "ipStack": [{
+            "dnsConfig": {"dhcp": !address.manual, "hostName": guest.name, "domainName": "", "ipAddress": [TOOLS_DNS]},
+            "ipRouteConfig": {"ipRoute": [{
+                "network": "0.0.0.0", "prefixLength": 0, "gateway": {"ipAddress": TOOLS_GATEWAY, "device": "0"}}]},
+        }],
+    })
 }

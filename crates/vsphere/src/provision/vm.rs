@@ -25,6 +25,8 @@ pub struct NewVm {
     pub memory_mib: i64,
     pub firmware: Firmware,
     pub efi_secure_boot: bool,
+    /// A virtual TPM (`VirtualTPM`; vSphere needs a key provider for it, vcsim does not).
+    pub vtpm: bool,
     /// The host the VM runs on; its compute resource's root pool and its datacenter's VM folder hold the VM.
     pub host: String,
     /// The datastore for the VM's folder.
@@ -99,7 +101,7 @@ pub async fn create_vm(session: &Session, spec: &NewVm) -> Result<MoRef> {
             r#"<deviceChange><operation>add</operation><device xsi:type="VirtualVmxnet3"><key>-102</key>{backing}"#,
             "<connectable><startConnected>true</startConnected><allowGuestControl>true</allowGuestControl>",
             "<connected>false</connected></connectable><addressType>generated</addressType></device></deviceChange>",
-            "<bootOptions><efiSecureBootEnabled>{secure}</efiSecureBootEnabled></bootOptions>",
+            "{tpm}<bootOptions><efiSecureBootEnabled>{secure}</efiSecureBootEnabled></bootOptions>",
             "<firmware>{firmware}</firmware></config>",
         ),
         name = escape(&spec.name),
@@ -110,6 +112,11 @@ pub async fn create_vm(session: &Session, spec: &NewVm) -> Result<MoRef> {
         memory = spec.memory_mib,
         backing = backing,
         secure = spec.efi_secure_boot,
+        tpm = if spec.vtpm {
+            r#"<deviceChange><operation>add</operation><device xsi:type="VirtualTPM"><key>-103</key></device></deviceChange>"#
+        } else {
+            ""
+        },
         firmware = firmware,
     );
     let args = format!(

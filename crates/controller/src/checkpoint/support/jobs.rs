@@ -3,7 +3,9 @@
 
 use std::time::Duration;
 
-use ferry_api::{Phase, Reason, VirtualMachineMigration, VirtualMachineMigrationStatus as Status};
+use ferry_api::{
+    ErrorClass, Phase, Reason, VirtualMachineMigration, VirtualMachineMigrationStatus as Status,
+};
 use ferry_datapath::report::JobReport;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Pod;
@@ -32,6 +34,8 @@ pub struct JobAttempt {
     pub running: fn(&str, i32) -> Next,
     /// What a failure of this Job means beyond its charge (adaptation marks the volumes for rewriting).
     pub failed: fn(&mut Status, &Failure),
+    /// Permanent refusals that a change to the migration fixes (the drivers it names): see [`refusal`].
+    pub fixable_in_place: &'static [Reason],
     /// Said while a Job is removed or an earlier writer ends.
     pub restarting: &'static str,
     /// Said once a failed attempt is charged.
@@ -88,10 +92,110 @@ pub async fn attempt(step: &mut Step<'_>, kind: &JobAttempt) -> Result<Attempt> 
         JobState::Running => Attempt::Wait((kind.running)(&name, n)),
         JobState::Succeeded(report) => Attempt::Succeeded { name, report },
         JobState::Failed(failure, uid) => {
+            if let Some(wait) = fixable_in_place(step, kind, &name, &uid, &failure).await? {
+                return Ok(Attempt::Wait(wait));
+            }
             (kind.failed)(step.status, &failure);
             Attempt::Wait(charge_failed(step, kind, &name, &uid, failure).await?)
         }
     })
+}
+
+/// What a permanent refusal that a person can fix in the migration means now.
+#[derive(Debug, PartialEq)]
+pub enum Refusal {
+    /// Not one a change to the migration fixes: charged, or the end of the migration, as any failure.
+    Final,
+    /// The migration is no newer than the Job that refused: it waits for a person (`ManualInterventionRequired`),
+    /// the Job kept as the evidence and every volume as it was.
+    Waiting(Failure),
+    /// The migration changed since the Job refused: the Job goes, and the same attempt starts again, uncharged.
+    Fixed,
+}
+
+/// `failure` of a Job made from the migration's generation `made_from` (an earlier release's Job has no record:
+/// the first), now that the migration is at `generation`. Pure.
+pub fn refusal(
+    failure: &Failure,
+    fixable: &[Reason],
+    made_from: Option<i64>,
+    generation: Option<i64>,
+) -> Refusal {
+    if failure.class != ErrorClass::Permanent || !fixable.contains(&failure.reason) {
+        return Refusal::Final;
+    }
+    if generation.unwrap_or_default() > made_from.unwrap_or(1) {
+        return Refusal::Fixed;
+    }
+    Refusal::Waiting(Failure {
+        fixable: true,
+        ..failure.clone()
+    })
+}
+
+/// The wait while a refused Job is removed because the migration changed since; `None` unless the failure is one
+/// `kind` lets a person fix; the fixable failure itself while nobody has.
+async fn fixable_in_place(
+    step: &Step<'_>,
+    kind: &JobAttempt,
+    job: &str,
+    uid: &str,
+    failure: &Failure,
+) -> Result<Option<Next>> {
+    if !kind.fixable_in_place.contains(&failure.reason) {
+        return Ok(None);
+    }
+    let made_from = made_from(step.ctx, step.vmm, job, uid).await?;
+    match refusal(
+        failure,
+        kind.fixable_in_place,
+        made_from,
+        step.vmm.metadata.generation,
+    ) {
+        Refusal::Final => Ok(None),
+        Refusal::Waiting(fixable) => Err(fixable),
+        Refusal::Fixed => {
+            delete(step.ctx, step.vmm, job).await?;
+            Ok(Some(Next::wait(
+                kind.restarting,
+                format!(
+                    "the migration changed since Job {job} refused ({}): removing it to try again",
+                    failure.reason
+                ),
+                Duration::from_secs(2),
+            )))
+        }
+    }
+}
+
+/// The migration's generation Job `name` (the one with `uid`) was made from, as its annotation records it. A
+/// cached copy of an earlier Job of that name would say an older one, and undo a refusal nobody fixed.
+async fn made_from(
+    ctx: &Context,
+    vmm: &VirtualMachineMigration,
+    name: &str,
+    uid: &str,
+) -> Result<Option<i64>> {
+    let ns = vmm.namespace().unwrap_or_default();
+    let cached = ctx
+        .caches
+        .job(&ns, name)
+        .filter(|job| job.uid().as_deref() == Some(uid));
+    let job = match cached {
+        Some(cached) => Some((*cached).clone()),
+        None => {
+            Api::<Job>::namespaced(ctx.client.clone(), &ns)
+                .get_opt(name)
+                .await?
+        }
+    };
+    Ok(job
+        .and_then(|job| {
+            job.annotations()
+                .get(ferry_api::keys::SPEC_GENERATION_ANNOTATION)
+                .cloned()
+        })
+        .and_then(|value| value.parse().ok()))
 }
 
 /// A failed attempt: charged (recorded first), then its Job removed on the next pass, which makes room for the
@@ -368,6 +472,42 @@ mod tests {
         other.status.as_mut().unwrap().conditions.as_mut().unwrap()[0].reason =
             Some("BackoffLimitExceeded".into());
         assert!(past_deadline(&other).is_none());
+    }
+
+    #[test]
+    fn a_refusal_a_person_can_fix_waits_for_a_newer_migration() {
+        let fixable = [Reason::GuestDriversMissing];
+        let drivers = Failure::permanent(Reason::GuestDriversMissing, "no driver for 2k22");
+        let Refusal::Waiting(waiting) = refusal(&drivers, &fixable, Some(3), Some(3)) else {
+            panic!("the migration did not change")
+        };
+        assert!(waiting.fixable && waiting.message == drivers.message);
+        assert_eq!(
+            refusal(&drivers, &fixable, Some(3), Some(4)),
+            Refusal::Fixed
+        );
+        assert_eq!(
+            refusal(&drivers, &fixable, None, Some(2)),
+            Refusal::Fixed,
+            "an earlier release's Job counts as made from the first generation"
+        );
+        assert!(matches!(
+            refusal(&drivers, &fixable, None, Some(1)),
+            Refusal::Waiting(_)
+        ));
+        let hibernated = Failure::permanent(Reason::GuestFilesystemUnwritable, "hibernated");
+        assert_eq!(
+            refusal(&hibernated, &fixable, Some(1), Some(9)),
+            Refusal::Final
+        );
+        let retried = Failure::bounded(
+            Reason::GuestDriversMissing,
+            "as an earlier release classed it",
+        );
+        assert_eq!(
+            refusal(&retried, &fixable, Some(1), Some(1)),
+            Refusal::Final
+        );
     }
 
     #[test]

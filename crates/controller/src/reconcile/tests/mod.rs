@@ -269,31 +269,12 @@ async fn a_failed_conversion_with_its_budget_spent_fails_the_migration() {
     let message = "Job web-convert-2: reading [ds1] web-vm/web-vm.vmdk: connection reset \
                    (retry budget of 1 spent)";
     let script = vec![
-        Exchange::get("/apis/batch/v1/namespaces/apps/jobs/web-convert-2").reply(json!({
-            "apiVersion": "batch/v1", "kind": "Job",
-            "metadata": {"name": "web-convert-2", "namespace": "apps", "uid": "job-uid-2",
-                "labels": {ferry_api::keys::UID_LABEL: "6f1c2a9e-0000-4000-8000-000000000001"},
-                "ownerReferences": [{"apiVersion": "migration.platform.example/v1alpha1",
-                    "kind": "VirtualMachineMigration", "name": "web",
-                    "uid": "6f1c2a9e-0000-4000-8000-000000000001", "controller": true}]},
-            "spec": {"template": {"spec": {"containers": []}}},
-            "status": {"failed": 1, "conditions": [{"type": "Failed", "status": "True"}]},
-        })),
-        Exchange::get(
-            "/api/v1/namespaces/apps/pods?&labelSelector=batch.kubernetes.io%2Fjob-name%3Dweb-convert-2",
-        )
-        .reply(json!({
-            "apiVersion": "v1", "kind": "PodList", "metadata": {},
-            "items": [{
-                "metadata": {"name": "web-convert-2-x7k2p", "namespace": "apps",
-                    "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job", "name": "web-convert-2",
-                        "uid": "job-uid-2", "controller": true}]},
-                "status": {"containerStatuses": [{
-                    "name": "convert", "image": "ferry", "imageID": "", "ready": false, "restartCount": 0,
-                    "state": {"terminated": {"exitCode": 1, "message": error}},
-                }]},
-            }],
-        })),
+        Exchange::get("/apis/batch/v1/namespaces/apps/jobs/web-convert-2").reply(failed_job(
+            "web-convert-2",
+            "job-uid-2",
+            json!({}),
+        )),
+        pods_of_failed_job("web-convert-2", "job-uid-2", "convert", error),
         Exchange::event(&vmm, "Warning", "ShortRead", move |note| {
             assert_eq!(note, message)
         }),
@@ -323,10 +304,7 @@ async fn a_failed_conversion_with_its_budget_spent_fails_the_migration() {
             );
             let ready = condition(status, "Ready");
             assert_eq!(ready["status"], "False");
-            assert_eq!(
-                ready["message"],
-                format!("failed at Converting: {message}")
-            );
+            assert_eq!(ready["message"], format!("failed at Converting: {message}"));
             // Ready comes last, whatever order the conditions were set in.
             assert_eq!(
                 status["conditions"].as_array().and_then(|c| c.last()),
@@ -888,4 +866,134 @@ async fn a_vm_whose_launcher_pod_is_refused_says_kubevirts_words_and_waits_in_th
         .reconcile(vmm, script)
         .await
         .expect("waiting for KubeVirt");
+}
+
+/// Job `name` (`uid`) of migration `apps/web`, failed, with `annotations`.
+fn failed_job(name: &str, uid: &str, annotations: Value) -> Value {
+    json!({
+        "apiVersion": "batch/v1", "kind": "Job",
+        "metadata": {"name": name, "namespace": "apps", "uid": uid, "annotations": annotations,
+            "labels": {ferry_api::keys::UID_LABEL: "6f1c2a9e-0000-4000-8000-000000000001"},
+            "ownerReferences": [{"apiVersion": "migration.platform.example/v1alpha1",
+                "kind": "VirtualMachineMigration", "name": "web",
+                "uid": "6f1c2a9e-0000-4000-8000-000000000001", "controller": true}]},
+        "spec": {"template": {"spec": {"containers": []}}},
+        "status": {"failed": 1, "conditions": [{"type": "Failed", "status": "True"}]},
+    })
+}
+
+/// The list of Job `job`'s (`uid`) pods: one, whose container `container` ended with termination message `error`.
+fn pods_of_failed_job(job: &str, uid: &str, container: &str, error: &str) -> Exchange {
+    Exchange::get(format!(
+        "/api/v1/namespaces/apps/pods?&labelSelector=batch.kubernetes.io%2Fjob-name%3D{job}"
+    ))
+    .reply(json!({
+        "apiVersion": "v1", "kind": "PodList", "metadata": {},
+        "items": [{
+            "metadata": {"name": format!("{job}-x7k2p"), "namespace": "apps",
+                "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job", "name": job,
+                    "uid": uid, "controller": true}]},
+            "status": {"containerStatuses": [{
+                "name": container, "image": "ferry", "imageID": "", "ready": false, "restartCount": 0,
+                "state": {"terminated": {"exitCode": 1, "message": error}},
+            }]},
+        }],
+    }))
+}
+
+/// Job `web-adapt-1`, made from the migration's generation 1, failed.
+fn refused_job() -> Value {
+    failed_job(
+        "web-adapt-1",
+        "job-uid-1",
+        json!({ferry_api::keys::SPEC_GENERATION_ANNOTATION: "1"}),
+    )
+}
+
+/// A migration whose adaptation Job `web-adapt-1` (made from generation 1) refused for want of drivers after the
+/// copy, waiting for a person, at `generation`.
+fn refused_adaptation(generation: i64) -> (VirtualMachineMigration, Vec<Exchange>, &'static str) {
+    let message = "Job web-adapt-1: there are no virtio drivers available for this version of Windows (10.0 \
+                   x86_64 Server win2k22). virt-v2v looks for drivers in /run/ferry/virtio-win/virtio-win.iso";
+    let mut object = migration(
+        json!({
+            "phase": "ManualInterventionRequired", "observedGeneration": 1,
+            "reason": "GuestDriversMissing", "message": message, "targetVM": "web", "startTime": EARLIER,
+            "source": discovered(),
+            "disks": [{"index": 0, "sourceFile": "[ds1] web-vm/web-vm.vmdk", "capacityBytes": 1073741824,
+                "dataVolume": "web-disk-0", "sha256": "ab", "verified": true, "bytesMoved": 0}],
+            "progress": "100% (1024 MiB of 1024 MiB)",
+            "conditions": [{"type": "Ready", "status": "False", "reason": "GuestDriversMissing",
+                "message": format!("{message} (at Adapting)"), "observedGeneration": 1,
+                "lastTransitionTime": EARLIER}],
+            "retry": {"attempts": 0, "budgetUsed": [], "lastError": {"class": "Permanent",
+                "reason": "GuestDriversMissing", "message": message, "phase": "Adapting", "time": EARLIER}},
+        }),
+        json!({"conversion": {"guestAdaptation": "VirtV2v",
+            "virtioWin": {"persistentVolumeClaim": "virtio-win-2k19"}, "firstBootTool": {"persistentVolumeClaim": "virt-tools"}}}),
+    );
+    object["metadata"]["generation"] = json!(generation);
+    let vmm = vmm(object);
+    let error = json!({"error": {"class": "Permanent", "reason": "GuestDriversMissing",
+        "message": message.trim_start_matches("Job web-adapt-1: ")}})
+    .to_string();
+    let script = vec![
+        Exchange::get("/apis/batch/v1/namespaces/apps/jobs/web-adapt-1").reply(refused_job()),
+        pods_of_failed_job("web-adapt-1", "job-uid-1", "adapt", &error),
+        // Which generation the Job was made from.
+        Exchange::get("/apis/batch/v1/namespaces/apps/jobs/web-adapt-1").reply(refused_job()),
+    ];
+    (vmm, script, message)
+}
+
+/// Nobody changed the migration since the adaptation Job refused: it is neither run again nor charged, and that
+/// is neither a new Event nor a write.
+#[tokio::test]
+async fn a_refused_adaptation_nobody_fixed_runs_nothing_again() {
+    let (vmm, script, _) = refused_adaptation(1);
+    let action = ApiServer::new()
+        .reconcile(vmm, script)
+        .await
+        .expect("still waiting");
+    assert_eq!(action, Action::requeue(Duration::from_secs(10)));
+}
+
+/// The person named other drivers (generation 2): the refused Job goes, so that the same attempt starts again on
+/// the volumes kept, uncharged.
+#[tokio::test]
+async fn a_refused_adaptation_is_removed_once_the_migration_changed() {
+    let (vmm, mut script, _) = refused_adaptation(2);
+    // The deletion reads the Job it removes.
+    script.push(
+        Exchange::get("/apis/batch/v1/namespaces/apps/jobs/web-adapt-1").reply(refused_job()),
+    );
+    script.push(
+        Exchange::new(
+            http::Method::DELETE,
+            "/apis/batch/v1/namespaces/apps/jobs/web-adapt-1?",
+        )
+        .check(|body| {
+            assert_eq!(body["preconditions"]["uid"], "job-uid-1", "{body:#}");
+        }),
+    );
+    script.push(Exchange::status_write(&vmm, "101", |status| {
+        assert_eq!(status["phase"], "Adapting", "{status:#}");
+        assert_eq!(status["reason"], "AdaptationRestarting", "{status:#}");
+        assert!(
+            status["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("the migration changed since Job web-adapt-1 refused")),
+            "{status:#}"
+        );
+        assert!(
+            status["retry"]["charged"]
+                .as_array()
+                .is_none_or(|c| c.is_empty()),
+            "uncharged: {status:#}"
+        );
+    }));
+    ApiServer::new()
+        .reconcile(vmm, script)
+        .await
+        .expect("restarting");
 }
