@@ -14,13 +14,13 @@ lanes=${FERRY_TEST_LANES:-2}
 # Boot real guests under emulation: one lane, in this order, at normal priority. The others run at a lower one
 # (nice 10): they mostly wait on timers, while an emulated guest's boot is CPU-bound and judged by its clock (a
 # guest check's settle), so on a busy machine it is the guest that must not starve.
-emulated=(linux_guest windows_guest kubevirt_conformance)
+emulated=(linux_guest windows_guest)
 # The slowest first, so the long ones do not start last; binaries not named here follow in cargo's order.
 slowest=(chaos migrate_lifecycle migrate migrate_through_faults bench_controlplane migrate_direct
   staging_resume lab_up kubevirt migrate_many_disks datapath_convert bench_migrate node_agent preflight_storage)
 # Started once the others are done, while the emulation lane still runs; at normal priority, since each boots
-# guests too: by then the other core is free.
-last=(lab_demo guest_image)
+# guests too: by then the other core is free. kubevirt_conformance boots few, and would only lengthen the lane.
+last=(lab_demo guest_image kubevirt_conformance)
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/ferry-tests-XXXXXX")
 trap 'rm -rf "$work"' EXIT
