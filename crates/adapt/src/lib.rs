@@ -6,9 +6,12 @@
 //! - [`inspection`]: the guest virt-v2v found (OS, version, architecture, firmware, root), read from its log;
 //! - [`spec`]: what `ferry adapt` is asked to do, as the controller passes it to the Job, and where the
 //!   virtio-win drivers it names are found in the volume the Job mounted;
+//! - [`clock`]: whether a Windows guest keeps its hardware clock in UTC or local time, from its SYSTEM hive, and
+//!   the IANA zone KubeVirt should run it in;
 //! - [`failure`]: what a failed run means (unsupported guest, no space, missing drivers, appliance trouble), so
 //!   the controller knows whether a retry can help.
 
+pub mod clock;
 pub mod domain;
 pub mod failure;
 pub mod inspection;

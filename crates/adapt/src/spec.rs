@@ -179,6 +179,19 @@ impl AdaptSpec {
         let index = index.checked_sub(1)?;
         (index < self.disks.len()).then_some(index)
     }
+
+    /// The partition number in a device name as virt-v2v's appliance names it (`/dev/sda2` is 2); `None` for a
+    /// whole disk or a logical volume.
+    pub fn partition_of_device(device: &str) -> Option<u32> {
+        let name = Path::new(device).file_name()?.to_str()?;
+        let rest = name
+            .strip_prefix("sd")
+            .or_else(|| name.strip_prefix("vd"))?;
+        let digits = rest.trim_start_matches(|c: char| c.is_ascii_lowercase());
+        (!digits.is_empty() && digits.len() < rest.len())
+            .then(|| digits.parse().ok())
+            .flatten()
+    }
 }
 
 /// Where virt-v2v finds the drivers (`VIRTIO_WIN`) in what the Job mounted at `named`: a file is the ISO; a
@@ -364,6 +377,10 @@ mod tests {
         assert_eq!(spec.disk_of_device("/dev/sdc"), Some(2));
         assert_eq!(spec.disk_of_device("/dev/sdd1"), None, "no fourth disk");
         assert_eq!(spec.disk_of_device("/dev/mapper/vg-root"), None);
+        assert_eq!(AdaptSpec::partition_of_device("/dev/sda2"), Some(2));
+        assert_eq!(AdaptSpec::partition_of_device("/dev/sdab12"), Some(12));
+        assert_eq!(AdaptSpec::partition_of_device("/dev/sdc"), None);
+        assert_eq!(AdaptSpec::partition_of_device("/dev/mapper/vg-root"), None);
         let text = serde_json::to_string(&spec).unwrap();
         assert_eq!(AdaptSpec::parse(&text).unwrap(), spec);
         assert!(AdaptSpec::parse(&serde_json::to_string(&spec_with_no_disks()).unwrap()).is_err());

@@ -69,6 +69,18 @@ impl WindowsNamespace {
         self.ns.name()
     }
 
+    /// Takes the adaptation turn and `guest`'s source (powered on, as a running VM is found), then migrates it
+    /// as `name`; the turn is held until the returned guard drops.
+    async fn start_adapted(&self, name: &str, guest: &PhonyWindows, spec: Value) -> AdaptationTurn {
+        let turn = AdaptationTurn {
+            _turn: one_adaptation_at_a_time().await,
+            _source: source_lock(guest.name).await,
+        };
+        set_source_power(guest.name, true).await;
+        self.migrate(name, guest, spec).await;
+        turn
+    }
+
     async fn migrate(&self, name: &str, guest: &PhonyWindows, spec: Value) {
         let lab = lab().await;
         let mut manifest = migration::migration(lab, self.name(), name, guest.name);
@@ -79,6 +91,22 @@ impl WindowsNamespace {
             .await
             .unwrap();
     }
+}
+
+struct AdaptationTurn {
+    _turn: tokio::sync::OwnedMutexGuard<()>,
+    _source: tokio::sync::OwnedMutexGuard<()>,
+}
+
+fn assert_copied_never_adapted(status: &VirtualMachineMigrationStatus) {
+    assert!(
+        status
+            .disks
+            .iter()
+            .all(|d| d.sha256.is_some() && d.adapted_sha256.is_none()),
+        "copied and verified, never adapted: {:?}",
+        status.disks
+    );
 }
 
 impl Drop for WindowsNamespace {
@@ -98,6 +126,9 @@ impl Drop for WindowsNamespace {
 
 /// The VM Ferry built for a Windows guest: KubeVirt's admission took it with Hyper-V and Windows' timers, on
 /// virtio, with the firmware of its source.
+///
+/// The clock: in UTC when the guest's registry says `RealTimeIsUniversal`, else in the IANA zone CLDR gives the
+/// guest's Windows zone (written out here, not looked up the way Ferry looks it up).
 async fn assert_windows_vm(client: &kube::Client, ns: &str, name: &str, guest: &PhonyWindows) {
     let vm = Api::<DynamicObject>::namespaced_with(
         client.clone(),
@@ -108,7 +139,13 @@ async fn assert_windows_vm(client: &kube::Client, ns: &str, name: &str, guest: &
     .await
     .unwrap();
     let domain = &vm.data["spec"]["template"]["spec"]["domain"];
-    assert_eq!(domain["clock"]["utc"], serde_json::json!({}), "{domain}");
+    match local_zone(guest) {
+        None => assert_eq!(domain["clock"]["utc"], serde_json::json!({}), "{domain}"),
+        Some(zone) => {
+            assert_eq!(domain["clock"]["timezone"], zone, "{domain}");
+            assert!(domain["clock"].get("utc").is_none(), "{domain}");
+        }
+    }
     assert_eq!(
         domain["clock"]["timer"]["hpet"]["present"], false,
         "{domain}"
@@ -202,17 +239,23 @@ fn assert_vtpm_warning(status: &VirtualMachineMigrationStatus, guest: &PhonyWind
     }
 }
 
+fn local_zone(guest: &PhonyWindows) -> Option<&'static str> {
+    match (guest.rtc_utc, guest.time_zone) {
+        (true, _) => None,
+        (false, "W. Europe Standard Time") => Some("Europe/Berlin"),
+        (false, other) => panic!("{}: no expected IANA zone for {other}", guest.name),
+    }
+}
+
 /// Windows Server 2022 (BIOS, CriticalDeviceDatabase) and Windows 11 (UEFI with Secure Boot, DriverDatabase)
 /// adapted with the lab's drivers and first-boot tool, each read back from its volume.
 #[tokio::test]
 async fn phony_windows_guests_are_adapted_with_drivers_and_first_boot_scripts() {
     let ns = WindowsNamespace::new("windows").await;
     for guest in [WIN2K22, WIN11] {
-        let _turn = one_adaptation_at_a_time().await;
-        let _source = source_lock(guest.name).await;
-        set_source_power(guest.name, true).await;
         let name = guest.name.trim_start_matches("ferry-");
-        ns.migrate(name, &guest, claims::adapted_spec(DRIVERS_CLAIM, true))
+        let _turn = ns
+            .start_adapted(name, &guest, claims::adapted_spec(DRIVERS_CLAIM, true))
             .await;
         let done = wait_for_phase(
             &ns.client,
@@ -234,6 +277,18 @@ async fn phony_windows_guests_are_adapted_with_drivers_and_first_boot_scripts() 
             "{adaptation:?}"
         );
         assert!(adaptation.os.contains(guest.product_name), "{adaptation:?}");
+        let clock = adaptation
+            .clock
+            .clone()
+            .expect("the clock read from SYSTEM");
+        assert_eq!(
+            (clock.windows_zone.as_str(), clock.timezone.as_str()),
+            match local_zone(&guest) {
+                Some(zone) => (guest.time_zone, zone),
+                None => ("", ""),
+            },
+            "{clock:?}"
+        );
         let root = &status.disks[0];
         assert!(
             root.adapted_sha256.is_some() && root.adapted_sha256 != root.sha256,
@@ -378,10 +433,8 @@ async fn a_hibernated_guest_fails_after_the_copy_with_virt_v2vs_reason_and_its_s
 {
     let ns = WindowsNamespace::new("windows-hibernated").await;
     let (name, guest) = ("hibernated", WIN2K22_HIBERNATED);
-    let _turn = one_adaptation_at_a_time().await;
-    let _source = source_lock(guest.name).await;
-    set_source_power(guest.name, true).await;
-    ns.migrate(name, &guest, claims::adapted_spec(DRIVERS_CLAIM, true))
+    let _turn = ns
+        .start_adapted(name, &guest, claims::adapted_spec(DRIVERS_CLAIM, true))
         .await;
     let failed = wait_for_phase(&ns.client, ns.name(), name, Phase::Failed, WINDOWS_TIMEOUT).await;
     let status = failed.status.clone().unwrap();
@@ -395,14 +448,7 @@ async fn a_hibernated_guest_fails_after_the_copy_with_virt_v2vs_reason_and_its_s
         message.contains("Windows Hibernation or Fast Restart"),
         "{message}"
     );
-    assert!(
-        status
-            .disks
-            .iter()
-            .all(|d| d.sha256.is_some() && d.adapted_sha256.is_none()),
-        "copied and verified, never adapted: {:?}",
-        status.disks
-    );
+    assert_copied_never_adapted(&status);
     let uid = failed.metadata.uid.clone().unwrap();
     ferry_testkit::eventually(
         "the migration to clean up",
@@ -433,10 +479,8 @@ async fn drivers_for_another_version_wait_for_a_person_with_the_volumes_kept_and
 {
     let ns = WindowsNamespace::new("windows-fixed").await;
     let (name, guest) = ("other-version", WIN2K22);
-    let _turn = one_adaptation_at_a_time().await;
-    let _source = source_lock(guest.name).await;
-    set_source_power(guest.name, true).await;
-    ns.migrate(name, &guest, claims::adapted_spec(DRIVERS_2K19_CLAIM, true))
+    let _turn = ns
+        .start_adapted(name, &guest, claims::adapted_spec(DRIVERS_2K19_CLAIM, true))
         .await;
     let refused = wait_for_reason(&ns, name, "GuestDriversMissing").await;
     let message = refused.message.clone().unwrap_or_default();
@@ -453,14 +497,7 @@ async fn drivers_for_another_version_wait_for_a_person_with_the_volumes_kept_and
     )
     .await;
     let status = waiting.status.clone().unwrap();
-    assert!(
-        status
-            .disks
-            .iter()
-            .all(|d| d.sha256.is_some() && d.adapted_sha256.is_none()),
-        "copied and verified, never adapted: {:?}",
-        status.disks
-    );
+    assert_copied_never_adapted(&status);
     let uid = waiting.metadata.uid.clone().unwrap();
     let kept = children_left(&ns.client, ns.name(), &uid).await;
     let volume = status.disks[0].data_volume.clone().unwrap();

@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Instant;
 
+use ferry_adapt::clock::GuestClock;
 use ferry_adapt::failure::AdaptationFailure;
 use ferry_adapt::inspection::Inspection;
 use ferry_adapt::spec::AdaptSpec;
@@ -27,6 +28,10 @@ pub struct AdaptedSummary {
     /// The disk holding the root file system.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub boot_disk: Option<u32>,
+    /// Whether a Windows guest keeps its hardware clock in UTC or local time; `None` for other guests, or when
+    /// its SYSTEM hive could not be read (the worker's log says why).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub clock: Option<GuestClock>,
     pub seconds: u64,
 }
 
@@ -80,12 +85,49 @@ pub async fn adapt(spec: &AdaptSpec) -> Result<AdaptedSummary> {
         sha256.push(sha256_of(&disk.path, disk.size_bytes).await?);
         println!("disk {index}: adapted, sha256 {}", sha256[index]);
     }
+    let clock = match inspection.kind.as_str() {
+        "windows" => windows_clock(spec, &inspection).await,
+        _ => None,
+    };
     Ok(AdaptedSummary {
         sha256,
+        clock,
         boot_disk: spec.disk_of_device(&inspection.root).map(|i| i as u32),
         inspection,
         seconds: started.elapsed().as_secs(),
     })
+}
+
+/// Best effort, from the adapted volume: a guest whose clock cannot be read runs in UTC, as virt-v2v's own
+/// KubeVirt output always does.
+async fn windows_clock(spec: &AdaptSpec, inspection: &Inspection) -> Option<GuestClock> {
+    let disk = spec
+        .disks
+        .get(spec.disk_of_device(&inspection.root)?)?
+        .path
+        .clone();
+    let partition = AdaptSpec::partition_of_device(&inspection.root)?;
+    let read = tokio::task::spawn_blocking(move || {
+        let hive = crate::windows_volume::read_file(
+            &disk,
+            partition,
+            &["Windows", "System32", "config", "SYSTEM"],
+        )
+        .map_err(|e| format!("reading the SYSTEM hive: {e}"))?;
+        GuestClock::from_system_hive(&hive)
+    })
+    .await
+    .unwrap_or_else(|e| Err(e.to_string()));
+    match read {
+        Ok(clock) => {
+            println!("guest clock: {}", clock.describe());
+            Some(clock)
+        }
+        Err(e) => {
+            println!("guest clock unknown, the VM's clock will run in UTC: {e}");
+            None
+        }
+    }
 }
 
 /// Scratch's layout: the appliance's cache and libguestfs's temporary files live there too, since a container's
@@ -257,6 +299,35 @@ fn io(path: &Path) -> impl Fn(std::io::Error) -> Error + '_ {
 mod tests {
     use super::*;
     use sha2::{Digest, Sha256};
+
+    #[test]
+    fn the_largest_adapted_summary_fits_in_a_termination_message() {
+        let summary = AdaptedSummary {
+            sha256: vec![crate::hex(&Sha256::digest(b"disk")); MAX_ADAPTED_DISKS],
+            inspection: Inspection {
+                root: "/dev/sdav12".into(),
+                kind: "windows".into(),
+                distro: "windows".into(),
+                osinfo: "win2k22".into(),
+                arch: "x86_64".into(),
+                major_version: 10,
+                minor_version: 0,
+                product_name: "Windows Server 2022 Datacenter Azure Edition".into(),
+                firmware: ferry_adapt::inspection::GuestFirmware::Uefi,
+            },
+            boot_disk: Some(47),
+            clock: Some(GuestClock::LocalTime {
+                windows_zone: "Central Pacific Standard Time (unmapped)".into(),
+            }),
+            seconds: 86_400,
+        };
+        let report = crate::report::JobReport::Adapted(summary);
+        assert!(
+            report.to_json().len() <= crate::report::TERMINATION_MESSAGE_BYTES,
+            "{} bytes",
+            report.to_json().len()
+        );
+    }
 
     #[test]
     fn progress_lines_are_told_from_the_trace() {

@@ -20,6 +20,7 @@ pub mod spec;
 pub mod staging;
 mod upload;
 pub mod verify;
+mod windows_volume;
 mod zero_runs;
 
 pub use convert::{DiskResult, convert_all};

@@ -34,13 +34,6 @@ pub struct GuestAddress {
     pub origin: String,
 }
 
-impl GuestAddress {
-    /// Configured by hand in the guest: what a new NIC would lose.
-    pub fn is_static(&self) -> bool {
-        self.origin == "manual"
-    }
-}
-
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct DefaultGateway {
@@ -172,7 +165,13 @@ mod tests {
             (first.mac.as_str(), first.device_key),
             ("00:50:56:aa:bb:cc", Some(4000))
         );
-        assert!(first.addresses[0].is_static() && !first.addresses[1].is_static());
+        assert_eq!(
+            (
+                first.addresses[0].origin.as_str(),
+                first.addresses[1].origin.as_str()
+            ),
+            ("manual", "linklayer")
+        );
         assert_eq!(first.addresses[0].prefix_length, 24);
         assert_eq!(found.nics[1].addresses[0].origin, "dhcp");
         assert_eq!(found.dns_servers, ["192.168.122.2", "192.168.122.3"]);

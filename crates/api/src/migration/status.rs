@@ -205,9 +205,36 @@ pub struct AdaptationStatus {
     /// The disk (index) holding the root file system: the VM boots from it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub boot_disk: Option<i32>,
+    /// What a Windows guest keeps its hardware clock in, read from its SYSTEM hive; absent for other guests, or
+    /// when the hive could not be read (the VM's clock then runs in UTC).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub clock: Option<GuestClockStatus>,
     /// How long virt-v2v took, in seconds.
     #[serde(default)]
     pub seconds: i64,
+}
+
+/// A Windows guest's clock: Windows reads the hardware clock as local time unless `RealTimeIsUniversal` is set.
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct GuestClockStatus {
+    /// `UTC`, or `LocalTime` in `windowsZone`.
+    pub rtc: GuestRtc,
+    /// Windows' name of the guest's zone (`TimeZoneKeyName`), for example `W. Europe Standard Time`.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub windows_zone: String,
+    /// The IANA zone the VM's clock runs in (KubeVirt's `clock.timezone`), for example `Europe/Berlin`; empty
+    /// when it runs in UTC, including a local-time guest whose zone has no IANA name.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub timezone: String,
+}
+
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum GuestRtc {
+    #[default]
+    #[serde(rename = "UTC")]
+    Utc,
+    LocalTime,
 }
 
 /// What was proven about the migrated guest, and how.

@@ -131,7 +131,7 @@ pub fn is_windows(source: &SourceVmStatus) -> bool {
 /// What a Windows guest's domain adds, as KubeVirt's own Windows example and virt-v2v's KubeVirt output give
 /// it: Hyper-V enlightenments Windows uses when it finds them (relaxed timing, a virtual APIC, spinlock
 /// notification), no HPET, Hyper-V's reference clock, a PIT that delays missed ticks and an RTC that catches up.
-/// The RTC keeps UTC, as virt-v2v's KubeVirt output sets it (KubeVirt has no guest-local RTC but a time zone).
+/// The RTC keeps UTC, as virt-v2v's KubeVirt output sets it, until [`with_guest_clock`] knows better.
 fn windows_domain(features: &mut Value) -> Value {
     if let Some(features) = features.as_object_mut() {
         features.insert("acpi".into(), json!({}));
@@ -150,6 +150,26 @@ fn windows_domain(features: &mut Value) -> Value {
             "rtc": {"tickPolicy": "catchup"},
         },
     })
+}
+
+/// The VM's clock as the adapted guest keeps it: a Windows guest that keeps local time runs in its own zone
+/// (KubeVirt's `clock.timezone`, an RTC in local time) instead of UTC. Any other VM is returned as built.
+pub fn with_guest_clock(
+    mut vm: DynamicObject,
+    adaptation: Option<&AdaptationStatus>,
+) -> DynamicObject {
+    let timezone = adaptation
+        .and_then(|a| a.clock.as_ref())
+        .map(|c| c.timezone.as_str())
+        .filter(|zone| !zone.is_empty());
+    if let (Some(zone), Some(Value::Object(clock))) = (
+        timezone,
+        vm.data.pointer_mut("/spec/template/spec/domain/clock"),
+    ) {
+        clock.remove("utc");
+        clock.insert("timezone".into(), json!(zone));
+    }
+    vm
 }
 
 /// The source as the adapted guest boots: what vSphere left unsaid (no boot order, no firmware) is taken from
@@ -604,6 +624,50 @@ mod tests {
         assert_eq!(
             vm.data["spec"]["template"]["spec"]["domain"]["devices"]["tpm"],
             json!({"persistent": true})
+        );
+    }
+
+    #[test]
+    fn a_windows_guest_in_local_time_runs_in_its_zone_and_every_other_vm_as_built() {
+        use ferry_api::{GuestClockStatus, GuestRtc};
+        let mut source = linux_source();
+        source.guest_os = Some("windows2019srvNext_64Guest".into());
+        let built = virtual_machine(&migration(json!({})), &source);
+        let clock_of = |adaptation: Option<&AdaptationStatus>| {
+            with_guest_clock(built.clone(), adaptation).data["spec"]["template"]["spec"]["domain"]
+                ["clock"]
+                .clone()
+        };
+        let adaptation = |rtc, windows_zone: &str, timezone: &str| AdaptationStatus {
+            clock: Some(GuestClockStatus {
+                rtc,
+                windows_zone: windows_zone.into(),
+                timezone: timezone.into(),
+            }),
+            ..Default::default()
+        };
+        let berlin = clock_of(Some(&adaptation(
+            GuestRtc::LocalTime,
+            "W. Europe Standard Time",
+            "Europe/Berlin",
+        )));
+        assert_eq!(berlin["timezone"], "Europe/Berlin");
+        assert!(berlin.get("utc").is_none(), "KubeVirt takes one offset");
+        assert_eq!(berlin["timer"]["rtc"]["tickPolicy"], "catchup");
+        let built_clock = &built.data["spec"]["template"]["spec"]["domain"]["clock"];
+        for unchanged in [
+            None,
+            Some(adaptation(GuestRtc::Utc, "", "")),
+            Some(adaptation(GuestRtc::LocalTime, "Mars Standard Time", "")),
+        ] {
+            assert_eq!(&clock_of(unchanged.as_ref()), built_clock);
+        }
+        let linux = virtual_machine(&migration(json!({})), &linux_source());
+        let local = adaptation(GuestRtc::LocalTime, "x", "Europe/Berlin");
+        assert_eq!(
+            with_guest_clock(linux.clone(), Some(&local)).data,
+            linux.data,
+            "a VM without a Windows clock gets none"
         );
     }
 

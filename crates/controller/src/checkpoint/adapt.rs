@@ -11,8 +11,10 @@
 
 use std::time::Duration;
 
+use ferry_adapt::clock::GuestClock;
 use ferry_api::{
-    AdaptationStatus, ErrorClass, Phase, Reason, VirtualMachineMigrationStatus as Status,
+    AdaptationStatus, ErrorClass, GuestClockStatus, GuestRtc, Phase, Reason,
+    VirtualMachineMigrationStatus as Status,
 };
 use ferry_datapath::adapt::AdaptedSummary;
 use ferry_datapath::report::{JobReport, WrittenSummary};
@@ -245,30 +247,91 @@ fn record(step: &mut Step<'_>, job: &str, summary: AdaptedSummary) -> Result<Nex
         arch: found.arch.clone(),
         firmware: firmware.into(),
         boot_disk: summary.boot_disk.map(|d| d as i32),
+        clock: summary.clock.as_ref().map(clock_status),
         seconds: summary.seconds as i64,
     });
     Ok(adapted(step))
 }
 
+fn clock_status(clock: &GuestClock) -> GuestClockStatus {
+    match clock {
+        GuestClock::Utc => GuestClockStatus {
+            rtc: GuestRtc::Utc,
+            ..Default::default()
+        },
+        GuestClock::LocalTime { windows_zone } => GuestClockStatus {
+            rtc: GuestRtc::LocalTime,
+            windows_zone: windows_zone.clone(),
+            timezone: clock.iana_zone().unwrap_or_default().into(),
+        },
+    }
+}
+
 fn adapted(step: &Step<'_>) -> Next {
-    let os = step
-        .status
-        .adaptation
-        .as_ref()
-        .map(|a| a.os.clone())
+    let adaptation = step.status.adaptation.as_ref();
+    let os = adaptation.map(|a| a.os.clone()).unwrap_or_default();
+    let clock = adaptation
+        .and_then(|a| a.clock.as_ref())
+        .map(|c| format!("; {}", describe_clock(c)))
         .unwrap_or_default();
     Next::advance(
         "GuestAdapted",
         format!(
-            "virt-v2v adapted {os} on {} disk(s) for KubeVirt's virtio devices",
+            "virt-v2v adapted {os} on {} disk(s) for KubeVirt's virtio devices{clock}",
             step.status.disks.len()
         ),
     )
 }
 
+fn describe_clock(clock: &GuestClockStatus) -> String {
+    match (clock.rtc, clock.timezone.as_str()) {
+        (GuestRtc::Utc, _) => "the guest keeps its clock in UTC".into(),
+        (GuestRtc::LocalTime, "") => format!(
+            "the guest keeps local time in a zone with no IANA name ({}), so the VM's clock runs in UTC and \
+             the guest shows UTC until it syncs its time",
+            if clock.windows_zone.is_empty() {
+                "unnamed"
+            } else {
+                &clock.windows_zone
+            }
+        ),
+        (GuestRtc::LocalTime, zone) => format!(
+            "the guest keeps local time ({}), so the VM's clock runs in {zone}",
+            clock.windows_zone
+        ),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_guests_clock_is_recorded_with_its_iana_zone_and_said_plainly() {
+        let utc = clock_status(&GuestClock::Utc);
+        assert_eq!(utc.rtc, GuestRtc::Utc);
+        assert_eq!(describe_clock(&utc), "the guest keeps its clock in UTC");
+        let berlin = clock_status(&GuestClock::LocalTime {
+            windows_zone: "W. Europe Standard Time".into(),
+        });
+        assert_eq!(
+            (berlin.rtc, berlin.timezone.as_str()),
+            (GuestRtc::LocalTime, "Europe/Berlin")
+        );
+        assert_eq!(
+            describe_clock(&berlin),
+            "the guest keeps local time (W. Europe Standard Time), so the VM's clock runs in Europe/Berlin"
+        );
+        let unknown = clock_status(&GuestClock::LocalTime {
+            windows_zone: String::new(),
+        });
+        assert_eq!(unknown.timezone, "");
+        assert!(
+            describe_clock(&unknown).contains("(unnamed), so the VM's clock runs in UTC"),
+            "{}",
+            describe_clock(&unknown)
+        );
+    }
 
     #[test]
     fn only_virt_v2vs_own_refusals_leave_the_volumes_unmarked() {

@@ -165,14 +165,14 @@ fn decide(seen: &Seen) -> DiskAction {
             Some(JobState::Succeeded(_)) => DiskAction::Imported(Verification::Done),
             // Only wrong or short content is the import's fault; a verifier that died (killed, evicted) just
             // runs again on the same DataVolume.
-            Some(JobState::Failed(failure, job_uid)) => {
+            Some(JobState::Failed(failure, job)) => {
                 let content_wrong =
                     matches!(failure.reason, Reason::ChecksumMismatch | Reason::ShortRead);
                 DiskAction::Retry {
                     failed: if content_wrong {
                         seen.uid.clone()
                     } else {
-                        job_uid.clone()
+                        job.uid.clone()
                     },
                     failure: failure.clone(),
                 }
@@ -302,6 +302,13 @@ mod tests {
         }
     }
 
+    fn failed_job() -> jobs::FailedJob {
+        jobs::FailedJob {
+            uid: "job-uid".into(),
+            made_from: None,
+        }
+    }
+
     fn imported(verification: JobState) -> Seen {
         Seen {
             verification: Some(verification),
@@ -398,14 +405,14 @@ mod tests {
     fn wrong_content_charges_the_volume_and_a_dead_verifier_only_its_job() {
         let mismatch = Failure::bounded(Reason::ChecksumMismatch, "sha256 differs");
         let DiskAction::Retry { failed, .. } =
-            decide(&imported(JobState::Failed(mismatch, "job-uid".into())))
+            decide(&imported(JobState::Failed(mismatch, failed_job())))
         else {
             panic!("a mismatch is retried");
         };
         assert_eq!(failed, "dv-uid");
         let killed = Failure::bounded(Reason::JobFailed, "evicted");
         let DiskAction::Retry { failed, .. } =
-            decide(&imported(JobState::Failed(killed, "job-uid".into())))
+            decide(&imported(JobState::Failed(killed, failed_job())))
         else {
             panic!("a dead verifier is retried");
         };

@@ -14,7 +14,10 @@ pub async fn run(step: &mut Step<'_>) -> Result<Next> {
     let ns = step.vmm.namespace().unwrap_or_default();
     let source = super::support::source::recorded(step.status)?;
     let source = build::vm::as_adapted(source, step.status.adaptation.as_ref());
-    let desired = build::vm::virtual_machine(step.vmm, &source);
+    let desired = build::vm::with_guest_clock(
+        build::vm::virtual_machine(step.vmm, &source),
+        step.status.adaptation.as_ref(),
+    );
     let name = desired.name_any();
     let vms = Api::<DynamicObject>::namespaced_with(step.ctx.client.clone(), &ns, &vm_resource());
     let Some(observed) = vms.get_opt(&name).await? else {

@@ -40,6 +40,10 @@ pub struct PhonyWindows {
     pub vtpm: bool,
     /// The address VMware Tools reports on the guest's one NIC, with the lab's gateway and DNS server.
     pub tools_address: ToolsAddress,
+    /// `TimeZoneInformation`: the zone's Windows name, and whether the RTC keeps UTC (`RealTimeIsUniversal`)
+    /// instead of local time, Windows' default.
+    pub time_zone: &'static str,
+    pub rtc_utc: bool,
 }
 
 /// An IPv4 address as VMware Tools reports it: configured by hand in the guest (`manual`) or leased by DHCP.
@@ -72,6 +76,8 @@ pub const WIN2K22: PhonyWindows = PhonyWindows {
         prefix_length: 24,
         manual: true,
     },
+    time_zone: "W. Europe Standard Time",
+    rtc_utc: false,
 };
 
 /// Windows 11 on UEFI with Secure Boot and a vTPM, with a DriverDatabase, its address from DHCP.
@@ -92,6 +98,8 @@ pub const WIN11: PhonyWindows = PhonyWindows {
         prefix_length: 24,
         manual: false,
     },
+    time_zone: "Pacific Standard Time",
+    rtc_utc: true,
 };
 
 /// The Windows Server 2022 guest, hibernated.

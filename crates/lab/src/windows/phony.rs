@@ -112,15 +112,7 @@ fn build(dir: &Path) -> Result<()> {
             ),
         ] {
             let hive = work.join(format!("{}-{hive_name}", guest.name));
-            let text = work.join(format!("{}-{hive_name}.reg", guest.name));
-            std::fs::write(&hive, hive::empty_hive())?;
-            std::fs::write(&text, reg)?;
-            run(Command::new("hivexregedit")
-                .arg("--merge")
-                .arg(&hive)
-                .args(["--prefix", prefix])
-                .arg(&text))
-            .context("hivexregedit (Debian libwin-hivex-perl; hack/setup.sh installs it)")?;
+            build_hive(&hive, &reg, prefix)?;
         }
     }
     std::fs::write(work.join("cmd.exe"), pe32_plus())?;
@@ -259,6 +251,19 @@ fn write_mbr_signature(disk: &Path) -> Result<()> {
     Ok(())
 }
 
+/// A hive at `hive` holding the keys of `.reg` text whose keys start with `prefix`, through hivexregedit.
+fn build_hive(hive: &Path, reg: &str, prefix: &str) -> Result<()> {
+    let text = hive.with_extension("reg");
+    std::fs::write(hive, hive::empty_hive())?;
+    std::fs::write(&text, reg)?;
+    run(Command::new("hivexregedit")
+        .arg("--merge")
+        .arg(hive)
+        .args(["--prefix", prefix])
+        .arg(&text))
+    .context("hivexregedit (Debian libwin-hivex-perl; hack/setup.sh installs it)")
+}
+
 fn run(command: &mut Command) -> Result<()> {
     let output = command.output()?;
     if !output.status.success() {
@@ -271,4 +276,43 @@ fn run(command: &mut Command) -> Result<()> {
         );
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::windows::{WIN2K22, WIN11};
+    use ferry_adapt::clock::GuestClock;
+
+    /// The phony SYSTEM hives, as hivexregedit writes them, read the way the worker reads an adapted guest's.
+    #[test]
+    fn each_guests_clock_reads_back_from_its_system_hive() {
+        let dir = tempfile::tempdir().unwrap();
+        for (guest, expected) in [
+            (
+                WIN2K22,
+                GuestClock::LocalTime {
+                    windows_zone: "W. Europe Standard Time".into(),
+                },
+            ),
+            (WIN11, GuestClock::Utc),
+        ] {
+            let path = dir.path().join(guest.name);
+            build_hive(
+                &path,
+                &registry::system(&guest),
+                r"HKEY_LOCAL_MACHINE\SYSTEM",
+            )
+            .unwrap();
+            let clock = GuestClock::from_system_hive(&std::fs::read(&path).unwrap()).unwrap();
+            assert_eq!(clock, expected, "{}", guest.name);
+        }
+        assert!(
+            GuestClock::from_system_hive(&hive::empty_hive()).is_ok_and(|c| c
+                == GuestClock::LocalTime {
+                    windows_zone: String::new()
+                }),
+            "a hive without TimeZoneInformation is Windows' default, local time"
+        );
+    }
 }

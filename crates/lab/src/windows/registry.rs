@@ -68,7 +68,10 @@ pub fn system(guest: &PhonyWindows) -> String {
     reg.key(r"ControlSet001\Control\CrashControl");
     reg.dword("AutoReboot", 1);
     reg.key(r"ControlSet001\Control\TimeZoneInformation");
-    reg.string("TimeZoneKeyName", "W. Europe Standard Time");
+    reg.string("TimeZoneKeyName", guest.time_zone);
+    if guest.rtc_utc {
+        reg.dword("RealTimeIsUniversal", 1);
+    }
     if !guest.driver_database {
         reg.key(r"ControlSet001\Control\CriticalDeviceDatabase");
     }

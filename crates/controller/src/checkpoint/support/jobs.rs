@@ -91,12 +91,13 @@ pub async fn attempt(step: &mut Step<'_>, kind: &JobAttempt) -> Result<Attempt> 
         )),
         JobState::Running => Attempt::Wait((kind.running)(&name, n)),
         JobState::Succeeded(report) => Attempt::Succeeded { name, report },
-        JobState::Failed(failure, uid) => {
-            if let Some(wait) = fixable_in_place(step, kind, &name, &uid, &failure).await? {
+        JobState::Failed(failure, job) => {
+            if let Some(wait) = fixable_in_place(step, kind, &name, job.made_from, &failure).await?
+            {
                 return Ok(Attempt::Wait(wait));
             }
             (kind.failed)(step.status, &failure);
-            Attempt::Wait(charge_failed(step, kind, &name, &uid, failure).await?)
+            Attempt::Wait(charge_failed(step, kind, &name, &job.uid, failure).await?)
         }
     })
 }
@@ -139,13 +140,9 @@ async fn fixable_in_place(
     step: &Step<'_>,
     kind: &JobAttempt,
     job: &str,
-    uid: &str,
+    made_from: Option<i64>,
     failure: &Failure,
 ) -> Result<Option<Next>> {
-    if !kind.fixable_in_place.contains(&failure.reason) {
-        return Ok(None);
-    }
-    let made_from = made_from(step.ctx, step.vmm, job, uid).await?;
     match refusal(
         failure,
         kind.fixable_in_place,
@@ -166,36 +163,6 @@ async fn fixable_in_place(
             )))
         }
     }
-}
-
-/// The migration's generation Job `name` (the one with `uid`) was made from, as its annotation records it. A
-/// cached copy of an earlier Job of that name would say an older one, and undo a refusal nobody fixed.
-async fn made_from(
-    ctx: &Context,
-    vmm: &VirtualMachineMigration,
-    name: &str,
-    uid: &str,
-) -> Result<Option<i64>> {
-    let ns = vmm.namespace().unwrap_or_default();
-    let cached = ctx
-        .caches
-        .job(&ns, name)
-        .filter(|job| job.uid().as_deref() == Some(uid));
-    let job = match cached {
-        Some(cached) => Some((*cached).clone()),
-        None => {
-            Api::<Job>::namespaced(ctx.client.clone(), &ns)
-                .get_opt(name)
-                .await?
-        }
-    };
-    Ok(job
-        .and_then(|job| {
-            job.annotations()
-                .get(ferry_api::keys::SPEC_GENERATION_ANNOTATION)
-                .cloned()
-        })
-        .and_then(|value| value.parse().ok()))
 }
 
 /// A failed attempt: charged (recorded first), then its Job removed on the next pass, which makes room for the
@@ -227,8 +194,29 @@ pub enum JobState {
     Running,
     /// The Job's report; never `JobReport::Error`.
     Succeeded(JobReport),
-    /// The failure, and the Job's uid (a retry charges each failed Job once).
-    Failed(Failure, String),
+    Failed(Failure, FailedJob),
+}
+
+/// Which Job failed, read from the Job that reported the failure.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct FailedJob {
+    /// A retry charges each failed Job once.
+    pub uid: String,
+    /// The migration's generation the Job was made from (annotation `spec-generation`); `None` for a Job of an
+    /// earlier release.
+    pub made_from: Option<i64>,
+}
+
+impl FailedJob {
+    fn of(job: &Job) -> Self {
+        FailedJob {
+            uid: job.uid().unwrap_or_default(),
+            made_from: job
+                .annotations()
+                .get(ferry_api::keys::SPEC_GENERATION_ANNOTATION)
+                .and_then(|value| value.parse().ok()),
+        }
+    }
 }
 
 /// True when the watch cache shows `vmm`'s Job `name` running: a stale copy can only make us wait longer.
@@ -263,14 +251,12 @@ pub async fn observe(ctx: &Context, vmm: &VirtualMachineMigration, name: &str) -
         return Ok(JobState::Running);
     }
     if let Some(failure) = past_deadline(&job) {
-        return Ok(JobState::Failed(failure, job.uid().unwrap_or_default()));
+        return Ok(JobState::Failed(failure, FailedJob::of(&job)));
     }
     let message = termination_message(ctx, ns, &job).await?;
     Ok(
         match state_of(finished("Complete"), message.as_deref(), name) {
-            JobState::Failed(failure, _) => {
-                JobState::Failed(failure, job.uid().unwrap_or_default())
-            }
+            JobState::Failed(failure, _) => JobState::Failed(failure, FailedJob::of(&job)),
             other => other,
         },
     )
@@ -320,7 +306,7 @@ pub fn state_of(succeeded: bool, message: Option<&str>, job: &str) -> JobState {
                     Reason::JobResultUnreadable,
                     format!("Job {job} finished without a readable result"),
                 ),
-                String::new(),
+                FailedJob::default(),
             ),
         };
     }
@@ -349,7 +335,7 @@ pub fn state_of(succeeded: bool, message: Option<&str>, job: &str) -> JobState {
             ),
         ),
     };
-    JobState::Failed(failure, String::new())
+    JobState::Failed(failure, FailedJob::default())
 }
 
 /// The result `job`'s pod left; only a pod the Job itself owns counts (anyone can put the Job's name label on a

@@ -912,7 +912,7 @@ fn refused_job() -> Value {
 
 /// A migration whose adaptation Job `web-adapt-1` (made from generation 1) refused for want of drivers after the
 /// copy, waiting for a person, at `generation`.
-fn refused_adaptation(generation: i64) -> (VirtualMachineMigration, Vec<Exchange>, &'static str) {
+fn refused_adaptation(generation: i64) -> (VirtualMachineMigration, Vec<Exchange>) {
     let message = "Job web-adapt-1: there are no virtio drivers available for this version of Windows (10.0 \
                    x86_64 Server win2k22). virt-v2v looks for drivers in /run/ferry/virtio-win/virtio-win.iso";
     let mut object = migration(
@@ -940,17 +940,15 @@ fn refused_adaptation(generation: i64) -> (VirtualMachineMigration, Vec<Exchange
     let script = vec![
         Exchange::get("/apis/batch/v1/namespaces/apps/jobs/web-adapt-1").reply(refused_job()),
         pods_of_failed_job("web-adapt-1", "job-uid-1", "adapt", &error),
-        // Which generation the Job was made from.
-        Exchange::get("/apis/batch/v1/namespaces/apps/jobs/web-adapt-1").reply(refused_job()),
     ];
-    (vmm, script, message)
+    (vmm, script)
 }
 
 /// Nobody changed the migration since the adaptation Job refused: it is neither run again nor charged, and that
 /// is neither a new Event nor a write.
 #[tokio::test]
 async fn a_refused_adaptation_nobody_fixed_runs_nothing_again() {
-    let (vmm, script, _) = refused_adaptation(1);
+    let (vmm, script) = refused_adaptation(1);
     let action = ApiServer::new()
         .reconcile(vmm, script)
         .await
@@ -962,7 +960,7 @@ async fn a_refused_adaptation_nobody_fixed_runs_nothing_again() {
 /// the volumes kept, uncharged.
 #[tokio::test]
 async fn a_refused_adaptation_is_removed_once_the_migration_changed() {
-    let (vmm, mut script, _) = refused_adaptation(2);
+    let (vmm, mut script) = refused_adaptation(2);
     // The deletion reads the Job it removes.
     script.push(
         Exchange::get("/apis/batch/v1/namespaces/apps/jobs/web-adapt-1").reply(refused_job()),
