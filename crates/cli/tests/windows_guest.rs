@@ -82,11 +82,23 @@ impl WindowsNamespace {
     }
 
     async fn migrate(&self, name: &str, guest: &PhonyWindows, spec: Value) {
+        self.migrate_with(name, guest, spec, |_| {}).await
+    }
+
+    /// [`Self::migrate`], the manifest edited by `edit` last.
+    async fn migrate_with(
+        &self,
+        name: &str,
+        guest: &PhonyWindows,
+        spec: Value,
+        edit: impl FnOnce(&mut Value),
+    ) {
         let lab = lab().await;
         let mut manifest = migration::migration(lab, self.name(), name, guest.name);
         if let (Some(existing), Value::Object(extra)) = (manifest["spec"].as_object_mut(), spec) {
             existing.extend(extra);
         }
+        edit(&mut manifest);
         migration::apply(&self.client, self.name(), manifest)
             .await
             .unwrap();
@@ -340,7 +352,8 @@ async fn wait_for_reason(
 }
 
 /// No drivers or no first-boot tool named, or static addresses to keep that VMware Tools never reported: refused
-/// in preflight, fixably, and the source was never powered off.
+/// in preflight, fixably, and the source was never powered off. A static address sent to the pod network when the
+/// migration says Refuse: refused there too, for good.
 #[tokio::test]
 async fn a_windows_guest_without_drivers_or_a_first_boot_tool_is_refused_before_its_source_is_touched()
  {
@@ -421,6 +434,32 @@ async fn a_windows_guest_without_drivers_or_a_first_boot_tool_is_refused_before_
         "{message}"
     );
     assert_eq!(status.phase, Some(Phase::ManualInterventionRequired));
+    assert_eq!(source_power(WIN2K22.name).await, PowerState::PoweredOn);
+    migrations(&ns.client, ns.name())
+        .delete("no-addresses", &Default::default())
+        .await
+        .unwrap();
+    // The static address goes to the pod network, and the migration asked for a refusal then: refused for good
+    // (its target is immutable) in preflight, with nothing copied and the source never powered off.
+    ns.migrate_with(
+        "pod-refused",
+        &WIN2K22,
+        claims::adapted_spec(DRIVERS_CLAIM, true),
+        |manifest| manifest["spec"]["target"]["staticAddressOnPodNetwork"] = "Refuse".into(),
+    )
+    .await;
+    let status = wait_for_reason(&ns, "pod-refused", "StaticAddressOnPodNetwork").await;
+    let message = status.message.clone().unwrap_or_default();
+    assert!(
+        message.contains(WIN2K22.tools_address.address)
+            && message.contains("staticAddressOnPodNetwork is Refuse"),
+        "{message}"
+    );
+    assert_eq!(status.phase, Some(Phase::Failed), "{message}");
+    assert!(
+        status.disks.iter().all(|d| d.sha256.is_none()),
+        "nothing copied: {status:?}"
+    );
     assert_eq!(source_power(WIN2K22.name).await, PowerState::PoweredOn);
 }
 

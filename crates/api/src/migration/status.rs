@@ -59,11 +59,14 @@ pub enum ConditionType {
     TpmNotCarried,
     /// A warning, True when a NIC with an address configured by hand goes to the pod network, where it cannot work.
     StaticAddressOnPodNetwork,
+    /// A warning, True when a NIC with an address configured by hand goes to a multus network but nothing carries
+    /// the address to the NIC the guest will see.
+    StaticAddressNotKept,
     Ready,
 }
 
 impl ConditionType {
-    pub const ALL: [ConditionType; 12] = [
+    pub const ALL: [ConditionType; 13] = [
         ConditionType::SourceDiscovered,
         ConditionType::Validated,
         ConditionType::DiskConverted,
@@ -75,14 +78,16 @@ impl ConditionType {
         ConditionType::InsecureStaging,
         ConditionType::TpmNotCarried,
         ConditionType::StaticAddressOnPodNetwork,
+        ConditionType::StaticAddressNotKept,
         ConditionType::Ready,
     ];
 
     /// The warnings: True while what they say holds, and an Event when they turn True.
-    pub const WARNINGS: [ConditionType; 3] = [
+    pub const WARNINGS: [ConditionType; 4] = [
         ConditionType::InsecureStaging,
         ConditionType::TpmNotCarried,
         ConditionType::StaticAddressOnPodNetwork,
+        ConditionType::StaticAddressNotKept,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -98,6 +103,7 @@ impl ConditionType {
             ConditionType::InsecureStaging => "InsecureStaging",
             ConditionType::TpmNotCarried => "TPMNotCarried",
             ConditionType::StaticAddressOnPodNetwork => "StaticAddressOnPodNetwork",
+            ConditionType::StaticAddressNotKept => "StaticAddressNotKept",
             ConditionType::Ready => "Ready",
         }
     }

@@ -20,7 +20,9 @@ use crate::build::{dv_resource, vm_resource};
 use crate::children;
 use crate::error::{Failure, Result};
 use crate::maps;
-use warnings::{check_static_addresses, warn, warn_if_plain_http, warn_if_vtpm};
+use warnings::{
+    check_static_addresses, static_address_not_kept, warn, warn_if_plain_http, warn_if_vtpm,
+};
 
 mod warnings;
 
@@ -49,6 +51,9 @@ pub async fn run(step: &mut Step<'_>) -> Result<Next> {
             "StaticAddressOnPodNetwork",
             message,
         );
+    }
+    if let Some((reason, message)) = static_address_not_kept(step.vmm, &source, &networks) {
+        warn(step, ConditionType::StaticAddressNotKept, reason, message);
     }
     let route = if crate::staging::staged(step.vmm) {
         let staging = crate::staging::open(step.ctx, step.vmm).await?;

@@ -2,8 +2,8 @@
 //! it holds (the reconcile publishes each as an Event when it turns True), or refused when the spec asks.
 
 use ferry_api::{
-    ConditionType, NetworkMapping, Reason, SourceVmStatus, StaticAddressPolicy,
-    VirtualMachineMigration,
+    ConditionType, GuestAdaptation, NetworkMapping, Reason, SourceNic, SourceVmStatus,
+    StaticAddressPolicy, VirtualMachineMigration,
 };
 
 use crate::checkpoint::step::Step;
@@ -59,22 +59,7 @@ pub(super) fn check_static_addresses(
                 .iter()
                 .any(|n| n.source == nic.network && n.pod.is_some())
         })
-        .filter_map(|nic| {
-            let addresses: Vec<String> = nic
-                .ip_addresses
-                .iter()
-                .filter(|a| a.is_static())
-                .map(|a| format!("{}/{}", a.address, a.prefix_length))
-                .collect();
-            (!addresses.is_empty()).then(|| {
-                format!(
-                    "NIC {} on {} ({})",
-                    nic.mac,
-                    nic.network,
-                    addresses.join(", ")
-                )
-            })
-        })
+        .filter_map(static_nic)
         .collect();
     if on_pod.is_empty() {
         return Ok(None);
@@ -105,6 +90,81 @@ pub(super) fn check_static_addresses(
             Reason::StaticAddressOnPodNetwork,
             format!("{message}, in a new migration (the target is immutable)"),
         ),
+    })
+}
+
+/// The NICs whose address VMware Tools reported as configured by hand and that go to a multus network (where the
+/// address still means something), when nothing will put the address on the NIC the guest sees: the reason and
+/// what it means. On KubeVirt each NIC is a new device at a new PCI address: Linux names it after that address
+/// (`enp1s0` where it was `ens192`), so configuration naming the old interface does not apply; Windows sees a new
+/// adapter without the old one's settings. Only virt-v2v's `--mac` (Windows, `preserveStaticIPs`) carries it
+/// today. Pure.
+pub(super) fn static_address_not_kept(
+    vmm: &VirtualMachineMigration,
+    source: &SourceVmStatus,
+    networks: &[NetworkMapping],
+) -> Option<(&'static str, String)> {
+    let on_bridge: Vec<String> = source
+        .nics
+        .iter()
+        .filter(|nic| {
+            networks
+                .iter()
+                .any(|n| n.source == nic.network && n.multus.is_some())
+        })
+        .filter_map(static_nic)
+        .collect();
+    if on_bridge.is_empty() {
+        return None;
+    }
+    let nics = on_bridge.join("; ");
+    let conversion = &vmm.spec.conversion;
+    let windows = crate::build::vm::is_windows(source);
+    let (reason, why) = match (conversion.guest_adaptation, windows) {
+        (GuestAdaptation::None, _) => (
+            "NoGuestAdaptation",
+            "without guest adaptation nothing in the guest changes, and on KubeVirt each NIC is a new device: \
+             Linux names it after its new PCI slot (for example enp1s0 where it was ens192), so configuration \
+             naming the old interface does not apply; Windows sees a new adapter without the old one's settings",
+        ),
+        (GuestAdaptation::VirtV2v, true) if !conversion.preserve_static_ips => (
+            "PreserveStaticIPsOff",
+            "Windows sees a new adapter without the old one's settings; conversion.preserveStaticIPs has \
+             virt-v2v set the address on it at first boot",
+        ),
+        (GuestAdaptation::VirtV2v, true) => return None,
+        (GuestAdaptation::VirtV2v, false) => (
+            "InterfaceNameChanges",
+            "virt-v2v keeps the guest's own configuration, but the NIC comes up under a name after its new PCI \
+             slot (for example enp1s0 where it was ens192), and Ferry does not pin the old name to its MAC yet, \
+             so configuration naming the old interface does not apply",
+        ),
+    };
+    Some((
+        reason,
+        format!(
+            "{nics} has an address configured by hand that the migrated guest will not have: {why}; the guest has \
+             no network there until it is configured again (a configuration that matches any interface name, or \
+             DHCP, is not affected)"
+        ),
+    ))
+}
+
+/// `NIC <mac> on <network> (<address/prefix>, …)` for a NIC with an address configured by hand.
+fn static_nic(nic: &SourceNic) -> Option<String> {
+    let addresses: Vec<String> = nic
+        .ip_addresses
+        .iter()
+        .filter(|a| a.is_static())
+        .map(|a| format!("{}/{}", a.address, a.prefix_length))
+        .collect();
+    (!addresses.is_empty()).then(|| {
+        format!(
+            "NIC {} on {} ({})",
+            nic.mac,
+            nic.network,
+            addresses.join(", ")
+        )
     })
 }
 
@@ -148,6 +208,57 @@ mod tests {
 
     fn source() -> SourceVmStatus {
         super::super::tests::source()
+    }
+
+    #[test]
+    fn a_static_address_on_a_bridge_is_a_warning_unless_something_carries_it() {
+        let bridged = json!([{"source": "VM Network", "multus": {"networkName": "lan"}}]);
+        let mut source = source();
+        source.guest_os = Some("debian12_64Guest".into());
+        source.nics[0].ip_addresses = vec![ferry_api::GuestIpAddress {
+            address: "192.168.122.50".into(),
+            prefix_length: 24,
+            origin: "manual".into(),
+        }];
+        let warning = |vmm: &VirtualMachineMigration, source: &SourceVmStatus| {
+            let networks = check_networks(vmm, None, source).unwrap();
+            static_address_not_kept(vmm, source, &networks)
+        };
+        let reason = |vmm: &VirtualMachineMigration, source: &SourceVmStatus| {
+            warning(vmm, source).map(|(reason, _)| reason)
+        };
+        let plain = vmm(bridged.clone());
+        let (said, message) = warning(&plain, &source).unwrap();
+        assert_eq!(said, "NoGuestAdaptation");
+        assert!(
+            message.starts_with(
+                "NIC m on VM Network (192.168.122.50/24) has an address configured by hand"
+            ) && message.contains("enp1s0 where it was ens192"),
+            "{message}"
+        );
+        let mut adapted = vmm(bridged);
+        adapted.spec.conversion.guest_adaptation = GuestAdaptation::VirtV2v;
+        assert_eq!(
+            reason(&adapted, &source),
+            Some("InterfaceNameChanges"),
+            "Linux: names are not pinned yet"
+        );
+        source.guest_os = Some("windows2019srvNext_64Guest".into());
+        assert_eq!(reason(&adapted, &source), Some("PreserveStaticIPsOff"));
+        adapted.spec.conversion.preserve_static_ips = true;
+        assert_eq!(
+            reason(&adapted, &source),
+            None,
+            "virt-v2v's --mac carries it"
+        );
+        let pod = vmm(json!([{"source": "VM Network", "pod": {}}]));
+        assert_eq!(
+            reason(&pod, &source),
+            None,
+            "the pod network has a warning of its own"
+        );
+        source.nics[0].ip_addresses[0].origin = "dhcp".into();
+        assert_eq!(reason(&plain, &source), None, "DHCP needs nothing");
     }
 
     #[test]
