@@ -58,19 +58,23 @@ impl GuestClock {
         }
     }
 
-    /// For people, for example `local time (W. Europe Standard Time, Europe/Berlin)`.
+    /// For people, and what the VM does about it: for example `the guest keeps local time (W. Europe Standard
+    /// Time), so the VM's clock runs in Europe/Berlin`.
     pub fn describe(&self) -> String {
         match (self, self.iana_zone()) {
-            (GuestClock::Utc, _) => "UTC".into(),
-            (GuestClock::LocalTime { windows_zone }, Some(iana)) => {
-                format!("local time ({windows_zone}, {iana})")
-            }
-            (GuestClock::LocalTime { windows_zone }, None) if windows_zone.is_empty() => {
-                "local time (zone not named)".into()
-            }
-            (GuestClock::LocalTime { windows_zone }, None) => {
-                format!("local time ({windows_zone}, no IANA zone known)")
-            }
+            (GuestClock::Utc, _) => "the guest keeps its clock in UTC".into(),
+            (GuestClock::LocalTime { windows_zone }, Some(zone)) => format!(
+                "the guest keeps local time ({windows_zone}), so the VM's clock runs in {zone}"
+            ),
+            (GuestClock::LocalTime { windows_zone }, None) => format!(
+                "the guest keeps local time in a zone with no IANA name ({}), so the VM's clock runs in UTC and \
+                 the guest shows UTC until it syncs its time",
+                if windows_zone.is_empty() {
+                    "unnamed"
+                } else {
+                    windows_zone
+                }
+            ),
         }
     }
 }
@@ -116,7 +120,7 @@ mod tests {
         assert_eq!(berlin.iana_zone(), Some("Europe/Berlin"));
         assert_eq!(
             berlin.describe(),
-            "local time (W. Europe Standard Time, Europe/Berlin)"
+            "the guest keeps local time (W. Europe Standard Time), so the VM's clock runs in Europe/Berlin"
         );
         let pacific = GuestClock::LocalTime {
             windows_zone: "Pacific Standard Time".into(),
@@ -127,15 +131,25 @@ mod tests {
     #[test]
     fn utc_and_unknown_zones_have_no_iana_zone() {
         assert_eq!(GuestClock::Utc.iana_zone(), None);
-        assert_eq!(GuestClock::Utc.describe(), "UTC");
+        assert_eq!(
+            GuestClock::Utc.describe(),
+            "the guest keeps its clock in UTC"
+        );
         let unknown = GuestClock::LocalTime {
             windows_zone: "Mars Standard Time".into(),
         };
         assert_eq!(unknown.iana_zone(), None);
-        assert_eq!(
-            unknown.describe(),
-            "local time (Mars Standard Time, no IANA zone known)"
+        assert!(
+            unknown
+                .describe()
+                .contains("(Mars Standard Time), so the VM's clock runs in UTC"),
+            "{}",
+            unknown.describe()
         );
+        let unnamed = GuestClock::LocalTime {
+            windows_zone: String::new(),
+        };
+        assert!(unnamed.describe().contains("(unnamed)"));
     }
 
     #[test]

@@ -165,13 +165,7 @@ impl AdaptSpec {
     /// The disk whose overlay is `device`'s disk in the appliance (`/dev/sdb1` is disk 1): virt-v2v's appliance
     /// names the disks `sda`, `sdb`, … in the domain's order, whatever their bus.
     pub fn disk_of_device(&self, device: &str) -> Option<usize> {
-        let name = Path::new(device).file_name()?.to_str()?;
-        let letters: String = name
-            .strip_prefix("sd")
-            .or_else(|| name.strip_prefix("vd"))?
-            .chars()
-            .take_while(|c| c.is_ascii_lowercase())
-            .collect();
+        let (letters, _) = appliance_device(device)?;
         let mut index = 0usize;
         for c in letters.bytes() {
             index = index * 26 + usize::from(c - b'a') + 1;
@@ -183,15 +177,22 @@ impl AdaptSpec {
     /// The partition number in a device name as virt-v2v's appliance names it (`/dev/sda2` is 2); `None` for a
     /// whole disk or a logical volume.
     pub fn partition_of_device(device: &str) -> Option<u32> {
-        let name = Path::new(device).file_name()?.to_str()?;
-        let rest = name
-            .strip_prefix("sd")
-            .or_else(|| name.strip_prefix("vd"))?;
-        let digits = rest.trim_start_matches(|c: char| c.is_ascii_lowercase());
-        (!digits.is_empty() && digits.len() < rest.len())
+        let (letters, digits) = appliance_device(device)?;
+        (!letters.is_empty() && !digits.is_empty())
             .then(|| digits.parse().ok())
             .flatten()
     }
+}
+
+/// A device name as libguestfs's appliance gives it, `/dev/sdab3` or `/dev/vda`, split into its disk letters
+/// (`ab`) and what follows them (`3`, or nothing for the whole disk); `None` for anything else.
+fn appliance_device(device: &str) -> Option<(&str, &str)> {
+    let name = Path::new(device).file_name()?.to_str()?;
+    let rest = name
+        .strip_prefix("sd")
+        .or_else(|| name.strip_prefix("vd"))?;
+    let digits = rest.trim_start_matches(|c: char| c.is_ascii_lowercase());
+    Some((&rest[..rest.len() - digits.len()], digits))
 }
 
 /// Where virt-v2v finds the drivers (`VIRTIO_WIN`) in what the Job mounted at `named`: a file is the ISO; a

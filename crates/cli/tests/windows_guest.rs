@@ -5,8 +5,9 @@
 //! device database entries (the CriticalDeviceDatabase layout on one guest, the DriverDatabase layout on the
 //! other), the first-boot service and its scripts. What only a real Windows can show (that it boots from virtio,
 //! that first boot runs, that the agent answers) is not claimed here. Refusals: no drivers or no first-boot tool
-//! (before the source is touched), a hibernated guest (after the copy, for good), drivers for another Windows
-//! version (after the copy, waiting for a person with the volumes kept, then adapted once fixed).
+//! (before the source is touched); after the copy, waiting for a person with the volumes kept, a hibernated guest
+//! (copied again once the person ended its hibernation and raised spec.recopy) and drivers for another Windows
+//! version (adapted once the migration names the right ones).
 
 mod support;
 
@@ -259,78 +260,82 @@ fn local_zone(guest: &PhonyWindows) -> Option<&'static str> {
     }
 }
 
-/// Windows Server 2022 (BIOS, CriticalDeviceDatabase) and Windows 11 (UEFI with Secure Boot, DriverDatabase)
-/// adapted with the lab's drivers and first-boot tool, each read back from its volume.
+/// Everything a guest adapted with the lab's drivers and first-boot tool shows once its migration succeeded:
+/// what virt-v2v found (its clock too), the VM KubeVirt admitted, the warnings, and the adapted volume read back.
+async fn assert_adapted(ns: &WindowsNamespace, name: &str, guest: &PhonyWindows) -> Vec<String> {
+    let done = wait_for_phase(
+        &ns.client,
+        ns.name(),
+        name,
+        Phase::Succeeded,
+        WINDOWS_TIMEOUT,
+    )
+    .await;
+    let status = done.status.clone().unwrap();
+    let adaptation = status.adaptation.clone().expect("status.adaptation");
+    assert_eq!(
+        (
+            adaptation.os_type.as_str(),
+            adaptation.distro.as_str(),
+            adaptation.arch.as_str()
+        ),
+        ("windows", "windows", "x86_64"),
+        "{adaptation:?}"
+    );
+    assert!(adaptation.os.contains(guest.product_name), "{adaptation:?}");
+    let clock = adaptation
+        .clock
+        .clone()
+        .expect("the clock read from SYSTEM");
+    assert_eq!(
+        (clock.windows_zone.as_str(), clock.timezone.as_str()),
+        match local_zone(guest) {
+            Some(zone) => (guest.time_zone, zone),
+            None => ("", ""),
+        },
+        "{clock:?}"
+    );
+    let root = &status.disks[0];
+    assert!(
+        root.adapted_sha256.is_some() && root.adapted_sha256 != root.sha256,
+        "{root:?}"
+    );
+    assert_windows_vm(&ns.client, ns.name(), name, guest).await;
+    assert_vtpm_warning(&status, guest);
+    assert_static_address_warning(&ns.client, ns.name(), name, &status, guest).await;
+    assert!(status.source.as_ref().is_some_and(|s| s.vtpm == guest.vtpm));
+    let volume = volume_image(&ns.client, ns.name(), root.data_volume.as_deref().unwrap()).await;
+    let static_mac = ferry_lab::windows::check::static_mac(&done);
+    assert_eq!(
+        static_mac.is_some(),
+        guest.tools_address.manual,
+        "VMware Tools reported {:?}: {:?}",
+        guest.tools_address,
+        status.source.as_ref().map(|s| &s.nics)
+    );
+    let found = ferry_lab::windows::check::adapted_volume(&volume, guest, static_mac.as_deref())
+        .unwrap_or_else(|e| panic!("{}: {e:#}", guest.name));
+    assert_eq!(
+        source_power(guest.name).await,
+        PowerState::PoweredOff,
+        "{}: a migrated source stays off",
+        guest.name
+    );
+    found
+}
+
+/// Windows 11 (UEFI with Secure Boot and a vTPM, DriverDatabase) adapted with the lab's drivers and first-boot
+/// tool and read back from its volume. Windows Server 2022 (BIOS, CriticalDeviceDatabase) is read back the same
+/// way once its refusals are fixed, below.
 #[tokio::test]
 async fn phony_windows_guests_are_adapted_with_drivers_and_first_boot_scripts() {
     let ns = WindowsNamespace::new("windows").await;
-    for guest in [WIN2K22, WIN11] {
-        let name = guest.name.trim_start_matches("ferry-");
-        let _turn = ns
-            .start_adapted(name, &guest, claims::adapted_spec(DRIVERS_CLAIM, true))
-            .await;
-        let done = wait_for_phase(
-            &ns.client,
-            ns.name(),
-            name,
-            Phase::Succeeded,
-            WINDOWS_TIMEOUT,
-        )
+    let (name, guest) = ("win11", WIN11);
+    let _turn = ns
+        .start_adapted(name, &guest, claims::adapted_spec(DRIVERS_CLAIM, true))
         .await;
-        let status = done.status.clone().unwrap();
-        let adaptation = status.adaptation.clone().expect("status.adaptation");
-        assert_eq!(
-            (
-                adaptation.os_type.as_str(),
-                adaptation.distro.as_str(),
-                adaptation.arch.as_str()
-            ),
-            ("windows", "windows", "x86_64"),
-            "{adaptation:?}"
-        );
-        assert!(adaptation.os.contains(guest.product_name), "{adaptation:?}");
-        let clock = adaptation
-            .clock
-            .clone()
-            .expect("the clock read from SYSTEM");
-        assert_eq!(
-            (clock.windows_zone.as_str(), clock.timezone.as_str()),
-            match local_zone(&guest) {
-                Some(zone) => (guest.time_zone, zone),
-                None => ("", ""),
-            },
-            "{clock:?}"
-        );
-        let root = &status.disks[0];
-        assert!(
-            root.adapted_sha256.is_some() && root.adapted_sha256 != root.sha256,
-            "{root:?}"
-        );
-        assert_windows_vm(&ns.client, ns.name(), name, &guest).await;
-        assert_vtpm_warning(&status, &guest);
-        assert_static_address_warning(&ns.client, ns.name(), name, &status, &guest).await;
-        assert!(status.source.as_ref().is_some_and(|s| s.vtpm == guest.vtpm));
-        let volume =
-            volume_image(&ns.client, ns.name(), root.data_volume.as_deref().unwrap()).await;
-        let static_mac = ferry_lab::windows::check::static_mac(&done);
-        assert_eq!(
-            static_mac.is_some(),
-            guest.tools_address.manual,
-            "VMware Tools reported {:?}: {:?}",
-            guest.tools_address,
-            status.source.as_ref().map(|s| &s.nics)
-        );
-        let found =
-            ferry_lab::windows::check::adapted_volume(&volume, &guest, static_mac.as_deref())
-                .unwrap_or_else(|e| panic!("{}: {e:#}", guest.name));
-        eprintln!("{}: {}", guest.name, found.join("; "));
-        assert_eq!(
-            source_power(guest.name).await,
-            PowerState::PoweredOff,
-            "{}: a migrated source stays off",
-            guest.name
-        );
-    }
+    let found = assert_adapted(&ns, name, &guest).await;
+    eprintln!("{}: {}", guest.name, found.join("; "));
 }
 
 /// The status of `ns/name` once its reason is `reason`.
@@ -342,7 +347,7 @@ async fn wait_for_reason(
     let api = migrations(&ns.client, ns.name());
     ferry_testkit::eventually(
         &format!("{name} to say {reason}"),
-        Duration::from_secs(300),
+        WINDOWS_TIMEOUT,
         || async {
             let status = api.get(name).await.ok()?.status?;
             (status.reason.as_deref() == Some(reason)).then_some(status)
@@ -463,70 +468,30 @@ async fn a_windows_guest_without_drivers_or_a_first_boot_tool_is_refused_before_
     assert_eq!(source_power(WIN2K22.name).await, PowerState::PoweredOn);
 }
 
-/// After the copy, virt-v2v finds what vSphere could not tell: a hibernated guest. It fails for good with
-/// virt-v2v's reason, before anything is committed, and cleans up as any failed migration does: the copy is of
-/// no use (the guest must be booted and shut down fully, which changes its disks, and a new migration copies
-/// them), and the source is powered on again for that.
-#[tokio::test]
-async fn a_hibernated_guest_fails_after_the_copy_with_virt_v2vs_reason_and_its_source_is_restored()
-{
-    let ns = WindowsNamespace::new("windows-hibernated").await;
-    let (name, guest) = ("hibernated", WIN2K22_HIBERNATED);
-    let _turn = ns
-        .start_adapted(name, &guest, claims::adapted_spec(DRIVERS_CLAIM, true))
-        .await;
-    let failed = wait_for_phase(&ns.client, ns.name(), name, Phase::Failed, WINDOWS_TIMEOUT).await;
-    let status = failed.status.clone().unwrap();
-    let message = status.message.clone().unwrap_or_default();
-    assert_eq!(
-        status.reason.as_deref(),
-        Some("GuestFilesystemUnwritable"),
-        "{message}"
-    );
-    assert!(
-        message.contains("Windows Hibernation or Fast Restart"),
-        "{message}"
-    );
-    assert_copied_never_adapted(&status);
-    let uid = failed.metadata.uid.clone().unwrap();
-    ferry_testkit::eventually(
-        "the migration to clean up",
-        Duration::from_secs(180),
-        || async {
-            let status = migrations(&ns.client, ns.name())
-                .get(name)
-                .await
-                .ok()?
-                .status?;
-            let left = children_left(&ns.client, ns.name(), &uid).await;
-            (status.cleaned_up && left.is_empty()).then_some(())
-        },
-    )
-    .await;
-    assert_eq!(
-        source_power(guest.name).await,
-        PowerState::PoweredOn,
-        "restored"
-    );
+/// The migration of `ns/name` with `patch` merged into it.
+async fn patch_migration(ns: &WindowsNamespace, name: &str, patch: Value) {
+    migrations(&ns.client, ns.name())
+        .patch(
+            name,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(patch),
+        )
+        .await
+        .unwrap();
 }
 
-/// Drivers for another Windows version only: virt-v2v refuses after the copy, before anything is committed. The
-/// migration waits for a person with every volume kept (and the source off), does not run virt-v2v again while
-/// nothing changed, and once the migration names the right drivers adapts the same volumes and finishes.
-#[tokio::test]
-async fn drivers_for_another_version_wait_for_a_person_with_the_volumes_kept_and_adapt_once_fixed()
-{
-    let ns = WindowsNamespace::new("windows-fixed").await;
-    let (name, guest) = ("other-version", WIN2K22);
-    let _turn = ns
-        .start_adapted(name, &guest, claims::adapted_spec(DRIVERS_2K19_CLAIM, true))
-        .await;
-    let refused = wait_for_reason(&ns, name, "GuestDriversMissing").await;
+/// Refused after the copy, fixably: waiting for a person with every volume kept and the source off, never
+/// adapted, the refused Job kept and its attempt uncharged while nothing changes. Returns the status.
+async fn assert_waits_with_the_copy_kept(
+    ns: &WindowsNamespace,
+    name: &str,
+    guest: &PhonyWindows,
+    reason: &str,
+    words: &str,
+) -> VirtualMachineMigrationStatus {
+    let refused = wait_for_reason(ns, name, reason).await;
     let message = refused.message.clone().unwrap_or_default();
-    assert!(
-        message.contains("no virtio drivers available for this version of Windows"),
-        "{message}"
-    );
+    assert!(message.contains(words), "{message}");
     let waiting = wait_for_phase(
         &ns.client,
         ns.name(),
@@ -557,44 +522,91 @@ async fn drivers_for_another_version_wait_for_a_person_with_the_volumes_kept_and
         .unwrap()
         .status
         .unwrap();
-    assert_eq!(still.phase, Some(Phase::ManualInterventionRequired));
+    assert_eq!(
+        (still.phase, still.reason.as_deref()),
+        (Some(Phase::ManualInterventionRequired), Some(reason))
+    );
     assert!(
         still.retry.as_ref().is_none_or(|r| r.charged.is_empty()),
         "{:?}",
         still.retry
     );
-    // The person names the drivers for this Windows.
-    migrations(&ns.client, ns.name())
-        .patch(
-            name,
-            &kube::api::PatchParams::default(),
-            &kube::api::Patch::Merge(serde_json::json!({"spec": {"conversion": {
-                "virtioWin": {"persistentVolumeClaim": DRIVERS_CLAIM}}}})),
-        )
+    status
+}
+
+/// After the copy, virt-v2v finds what vSphere could not tell, and what only a person can fix. First a hibernated
+/// guest: the migration waits with the volumes kept and the source off; the person boots the guest in vSphere
+/// and shuts it down fully, and raises spec.recopy (while the source still runs Ferry waits for it to be off):
+/// the source is copied again into the same volumes. Then drivers for another Windows version only: it waits
+/// again, does not run virt-v2v again while nothing changed, and once the migration names the right drivers adapts
+/// the same volumes and finishes, read back like any adapted guest.
+#[tokio::test]
+async fn a_hibernated_guest_and_drivers_for_another_version_wait_with_the_volumes_kept_and_adapt_once_fixed()
+ {
+    let ns = WindowsNamespace::new("windows-fixed").await;
+    let (name, guest) = ("hibernated", WIN2K22_HIBERNATED);
+    let vcsim = lab().await.state().vcsim.clone().unwrap();
+    let fixtures = fixtures().await;
+    // Hibernated, whatever an earlier run left.
+    ferry_lab::windows::vms::run_guest(&vcsim, &guest, &fixtures.disk(&guest))
         .await
         .unwrap();
-    let done = wait_for_phase(
-        &ns.client,
-        ns.name(),
+    let _turn = ns
+        .start_adapted(name, &guest, claims::adapted_spec(DRIVERS_2K19_CLAIM, true))
+        .await;
+    let hibernated = assert_waits_with_the_copy_kept(
+        &ns,
         name,
-        Phase::Succeeded,
-        WINDOWS_TIMEOUT,
+        &guest,
+        "GuestFilesystemUnwritable",
+        "Windows Hibernation or Fast Restart",
     )
     .await;
-    let status = done.status.clone().unwrap();
-    let root = &status.disks[0];
+    let volume = hibernated.disks[0].data_volume.clone().unwrap();
+
+    // The person starts the guest, and asks for the copy before shutting it down: Ferry waits for the source.
+    set_source_power(guest.name, true).await;
+    patch_migration(&ns, name, serde_json::json!({"spec": {"recopy": 1}})).await;
+    let waiting = wait_for_reason(&ns, name, "SourcePoweredOn").await;
+    assert_eq!(waiting.phase, Some(Phase::ManualInterventionRequired));
+    assert_eq!(waiting.recopied, 0, "nothing copied while the source runs");
+    ferry_lab::windows::vms::run_guest(&vcsim, &guest, &fixtures.shut_down_disk(&guest))
+        .await
+        .unwrap();
+
+    let other_version = assert_waits_with_the_copy_kept(
+        &ns,
+        name,
+        &guest,
+        "GuestDriversMissing",
+        "no virtio drivers available for this version of Windows",
+    )
+    .await;
+    assert_eq!(other_version.recopied, 1);
     assert_eq!(
-        root.data_volume.as_deref(),
+        other_version.disks[0].data_volume.as_deref(),
+        Some(volume.as_str()),
+        "copied again into the same volume"
+    );
+    assert_ne!(
+        other_version.disks[0].sha256, hibernated.disks[0].sha256,
+        "the source as the person left it is the copy"
+    );
+
+    // The person names the drivers for this Windows.
+    patch_migration(
+        &ns,
+        name,
+        serde_json::json!({"spec": {"conversion": {
+            "virtioWin": {"persistentVolumeClaim": DRIVERS_CLAIM}}}}),
+    )
+    .await;
+    let found = assert_adapted(&ns, name, &guest).await;
+    let done = migrations(&ns.client, ns.name()).get(name).await.unwrap();
+    assert_eq!(
+        done.status.unwrap().disks[0].data_volume.as_deref(),
         Some(volume.as_str()),
         "the same volume"
     );
-    assert!(
-        root.adapted_sha256.is_some() && root.adapted_sha256 != root.sha256,
-        "{root:?}"
-    );
-    let image = volume_image(&ns.client, ns.name(), &volume).await;
-    let static_mac = ferry_lab::windows::check::static_mac(&done);
-    let found = ferry_lab::windows::check::adapted_volume(&image, &guest, static_mac.as_deref())
-        .unwrap_or_else(|e| panic!("{}: {e:#}", guest.name));
     eprintln!("{name} once fixed: {}", found.join("; "));
 }

@@ -100,6 +100,11 @@ pub fn rewrite_job(vmm: &VirtualMachineMigration, attempt: i32) -> String {
     child_name(&vmm.name_any(), &format!("rewrite-{attempt}"))
 }
 
+/// The copy of the source into the volumes again that `spec.recopy` at `recopy` asked for: `<name>-recopy-<recopy>`.
+pub fn recopy_job(vmm: &VirtualMachineMigration, recopy: i32) -> String {
+    child_name(&vmm.name_any(), &format!("recopy-{recopy}"))
+}
+
 /// The Job that is the first consumer of volumes that wait for one, whatever the attempt: `<name>-bind`.
 pub fn bind_job(vmm: &VirtualMachineMigration) -> String {
     child_name(&vmm.name_any(), "bind")

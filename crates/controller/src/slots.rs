@@ -93,10 +93,11 @@ pub fn admit(
 }
 
 /// The disks a migration needs read: those not yet copied, or all of them when they are written again from the
-/// source; at least one, and at most the limit, so a VM with more disks than the limit runs on an idle host.
-pub fn cost(status: &ferry_api::VirtualMachineMigrationStatus, limit: u32) -> u32 {
+/// source (rewritten, or copied again as `spec.recopy` asks); at least one, and at most the limit, so a VM with
+/// more disks than the limit runs on an idle host.
+pub fn cost(vmm: &Vmm, status: &ferry_api::VirtualMachineMigrationStatus, limit: u32) -> u32 {
     let disks = status.disks.iter();
-    let wanted = if status.rewrite_volumes {
+    let wanted = if status.rewrite_volumes || vmm.spec.recopy_wanted(status) {
         disks.count()
     } else {
         disks.filter(|d| d.sha256.is_none()).count()
@@ -169,7 +170,7 @@ fn contender(
         order: order(vmm),
         host: on.to_string(),
         holds: 0,
-        waits: cost(status, limit),
+        waits: cost(vmm, status, limit),
     })
 }
 
@@ -215,7 +216,7 @@ pub async fn acquire(
     let limit = provider.spec.limits.max_concurrent_disks_per_host.max(1) as u32;
     let (name, moref) = source_host(status);
     let host = host_key(&moref, &name).to_string();
-    let cost = cost(status, limit);
+    let cost = cost(vmm, status, limit);
     let me = id(vmm);
     let store = slots.ready_store().await;
     let granted = {
@@ -314,7 +315,12 @@ pub fn left_line(slots: &Slots, vmm: &Vmm, status: &ferry_api::VirtualMachineMig
         return;
     }
     let (name, moref) = source_host(status);
-    wake_line(slots, vmm, host_key(&moref, &name), cost(status, u32::MAX));
+    wake_line(
+        slots,
+        vmm,
+        host_key(&moref, &name),
+        cost(vmm, status, u32::MAX),
+    );
 }
 
 /// Wakes the migrations first in line on `host` that fit in `room` disks, and one more.
@@ -451,13 +457,33 @@ mod tests {
             disks: vec![disk(None), disk(None), disk(None), disk(Some("x"))],
             ..Default::default()
         };
-        assert_eq!(cost(&status, 10), 3);
-        assert_eq!(cost(&status, 2), 2);
+        let mut vmm = waiter("big", "2026-01-01T00:00:00Z", WAITING);
+        assert_eq!(cost(&vmm, &status, 10), 3);
+        assert_eq!(cost(&vmm, &status, 2), 2);
         status.rewrite_volumes = true;
-        assert_eq!(cost(&status, 10), 4);
+        assert_eq!(cost(&vmm, &status, 10), 4);
+        status.rewrite_volumes = false;
+        for disk in &mut status.disks {
+            disk.sha256 = Some("copied".into());
+        }
+        assert_eq!(cost(&vmm, &status, 10), 1);
+        vmm.spec.recopy = 1;
+        assert_eq!(
+            cost(&vmm, &status, 10),
+            4,
+            "copied again as spec.recopy asks"
+        );
+        status.recopied = 1;
+        assert_eq!(cost(&vmm, &status, 10), 1, "copied for that recopy");
         status.disks.clear();
-        assert_eq!(cost(&status, 10), 1);
-        assert!(admit(&(1, "big".into()), "h", cost(&status, 2), &[], 2));
+        assert_eq!(cost(&vmm, &status, 10), 1);
+        assert!(admit(
+            &(1, "big".into()),
+            "h",
+            cost(&vmm, &status, 2),
+            &[],
+            2
+        ));
     }
 
     fn waiter(name: &str, created: &str, reason: &str) -> Vmm {

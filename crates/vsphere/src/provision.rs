@@ -209,6 +209,41 @@ async fn vm_home(session: &Session, vm: &MoRef) -> Result<DatastorePath> {
 
 /// Hard-links each (local file, datastore path) pair into its datastore's directory, when that directory is on
 /// this machine. False when it is not (a real vSphere): nothing was linked then.
+/// Puts `local` in place of the extent of the VM's disk `index` (a monolithicFlat `<stem>.vmdk` whose extent is
+/// `<stem>-flat.vmdk`, as the lab attaches them) in a datastore on this machine, as a hard link: what a guest
+/// leaves on its disk when it runs, without writing into a file other links share. The disk keeps its size.
+pub async fn relink_local_extent(
+    session: &Session,
+    vm: &MoRef,
+    index: usize,
+    local: &Path,
+) -> Result<()> {
+    let info = describe_vm(session, vm).await?;
+    let unsupported = |reason: &str| Error::UnsupportedDisk {
+        file: info.name.clone(),
+        reason: reason.into(),
+    };
+    let disk = info
+        .disks
+        .get(index)
+        .ok_or_else(|| unsupported("the VM has no such disk"))?;
+    let descriptor =
+        DatastorePath::parse(&disk.file).ok_or_else(|| unsupported("unparsable disk file"))?;
+    let stem = descriptor
+        .path
+        .rsplit('/')
+        .next()
+        .and_then(|name| name.strip_suffix(".vmdk"))
+        .ok_or_else(|| unsupported("not a .vmdk"))?;
+    let extent = descriptor.sibling(&format!("{stem}-flat.vmdk"));
+    if !link_into_local_datastore(session, &[(local, &extent)]).await? {
+        return Err(unsupported(
+            "its datastore is not a directory on this machine, or another filesystem",
+        ));
+    }
+    Ok(())
+}
+
 async fn link_into_local_datastore(
     session: &Session,
     files: &[(&Path, &DatastorePath)],

@@ -67,6 +67,24 @@ pub struct VirtualMachineMigrationSpec {
     #[serde(default)]
     #[x_kube(validation = Rule::new("self || !oldSelf").message("spec.cancel cannot go back to false once a migration was cancelled"))]
     pub cancel: bool,
+    /// Raise it to have the source copied again into the same volumes, once the source guest was changed on
+    /// purpose while the migration waits to adapt it: a hibernated Windows (GuestFilesystemUnwritable) booted and
+    /// shut down fully, then powered off. Read while the guest is adapted; it can only grow.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    #[schemars(range(min = 0))]
+    #[x_kube(validation = Rule::new("self >= oldSelf").message("spec.recopy can only grow"))]
+    pub recopy: i32,
+}
+
+fn is_zero(n: &i32) -> bool {
+    *n == 0
+}
+
+impl VirtualMachineMigrationSpec {
+    /// Whether `spec.recopy` asks for a copy the volumes do not hold yet.
+    pub fn recopy_wanted(&self, status: &crate::VirtualMachineMigrationStatus) -> bool {
+        self.recopy > status.recopied
+    }
 }
 
 #[derive(KubeSchema, Deserialize, Serialize, Clone, Debug, PartialEq)]

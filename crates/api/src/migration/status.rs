@@ -161,6 +161,9 @@ pub struct VirtualMachineMigrationStatus {
     /// half-adapted disk is never adapted again.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub rewrite_volumes: bool,
+    /// The `spec.recopy` the volumes were last copied for: each disk's `sha256` is the source's after that copy.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub recopied: i32,
     /// What the guest check observed on the migrated VM.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub guest: Option<GuestStatus>,

@@ -541,7 +541,7 @@ pub fn next_step(reason: &str, class: ErrorClass, phase: Option<Phase>, name: &s
         Some(Reason::VolumeNotBound) => "look at the DataVolume's claim (kubectl describe pvc): a ResourceQuota, no capacity, or a StorageClass nobody provisions keeps it Pending".into(),
         Some(Reason::JobDeadlineExceeded) => "look at why the Job's pod made no progress (kubectl describe pod: image pull, scheduling, a stalled source); the attempt is retried".into(),
         Some(Reason::SourceVMInUse) => "wait for the migration it names to end, or delete one of the two".into(),
-        Some(Reason::SourcePoweredOn) => "shut the source VM down (powerOff.mode is RequireOff)".into(),
+        Some(Reason::SourcePoweredOn) => "shut the source VM's guest down and power it off in vSphere (Ferry does not stop a VM when powerOff.mode is RequireOff, or one a person started after the copy)".into(),
         Some(Reason::SnapshotsPresent) => "delete or consolidate the VM's snapshots in vSphere".into(),
         Some(Reason::Forbidden) => "grant the controller's ServiceAccount the permission (see deploy/rbac)".into(),
         Some(Reason::GuestDriversMissing) => "name the virtio-win drivers in spec.conversion.virtioWin: a PersistentVolumeClaim (persistentVolumeClaim) or image (image, for example quay.io/kubevirt/virtio-container-disk:<KubeVirt version>) holding a virtio-win ISO with drivers for this Windows version, and path if it is not found by itself; or migrate it with conversion.guestAdaptation None".into(),
@@ -550,7 +550,7 @@ pub fn next_step(reason: &str, class: ErrorClass, phase: Option<Phase>, name: &s
         Some(Reason::GuestFirstBootToolMissing) => "name the first-boot tool in spec.conversion.firstBootTool: a PersistentVolumeClaim (persistentVolumeClaim) or image (image) holding rhsrvany.exe (RHEL's mingw32-srvany package, or built from github.com/rwmjones/rhsrvany) or pvvxsvc.exe, and path if it is not at the volume's root; or migrate it with conversion.guestAdaptation None".into(),
         Some(Reason::GuestAdaptationUnsupported | Reason::GuestOSUnsupported) => "migrate this VM with conversion.guestAdaptation None (it keeps devices its guest has drivers for)".into(),
         Some(Reason::GuestDiskFull) => "free space in the guest's file systems (virt-v2v needs room to rebuild its initramfs) in vSphere".into(),
-        Some(Reason::GuestFilesystemUnwritable) => "boot the source guest and shut it down cleanly (no hibernation, no Windows Fast Startup)".into(),
+        Some(Reason::GuestFilesystemUnwritable) => format!("in vSphere, power the source VM on, let its guest resume, shut it down fully (in Windows `shutdown /s /t 0`; `powercfg /h off` turns Fast Startup off for good) and leave it powered off; then raise spec.recopy by one (the first time: kubectl patch vmm {name} --type merge -p '{{\"spec\":{{\"recopy\":1}}}}'): the source is copied again into the same volumes and adapted"),
         Some(Reason::VolumeNotAsConverted) => "a volume changed after it was copied; the source is unchanged, so a new migration copies it again".into(),
         Some(Reason::GuestNotReady) => {
             return format!(

@@ -110,14 +110,15 @@ pub fn convert_job(
     job(vmm, &children::convert_job(vmm, attempt), image, work)
 }
 
-/// Writes every disk from the source into its volume again, whichever route filled them: an adaptation attempt
-/// may have left them half-adapted. The same worker as the direct path's conversion, so the same guarantees:
-/// stale bytes cannot survive, and only a read-back that hashes to the source counts.
+/// Job `name` writes every disk from the source into its volume again, whichever route filled them: an
+/// adaptation attempt may have left them half-adapted, or the source was changed on purpose (`spec.recopy`). The
+/// same worker as the direct path's conversion, so the same guarantees: stale bytes cannot survive, and only a
+/// read-back that hashes to the source counts.
 pub fn rewrite_job(
     vmm: &VirtualMachineMigration,
     source: &SourceVmStatus,
     provider: &Provider,
-    attempt: i32,
+    name: &str,
     image: &str,
 ) -> Job {
     let spec = ConvertSpec {
@@ -126,7 +127,7 @@ pub fn rewrite_job(
         ..convert_spec(vmm, source, provider)
     };
     let work = convert_work("rewrite", vmm, &spec, provider);
-    job(vmm, &children::rewrite_job(vmm, attempt), image, work)
+    job(vmm, name, image, work)
 }
 
 fn volume_specs(vmm: &VirtualMachineMigration, disks: u32) -> Vec<VolumeSpec> {

@@ -131,8 +131,8 @@ pub fn is_windows(source: &SourceVmStatus) -> bool {
 /// What a Windows guest's domain adds, as KubeVirt's own Windows example and virt-v2v's KubeVirt output give
 /// it: Hyper-V enlightenments Windows uses when it finds them (relaxed timing, a virtual APIC, spinlock
 /// notification), no HPET, Hyper-V's reference clock, a PIT that delays missed ticks and an RTC that catches up.
-/// The RTC keeps UTC, as virt-v2v's KubeVirt output sets it, until [`with_guest_clock`] knows better.
-fn windows_domain(features: &mut Value) -> Value {
+/// The RTC keeps UTC, as virt-v2v's KubeVirt output sets it, unless the guest keeps local time in `timezone`.
+fn windows_domain(features: &mut Value, timezone: Option<&str>) -> Value {
     if let Some(features) = features.as_object_mut() {
         features.insert("acpi".into(), json!({}));
         features.insert("apic".into(), json!({}));
@@ -141,43 +141,41 @@ fn windows_domain(features: &mut Value) -> Value {
             json!({"relaxed": {}, "vapic": {}, "spinlocks": {"spinlocks": 8191}}),
         );
     }
-    json!({
-        "utc": {},
-        "timer": {
-            "hpet": {"present": false},
-            "hyperv": {},
-            "pit": {"tickPolicy": "delay"},
-            "rtc": {"tickPolicy": "catchup"},
-        },
-    })
+    let timers = json!({
+        "hpet": {"present": false},
+        "hyperv": {},
+        "pit": {"tickPolicy": "delay"},
+        "rtc": {"tickPolicy": "catchup"},
+    });
+    match timezone {
+        Some(zone) => json!({"timezone": zone, "timer": timers}),
+        None => json!({"utc": {}, "timer": timers}),
+    }
 }
 
-/// The VM's clock as the adapted guest keeps it: a Windows guest that keeps local time runs in its own zone
-/// (KubeVirt's `clock.timezone`, an RTC in local time) instead of UTC. Any other VM is returned as built.
-pub fn with_guest_clock(
-    mut vm: DynamicObject,
-    adaptation: Option<&AdaptationStatus>,
-) -> DynamicObject {
-    let timezone = adaptation
+/// The IANA zone an adapted guest keeps its clock in, when it keeps local time in a zone that has one.
+fn guest_timezone(adaptation: Option<&AdaptationStatus>) -> Option<&str> {
+    adaptation
         .and_then(|a| a.clock.as_ref())
         .map(|c| c.timezone.as_str())
-        .filter(|zone| !zone.is_empty());
-    if let (Some(zone), Some(Value::Object(clock))) = (
-        timezone,
-        vm.data.pointer_mut("/spec/template/spec/domain/clock"),
-    ) {
-        clock.remove("utc");
-        clock.insert("timezone".into(), json!(zone));
-    }
-    vm
+        .filter(|zone| !zone.is_empty())
+}
+
+/// The VM for the guest as adaptation left it: what vSphere left unsaid taken from virt-v2v's inspection
+/// ([`as_adapted`]), and a Windows guest that keeps local time running in its own zone (KubeVirt's
+/// `clock.timezone`, an RTC in local time) instead of UTC.
+pub fn adapted_virtual_machine(
+    vmm: &VirtualMachineMigration,
+    source: SourceVmStatus,
+    adaptation: Option<&AdaptationStatus>,
+) -> DynamicObject {
+    let source = as_adapted(source, adaptation);
+    build_virtual_machine(vmm, &source, guest_timezone(adaptation))
 }
 
 /// The source as the adapted guest boots: what vSphere left unsaid (no boot order, no firmware) is taken from
 /// virt-v2v's inspection (the disk holding the root file system; the firmware the guest was installed for).
-pub fn as_adapted(
-    mut source: SourceVmStatus,
-    adaptation: Option<&AdaptationStatus>,
-) -> SourceVmStatus {
+fn as_adapted(mut source: SourceVmStatus, adaptation: Option<&AdaptationStatus>) -> SourceVmStatus {
     let Some(adaptation) = adaptation else {
         return source;
     };
@@ -221,7 +219,16 @@ pub fn run_strategy(strategy: RunStrategy) -> &'static str {
     }
 }
 
+/// The VM with the source's shape, as no adaptation changed it.
 pub fn virtual_machine(vmm: &VirtualMachineMigration, source: &SourceVmStatus) -> DynamicObject {
+    build_virtual_machine(vmm, source, None)
+}
+
+fn build_virtual_machine(
+    vmm: &VirtualMachineMigration,
+    source: &SourceVmStatus,
+    timezone: Option<&str>,
+) -> DynamicObject {
     let name = children::vm_name(vmm);
     let devices = device_model(vmm);
     let boot = boot_orders(source);
@@ -267,7 +274,7 @@ pub fn virtual_machine(vmm: &VirtualMachineMigration, source: &SourceVmStatus) -
     }
     let (sockets, cores) = cpu_topology(source.cpus, source.cores_per_socket);
     let (bootloader, mut features) = firmware(source);
-    let clock = is_windows(source).then(|| windows_domain(&mut features));
+    let clock = is_windows(source).then(|| windows_domain(&mut features, timezone));
     let object = json!({
         "apiVersion": "kubevirt.io/v1",
         "kind": "VirtualMachine",
@@ -632,10 +639,11 @@ mod tests {
         use ferry_api::{GuestClockStatus, GuestRtc};
         let mut source = linux_source();
         source.guest_os = Some("windows2019srvNext_64Guest".into());
-        let built = virtual_machine(&migration(json!({})), &source);
+        let vmm = migration(json!({}));
+        let built = virtual_machine(&vmm, &source);
         let clock_of = |adaptation: Option<&AdaptationStatus>| {
-            with_guest_clock(built.clone(), adaptation).data["spec"]["template"]["spec"]["domain"]
-                ["clock"]
+            adapted_virtual_machine(&vmm, source.clone(), adaptation).data["spec"]["template"]["spec"]
+                ["domain"]["clock"]
                 .clone()
         };
         let adaptation = |rtc, windows_zone: &str, timezone: &str| AdaptationStatus {
@@ -662,10 +670,10 @@ mod tests {
         ] {
             assert_eq!(&clock_of(unchanged.as_ref()), built_clock);
         }
-        let linux = virtual_machine(&migration(json!({})), &linux_source());
+        let linux = virtual_machine(&vmm, &linux_source());
         let local = adaptation(GuestRtc::LocalTime, "x", "Europe/Berlin");
         assert_eq!(
-            with_guest_clock(linux.clone(), Some(&local)).data,
+            adapted_virtual_machine(&vmm, linux_source(), Some(&local)).data,
             linux.data,
             "a VM without a Windows clock gets none"
         );

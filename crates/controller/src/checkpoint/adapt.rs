@@ -6,8 +6,10 @@
 //! volumes that no longer hold the source's bytes, so an adapted or torn disk is never adapted again); a failed
 //! attempt is charged, and unless it failed before touching the volumes, they are marked for rewriting; a refusal
 //! the person fixes in the migration (the drivers or first-boot tool it names) waits for them with every volume
-//! kept, and adapts again once the migration changed.
-//! Recorded: each disk's `adaptedSha256`, `status.adaptation`, `rewriteVolumes`; GuestAdapted.
+//! kept, and adapts again once the migration changed. A refusal the person fixes in the source (a hibernated
+//! Windows, booted and shut down fully) waits the same way, and once `spec.recopy` grows the source (shown off
+//! through vSphere) is copied again into the same volumes, its new bytes taken as the copy, before adapting again.
+//! Recorded: each disk's `adaptedSha256`, `status.adaptation`, `rewriteVolumes`, `recopied`; GuestAdapted.
 
 use std::time::Duration;
 
@@ -45,10 +47,12 @@ const ADAPTATION: JobAttempt = JobAttempt {
         )
     },
     failed: mark_for_rewriting,
-    // The person names other drivers or a first-boot tool; the volumes virt-v2v never touched are adapted then.
+    // The person names other drivers or a first-boot tool, and the volumes virt-v2v never touched are adapted
+    // then; or ends the guest's hibernation in vSphere and raises spec.recopy, and they are copied again first.
     fixable_in_place: &[
         Reason::GuestDriversMissing,
         Reason::GuestFirstBootToolMissing,
+        Reason::GuestFilesystemUnwritable,
     ],
     restarting: "AdaptationRestarting",
     retrying: "AdaptationRetrying",
@@ -73,13 +77,32 @@ const REWRITE: JobAttempt = JobAttempt {
     ..ADAPTATION
 };
 
+/// One Job per `spec.recopy` asked for, whatever the attempt; its failures are charged like a rewrite's.
+const RECOPY: JobAttempt = JobAttempt {
+    job: |vmm, _| children::recopy_job(vmm, vmm.spec.recopy),
+    running: |job, n| {
+        Next::wait(
+            "CopyingSourceAgain",
+            format!(
+                "Job {job} (attempt {n}) copies the source into the same volumes again, as spec.recopy asks: the \
+                 source guest was changed on purpose"
+            ),
+            WAIT,
+        )
+    },
+    ..REWRITE
+};
+
 pub async fn run(step: &mut Step<'_>) -> Result<Next> {
     if !step.status.disks.is_empty() && step.status.disks.iter().all(|d| d.adapted_sha256.is_some())
     {
         return Ok(adapted(step));
     }
+    if step.vmm.spec.recopy_wanted(step.status) {
+        return write_again(step, &RECOPY, recopied).await;
+    }
     if step.status.rewrite_volumes {
-        return rewrite(step).await;
+        return write_again(step, &REWRITE, rewritten).await;
     }
     match jobs::attempt(step, &ADAPTATION).await? {
         Attempt::Start { name, n } => {
@@ -121,11 +144,16 @@ fn may_have_changed_volumes(failure: &Failure) -> bool {
     )
 }
 
-/// Writes every volume from the source again, then clears `rewriteVolumes`.
-async fn rewrite(step: &mut Step<'_>) -> Result<Next> {
-    match jobs::attempt(step, &REWRITE).await? {
+/// What a Job that wrote the volumes from the source again means for the migration.
+type Written = fn(&mut Step<'_>, &str, WrittenSummary) -> Result<Next>;
+
+/// Writes every volume from the source again with `kind`'s Job, once vSphere shows the source powered off (a
+/// running guest's disk is no copy), then records what it wrote as `written` says.
+async fn write_again(step: &mut Step<'_>, kind: &JobAttempt, written: Written) -> Result<Next> {
+    match jobs::attempt(step, kind).await? {
         Attempt::Start { name, n } => {
             let provider = source::provider(step.ctx, step.vmm).await?;
+            source_powered_off(step, &provider).await?;
             if let Some(next) = host_slot::acquire(step, &provider).await {
                 return Ok(next);
             }
@@ -135,18 +163,18 @@ async fn rewrite(step: &mut Step<'_>) -> Result<Next> {
                 step.vmm,
                 &source,
                 &provider,
-                n,
+                &name,
                 &step.ctx.config.worker_image,
             );
             jobs::create(step.ctx, &step.vmm.namespace().unwrap_or_default(), &job).await?;
-            Ok((REWRITE.running)(&name, n))
+            Ok((kind.running)(&name, n))
         }
         Attempt::Succeeded {
             name,
             report: JobReport::Written(summary),
         } => {
             credentials::take_back(step.ctx, step.vmm).await?;
-            rewritten(step, &name, summary)
+            written(step, &name, summary)
         }
         Attempt::Succeeded { name, .. } => Err(Failure::bounded(
             Reason::JobResultUnreadable,
@@ -156,24 +184,33 @@ async fn rewrite(step: &mut Step<'_>) -> Result<Next> {
     }
 }
 
+/// A source someone powered on since Ferry powered it off is waited for: its disk changes while it runs, and
+/// stopping a guest a person started is theirs to do.
+async fn source_powered_off(step: &Step<'_>, provider: &ferry_api::Provider) -> Result<()> {
+    let session = source::session_for(step.ctx, provider).await?;
+    let (_, view) = source::checked_power_view(&session, step.status).await?;
+    if view.state == ferry_api::PowerState::PoweredOff {
+        return Ok(());
+    }
+    Err(Failure::fixable(
+        Reason::SourcePoweredOn,
+        format!(
+            "the source VM is {:?} in vSphere: the volumes are written from its disks again only while it is off; \
+             shut its guest down fully and power it off, and the migration resumes",
+            view.state
+        ),
+    ))
+}
+
 /// The volumes hold the source's bytes again, or the source itself changed.
 fn rewritten(step: &mut Step<'_>, job: &str, summary: WrittenSummary) -> Result<Next> {
+    same_disk_count(step.status, job, &summary)?;
     let recorded: Vec<Option<&String>> = step
         .status
         .disks
         .iter()
         .map(|d| d.sha256.as_ref())
         .collect();
-    if summary.sha256.len() != recorded.len() {
-        return Err(Failure::bounded(
-            Reason::DiskNotConverted,
-            format!(
-                "Job {job} wrote {} disk(s), the VM has {}",
-                summary.sha256.len(),
-                recorded.len()
-            ),
-        ));
-    }
     for (index, (read, copied)) in summary.sha256.iter().zip(&recorded).enumerate() {
         if Some(read) != *copied {
             return Err(Failure::permanent(
@@ -193,6 +230,48 @@ fn rewritten(step: &mut Step<'_>, job: &str, summary: WrittenSummary) -> Result<
         format!(
             "Job {job} wrote {} disk(s) from the source again and read them back equal to it; adapting again",
             summary.sha256.len()
+        ),
+    ))
+}
+
+/// The source as it is now, changed on purpose, is the copy: each disk's `sha256` is what the Job read back.
+fn recopied(step: &mut Step<'_>, job: &str, summary: WrittenSummary) -> Result<Next> {
+    same_disk_count(step.status, job, &summary)?;
+    let changed = record_recopy(step.status, step.vmm.spec.recopy, summary.sha256);
+    step.status.host_slot = None;
+    Ok(Next::persist(
+        "SourceCopiedAgain",
+        format!(
+            "Job {job} copied the source into the same volumes again, as spec.recopy asked ({changed} of {} disk(s) \
+             changed since the last copy); adapting again",
+            step.status.disks.len()
+        ),
+    ))
+}
+
+/// Takes `sha256` as each disk's copy made for `spec.recopy` = `recopy`; returns how many disks changed. Pure.
+fn record_recopy(status: &mut Status, recopy: i32, sha256: Vec<String>) -> usize {
+    let mut changed = 0;
+    for (disk, sha256) in status.disks.iter_mut().zip(sha256) {
+        changed += usize::from(disk.sha256.as_deref() != Some(sha256.as_str()));
+        disk.sha256 = Some(sha256);
+        disk.adapted_sha256 = None;
+    }
+    status.recopied = recopy;
+    status.rewrite_volumes = false;
+    changed
+}
+
+fn same_disk_count(status: &Status, job: &str, summary: &WrittenSummary) -> Result<()> {
+    if summary.sha256.len() == status.disks.len() {
+        return Ok(());
+    }
+    Err(Failure::bounded(
+        Reason::DiskNotConverted,
+        format!(
+            "Job {job} wrote {} disk(s), the VM has {}",
+            summary.sha256.len(),
+            status.disks.len()
         ),
     ))
 }
@@ -272,7 +351,7 @@ fn adapted(step: &Step<'_>) -> Next {
     let os = adaptation.map(|a| a.os.clone()).unwrap_or_default();
     let clock = adaptation
         .and_then(|a| a.clock.as_ref())
-        .map(|c| format!("; {}", describe_clock(c)))
+        .map(|c| format!("; {}", guest_clock(c).describe()))
         .unwrap_or_default();
     Next::advance(
         "GuestAdapted",
@@ -283,22 +362,13 @@ fn adapted(step: &Step<'_>) -> Next {
     )
 }
 
-fn describe_clock(clock: &GuestClockStatus) -> String {
-    match (clock.rtc, clock.timezone.as_str()) {
-        (GuestRtc::Utc, _) => "the guest keeps its clock in UTC".into(),
-        (GuestRtc::LocalTime, "") => format!(
-            "the guest keeps local time in a zone with no IANA name ({}), so the VM's clock runs in UTC and \
-             the guest shows UTC until it syncs its time",
-            if clock.windows_zone.is_empty() {
-                "unnamed"
-            } else {
-                &clock.windows_zone
-            }
-        ),
-        (GuestRtc::LocalTime, zone) => format!(
-            "the guest keeps local time ({}), so the VM's clock runs in {zone}",
-            clock.windows_zone
-        ),
+/// The clock a status records, as the guest keeps it.
+fn guest_clock(clock: &GuestClockStatus) -> GuestClock {
+    match clock.rtc {
+        GuestRtc::Utc => GuestClock::Utc,
+        GuestRtc::LocalTime => GuestClock::LocalTime {
+            windows_zone: clock.windows_zone.clone(),
+        },
     }
 }
 
@@ -307,10 +377,18 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_guests_clock_is_recorded_with_its_iana_zone_and_said_plainly() {
-        let utc = clock_status(&GuestClock::Utc);
-        assert_eq!(utc.rtc, GuestRtc::Utc);
-        assert_eq!(describe_clock(&utc), "the guest keeps its clock in UTC");
+    fn the_guests_clock_is_recorded_with_its_iana_zone_and_read_back_as_found() {
+        for found in [
+            GuestClock::Utc,
+            GuestClock::LocalTime {
+                windows_zone: "W. Europe Standard Time".into(),
+            },
+            GuestClock::LocalTime {
+                windows_zone: String::new(),
+            },
+        ] {
+            assert_eq!(guest_clock(&clock_status(&found)), found);
+        }
         let berlin = clock_status(&GuestClock::LocalTime {
             windows_zone: "W. Europe Standard Time".into(),
         });
@@ -318,19 +396,33 @@ mod tests {
             (berlin.rtc, berlin.timezone.as_str()),
             (GuestRtc::LocalTime, "Europe/Berlin")
         );
-        assert_eq!(
-            describe_clock(&berlin),
-            "the guest keeps local time (W. Europe Standard Time), so the VM's clock runs in Europe/Berlin"
-        );
-        let unknown = clock_status(&GuestClock::LocalTime {
-            windows_zone: String::new(),
-        });
-        assert_eq!(unknown.timezone, "");
-        assert!(
-            describe_clock(&unknown).contains("(unnamed), so the VM's clock runs in UTC"),
-            "{}",
-            describe_clock(&unknown)
-        );
+        assert_eq!(clock_status(&GuestClock::Utc).rtc, GuestRtc::Utc);
+    }
+
+    #[test]
+    fn a_recopy_takes_the_sources_new_bytes_as_the_copy_and_is_recorded_for_its_spec_value() {
+        let disk = |sha: &str| ferry_api::DiskStatus {
+            sha256: Some(sha.into()),
+            ..Default::default()
+        };
+        let mut status = Status {
+            disks: vec![disk("hibernated"), disk("data")],
+            rewrite_volumes: true,
+            ..Default::default()
+        };
+        let changed = record_recopy(&mut status, 2, vec!["shut-down".into(), "data".into()]);
+        assert_eq!(changed, 1);
+        let copied: Vec<_> = status.disks.iter().map(|d| d.sha256.as_deref()).collect();
+        assert_eq!(copied, [Some("shut-down"), Some("data")]);
+        assert!(status.disks.iter().all(|d| d.adapted_sha256.is_none()));
+        assert_eq!((status.recopied, status.rewrite_volumes), (2, false));
+        let spec: ferry_api::VirtualMachineMigrationSpec =
+            serde_json::from_value(serde_json::json!({
+            "source": {"providerRef": {"name": "p"}, "vm": {"name": "w"}}, "recopy": 2}))
+            .unwrap();
+        assert!(!spec.recopy_wanted(&status), "copied for recopy 2 already");
+        status.recopied = 1;
+        assert!(spec.recopy_wanted(&status));
     }
 
     #[test]

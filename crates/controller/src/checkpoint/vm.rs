@@ -13,9 +13,9 @@ use crate::error::{Failure, Result};
 pub async fn run(step: &mut Step<'_>) -> Result<Next> {
     let ns = step.vmm.namespace().unwrap_or_default();
     let source = super::support::source::recorded(step.status)?;
-    let source = build::vm::as_adapted(source, step.status.adaptation.as_ref());
-    let desired = build::vm::with_guest_clock(
-        build::vm::virtual_machine(step.vmm, &source),
+    let desired = build::vm::adapted_virtual_machine(
+        step.vmm,
+        source.clone(),
         step.status.adaptation.as_ref(),
     );
     let name = desired.name_any();

@@ -87,6 +87,7 @@ pub fn migration(plan: &MigrationPlan, planned: &PlannedVm) -> VirtualMachineMig
             retry: spec.retry,
             guest_check: spec.guest_check,
             cancel: false,
+            recopy: 0,
         },
     );
     child.metadata.namespace = plan.namespace();

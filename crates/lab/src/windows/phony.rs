@@ -37,6 +37,25 @@ impl PhonyFixtures {
     pub fn disk(&self, guest: &PhonyWindows) -> PathBuf {
         self.dir.join(format!("{}.raw", guest.name))
     }
+
+    /// The raw disk of a hibernated `guest` once it was booted and shut down fully: the same guest, its
+    /// hibernation file gone.
+    pub fn shut_down_disk(&self, guest: &PhonyWindows) -> PathBuf {
+        self.dir.join(format!("{}-shut-down.raw", guest.name))
+    }
+}
+
+/// Every disk a build writes: each guest's as it is found, and a hibernated one's after a full shutdown too, with
+/// its file's stem and whether it holds a hibernation image.
+fn images() -> Vec<(PhonyWindows, String, bool)> {
+    let mut images: Vec<_> = ALL
+        .iter()
+        .map(|g| (*g, g.name.to_string(), g.hibernated))
+        .collect();
+    for guest in ALL.iter().filter(|g| g.hibernated) {
+        images.push((*guest, format!("{}-shut-down", guest.name), false));
+    }
+    images
 }
 
 /// Returns the cached fixtures, building them first if the recipe changed. Concurrent callers wait on a lock.
@@ -132,9 +151,9 @@ fn build(dir: &Path) -> Result<()> {
         guestfish.env("LIBGUESTFS_BACKEND_SETTINGS", "force_tcg");
     }
     run(&mut guestfish).context("guestfish (Debian guestfish; hack/setup.sh installs it)")?;
-    for guest in ALL {
+    for (guest, stem, _) in images() {
         if guest.firmware == Firmware::Bios {
-            write_mbr_signature(&dir.join(format!("{}.raw", guest.name)))?;
+            write_mbr_signature(&dir.join(format!("{stem}.raw")))?;
         }
     }
 
@@ -149,18 +168,18 @@ fn build(dir: &Path) -> Result<()> {
     Ok(())
 }
 
-/// One guestfish session for every disk, which are `/dev/sda`, `/dev/sdb`, … in [`ALL`]'s order. Files are
+/// One guestfish session for every disk, which are `/dev/sda`, `/dev/sdb`, … in [`images`]' order. Files are
 /// uploaded from the work directory (`work/<guest>-SOFTWARE`, …), disks written to `dir`.
 fn guestfish_script(dir: &Path) -> String {
     let mut script = String::new();
-    for guest in ALL {
+    for (_, stem, _) in images() {
         script += &format!(
             "sparse \"{}\" {DISK_MIB}M\n",
-            dir.join(format!("{}.raw", guest.name)).display()
+            dir.join(format!("{stem}.raw")).display()
         );
     }
     script += "run\n";
-    for (index, guest) in ALL.iter().enumerate() {
+    for (index, (guest, _, hibernated)) in images().iter().enumerate() {
         let device = format!("/dev/sd{}", (b'a' + index as u8) as char);
         let windows = match guest.firmware {
             Firmware::Efi => {
@@ -209,7 +228,7 @@ fn guestfish_script(dir: &Path) -> String {
              upload cmd.exe \"/Program Files/VMware/VMware Tools/vmtoolsd.exe\"\n",
             name = guest.name
         );
-        if guest.hibernated {
+        if *hibernated {
             script += "upload hiberfil.sys /hiberfil.sys\n";
         }
         script += "umount-all\n";

@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
 use ferry_api::Firmware;
-use ferry_vsphere::provision::NewVm;
-use ferry_vsphere::{Session, VmSelector, inventory};
+use ferry_vsphere::provision::{self, NewVm};
+use ferry_vsphere::{Session, VmSelector, inventory, power};
 use serde_json::{Value, json};
 
 use super::phony::{PhonyFixtures, ensure_phony_windows};
@@ -45,6 +45,31 @@ pub async fn seed_phony_windows_vms(endpoint: &VcsimEndpoint, dir: &Path) -> Res
         report_guest_network(endpoint, &guest, true).await?;
     }
     Ok(fixtures)
+}
+
+/// Stands in for a person running `guest` in vSphere: powers it on, the guest leaves `leaving` as its disk (for a
+/// hibernated guest booted and shut down fully, [`PhonyFixtures::shut_down_disk`]; its own disk to hibernate it
+/// again), and powers it off.
+pub async fn run_guest(
+    endpoint: &VcsimEndpoint,
+    guest: &PhonyWindows,
+    leaving: &Path,
+) -> Result<()> {
+    let session = Session::connect(endpoint.connect_config(Duration::from_secs(60))?).await?;
+    let ran = async {
+        let vm = inventory::find_vm(&session, &VmSelector::Name(guest.name.into())).await?;
+        let timeout = Duration::from_secs(60);
+        if power::current_power_state(&session, &vm).await? != ferry_api::PowerState::PoweredOn {
+            power::power_on(&session, &vm, timeout).await?;
+        }
+        provision::relink_local_extent(&session, &vm, 0, leaving).await?;
+        power::power_off(&session, &vm, timeout).await?;
+        anyhow::Ok(())
+    }
+    .await
+    .with_context(|| format!("running {} in vSphere", guest.name));
+    session.logout().await;
+    ran
 }
 
 /// Makes vcsim report what VMware Tools in `guest` would (through the lab's launcher, `tools/vcsim/guestnet.go`):

@@ -481,9 +481,9 @@ mod tests {
             refusal(&drivers, &fixable, None, Some(1)),
             Refusal::Waiting(_)
         ));
-        let hibernated = Failure::permanent(Reason::GuestFilesystemUnwritable, "hibernated");
+        let disk_full = Failure::permanent(Reason::GuestDiskFull, "no room");
         assert_eq!(
-            refusal(&hibernated, &fixable, Some(1), Some(9)),
+            refusal(&disk_full, &fixable, Some(1), Some(9)),
             Refusal::Final
         );
         let retried = Failure::bounded(
