@@ -8,6 +8,9 @@
 //!   virtio-win drivers it names are found in the volume the Job mounted;
 //! - [`clock`]: whether a Windows guest keeps its hardware clock in UTC or local time, from its SYSTEM hive, and
 //!   the IANA zone KubeVirt should run it in;
+//! - [`interface_names`]: which name each NIC keeps inside a Linux guest, read from the guest's own network
+//!   configuration and tied to the NIC by MAC or by the addresses VMware Tools reported, and the systemd `.link`
+//!   files that keep them (not yet written into guests: issue 52);
 //! - [`failure`]: what a failed run means (unsupported guest, no space, missing drivers, appliance trouble), so
 //!   the controller knows whether a retry can help.
 
@@ -15,4 +18,5 @@ pub mod clock;
 pub mod domain;
 pub mod failure;
 pub mod inspection;
+pub mod interface_names;
 pub mod spec;

@@ -323,12 +323,35 @@ fn standing(out: &mut String, status: &VirtualMachineMigrationStatus) {
             ),
         );
     }
+    if let Some(copies) = copies_again(status) {
+        line(out, "Copied:", copies);
+    }
     if let Some(guest) = &status.guest {
         line(
             out,
             "Guest:",
             format!("{:?}: {}", guest.evidence, guest.message),
         );
+    }
+}
+
+/// What is known of the copy beyond the first one: copied again for `spec.recopy`, or to be written again after
+/// an adaptation attempt that may have changed the volumes.
+fn copies_again(status: &VirtualMachineMigrationStatus) -> Option<String> {
+    let recopied = (status.recopied > 0).then(|| {
+        format!(
+            "again from the source for spec.recopy {} (the source was changed on purpose)",
+            status.recopied
+        )
+    });
+    let rewrite = status.rewrite_volumes.then(|| {
+        "the volumes are written from the source again before the next adaptation attempt (the last one may \
+         have changed them)"
+            .to_string()
+    });
+    match (recopied, rewrite) {
+        (Some(a), Some(b)) => Some(format!("{a}; {b}")),
+        (a, b) => a.or(b),
     }
 }
 
@@ -593,6 +616,23 @@ mod tests {
         );
         source.nics[0].ip_addresses.clear();
         assert_eq!(guest_network(&source), None, "the tools reported nothing");
+    }
+
+    #[test]
+    fn a_copy_made_again_is_said() {
+        let mut status = VirtualMachineMigrationStatus::default();
+        assert_eq!(copies_again(&status), None);
+        status.recopied = 2;
+        assert_eq!(
+            copies_again(&status).unwrap(),
+            "again from the source for spec.recopy 2 (the source was changed on purpose)"
+        );
+        status.rewrite_volumes = true;
+        assert!(
+            copies_again(&status).unwrap().ends_with(
+                "before the next adaptation attempt (the last one may have changed them)"
+            )
+        );
     }
 
     #[test]
