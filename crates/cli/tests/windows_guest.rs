@@ -514,7 +514,37 @@ async fn assert_waits_with_the_copy_kept(
         PowerState::PoweredOff,
         "the copied source stays off"
     );
-    // Rechecked, but not run again: the refused Job stays as it was (its attempt uncharged).
+    // The refused Job is kept as the evidence, its attempt uncharged. An earlier attempt may have failed
+    // otherwise and been charged (an appliance that did not start under load): that is the retry, not the refusal.
+    let refused_job = message
+        .strip_prefix("Job ")
+        .and_then(|m| m.split(':').next())
+        .unwrap_or_else(|| panic!("the refusal names its Job: {message}"))
+        .to_string();
+    let job =
+        kube::Api::<k8s_openapi::api::batch::v1::Job>::namespaced(ns.client.clone(), ns.name())
+            .get(&refused_job)
+            .await
+            .unwrap_or_else(|e| panic!("the refused Job {refused_job} is kept: {e}"));
+    let charged = |s: &VirtualMachineMigrationStatus| {
+        s.retry
+            .as_ref()
+            .map(|r| r.charged.clone())
+            .unwrap_or_default()
+    };
+    let charged_then = charged(&status);
+    if !charged_then.is_empty() {
+        eprintln!(
+            "{name}: attempts charged before the refusal: {:?}",
+            status.retry
+        );
+    }
+    assert!(
+        !charged_then.contains(&job.metadata.uid.clone().unwrap_or_default()),
+        "the refusal is not charged: {:?}",
+        status.retry
+    );
+    // Rechecked, but not run again.
     tokio::time::sleep(Duration::from_secs(20)).await;
     let still = migrations(&ns.client, ns.name())
         .get(name)
@@ -526,11 +556,7 @@ async fn assert_waits_with_the_copy_kept(
         (still.phase, still.reason.as_deref()),
         (Some(Phase::ManualInterventionRequired), Some(reason))
     );
-    assert!(
-        still.retry.as_ref().is_none_or(|r| r.charged.is_empty()),
-        "{:?}",
-        still.retry
-    );
+    assert_eq!(charged(&still), charged_then, "{:?}", still.retry);
     status
 }
 
