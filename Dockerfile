@@ -13,11 +13,12 @@ RUN cargo build --release --locked --no-default-features --bin ferry
 
 FROM ${BASE}
 # CA certificates for S3 and vCenter endpoints signed by public CAs. Ferry writes qcow2 itself; qemu-img is for
-# guest adaptation's overlays. virt-v2v (with nbdkit for its input) adapts guests. libguestfs's appliance is built
-# by supermin in the Job's scratch space from the image's own packages and kernel (2 s): a prebuilt one would be a
-# 4 GiB sparse file, which image layers do not keep sparse. The kernel must be readable by the Jobs' users.
+# guest adaptation's overlays. virt-v2v (with nbdkit for its input) adapts guests; before it, guestfish writes what
+# keeps a Linux guest's interface names. libguestfs's appliance is built by supermin in the Job's scratch space from
+# the image's own packages and kernel (2 s): a prebuilt one would be a 4 GiB sparse file, which image layers do not
+# keep sparse. The kernel must be readable by the Jobs' users.
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends ca-certificates qemu-utils virt-v2v nbdkit linux-image-amd64 \
+    && apt-get install -y --no-install-recommends ca-certificates qemu-utils virt-v2v nbdkit guestfish linux-image-amd64 \
     && chmod a+r /boot/vmlinuz-* \
     && rm -rf /var/lib/apt/lists/*
 ENV LIBGUESTFS_BACKEND=direct

@@ -8,9 +8,10 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 
 # Debian packages: binary (or file) -> package. The second and third lines are what the lab's Debian guests are built and
 # booted with (crates/lab/guest/debian12.sh; OVMF for the EFI guest with Secure Boot). The last two lines are guest
-# adaptation: virt-v2v, nbdkit for its input, and a kernel for libguestfs's appliance (supermin builds it from /boot);
-# then what the phony Windows guests are built and read back with (crates/lab/src/windows): guestfish, hivex's
-# shell and hivexregedit, and xorriso for the fake virtio-win ISO.
+# adaptation: virt-v2v, nbdkit for its input, guestfish (which keeps a Linux guest's interface names), and a kernel
+# for libguestfs's appliance (supermin builds it from /boot); then what the phony Windows guests are built and read
+# back with (crates/lab/src/windows): guestfish again, hivex's shell and hivexregedit, and xorriso for the fake
+# virtio-win ISO.
 declare -A need=(
   [qemu-img]=qemu-utils [qemu-system-x86_64]=qemu-system-x86 [bwrap]=bubblewrap [flock]=util-linux [curl]=curl
   [mmdebstrap]=mmdebstrap [/usr/sbin/mkfs.ext4]=e2fsprogs [/usr/sbin/mkfs.vfat]=dosfstools [/usr/sbin/sfdisk]=fdisk

@@ -6,11 +6,15 @@
 //! the interface keeps the old name (systemd-udev on Debian and RHEL; see `docs/research/linux-interface-names.md`).
 //!
 //! The names come from the guest's configuration ([`configured_interfaces`]: ifupdown, NetworkManager keyfiles,
-//! ifcfg); each is tied to a NIC ([`pins`]) by the MAC the configuration names, else by an address VMware Tools
+//! ifcfg, systemd-networkd, netplan); each is tied to a NIC ([`pins`]) by the MAC the configuration names, else by an address VMware Tools
 //! reported on that NIC, else, when the VM has one NIC and the guest configures one, by being the only one. A NIC
 //! claimed by two names, or a name by two NICs, is left alone and reported. Pure.
 
-use std::collections::BTreeMap;
+use serde::{Deserialize, Serialize};
+
+mod configured;
+
+pub use configured::configured_interfaces;
 
 /// Where a guest keeps the configuration this module reads, as shell globs from its root.
 pub const CONFIG_FILES: &[&str] = &[
@@ -18,15 +22,16 @@ pub const CONFIG_FILES: &[&str] = &[
     "/etc/network/interfaces.d/*",
     "/etc/NetworkManager/system-connections/*",
     "/etc/sysconfig/network-scripts/ifcfg-*",
+    "/etc/systemd/network/*.network",
+    "/etc/netplan/*.yaml",
 ];
 
-/// The longest interface name Linux takes (`IFNAMSIZ` less the terminating zero).
-const MAX_NAME: usize = 15;
-
 /// A NIC as vSphere describes it: its MAC, and the addresses VMware Tools reported on it (without prefix).
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
 pub struct SourceNic {
     pub mac: String,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub addresses: Vec<String>,
 }
 
@@ -56,227 +61,6 @@ pub struct NamePlan {
     pub pins: Vec<NamePin>,
     /// Names found and not kept, each with the reason.
     pub left_alone: Vec<String>,
-}
-
-/// The physical interfaces `files` (path, text) configure, in file order; virtual ones (bonds, bridges, VLANs,
-/// aliases' parents aside) and the loopback are left out.
-pub fn configured_interfaces(files: &[(String, String)]) -> Vec<ConfiguredInterface> {
-    let mut found: Vec<ConfiguredInterface> = Vec::new();
-    for (path, text) in files {
-        let file_name = path.rsplit('/').next().unwrap_or(path);
-        let parsed = if path.starts_with("/etc/network/interfaces") {
-            ifupdown(path, text)
-        } else if path.starts_with("/etc/NetworkManager/system-connections/") {
-            keyfile(path, text).into_iter().collect()
-        } else if file_name.starts_with("ifcfg-") {
-            ifcfg(path, text).into_iter().collect()
-        } else {
-            vec![]
-        };
-        for interface in parsed {
-            merge(&mut found, interface);
-        }
-    }
-    found
-}
-
-/// One entry per name: a name configured in two files keeps every address and the first MAC named.
-fn merge(found: &mut Vec<ConfiguredInterface>, interface: ConfiguredInterface) {
-    match found.iter_mut().find(|f| f.name == interface.name) {
-        Some(existing) => {
-            existing.mac = existing.mac.take().or(interface.mac);
-            for address in interface.addresses {
-                if !existing.addresses.contains(&address) {
-                    existing.addresses.push(address);
-                }
-            }
-        }
-        None => found.push(interface),
-    }
-}
-
-/// ifupdown's `iface NAME inet|inet6 static` stanzas with their `address` lines (an alias `NAME:1` counts for
-/// `NAME`); interfaces with bond, bridge or VLAN options are virtual.
-fn ifupdown(path: &str, text: &str) -> Vec<ConfiguredInterface> {
-    let mut found = Vec::new();
-    let mut current: Option<(ConfiguredInterface, bool)> = None;
-    let mut finish = |current: &mut Option<(ConfiguredInterface, bool)>| {
-        if let Some((interface, virtual_)) = current.take()
-            && !virtual_
-        {
-            found.push(interface);
-        }
-    };
-    for line in text
-        .lines()
-        .map(|l| l.split('#').next().unwrap_or("").trim())
-    {
-        let mut words = line.split_whitespace();
-        let Some(keyword) = words.next() else {
-            continue;
-        };
-        match keyword {
-            "iface" => {
-                finish(&mut current);
-                let name = words.next().unwrap_or_default();
-                let base = name.split(':').next().unwrap_or_default();
-                if is_physical_name(base) {
-                    current = Some((
-                        ConfiguredInterface {
-                            name: base.into(),
-                            file: path.into(),
-                            ..Default::default()
-                        },
-                        false,
-                    ));
-                }
-            }
-            "auto" | "allow-hotplug" | "allow-auto" | "mapping" | "source" | "source-directory" => {
-                finish(&mut current)
-            }
-            "address" => {
-                if let (Some((interface, _)), Some(address)) = (current.as_mut(), words.next()) {
-                    interface.addresses.push(without_prefix(address));
-                }
-            }
-            "hwaddress" => {
-                let mac = words.find(|w| w.contains(':'));
-                if let (Some((interface, _)), Some(mac)) = (current.as_mut(), mac) {
-                    interface.mac = Some(mac.to_ascii_lowercase());
-                }
-            }
-            option
-                if ["bond-", "bond_", "bridge-", "bridge_", "vlan-", "vlan_"]
-                    .iter()
-                    .any(|p| option.starts_with(p)) =>
-            {
-                if let Some((_, virtual_)) = current.as_mut() {
-                    *virtual_ = true;
-                }
-            }
-            _ => {}
-        }
-    }
-    finish(&mut current);
-    found
-}
-
-/// A NetworkManager keyfile of an Ethernet connection: `interface-name`, `[ethernet] mac-address`, and the
-/// `addressN` (or older `addressesN`) of `[ipv4]` and `[ipv6]`. A profile bound to a MAC and no name needs no
-/// name kept: NetworkManager finds its NIC by the MAC.
-fn keyfile(path: &str, text: &str) -> Option<ConfiguredInterface> {
-    let sections = ini(text);
-    let value = |section: &str, key: &str| {
-        sections
-            .get(section)
-            .and_then(|s| s.get(key))
-            .map(String::as_str)
-    };
-    let kind = value("connection", "type").unwrap_or("ethernet");
-    if !matches!(kind, "ethernet" | "802-3-ethernet") {
-        return None;
-    }
-    let name = value("connection", "interface-name").filter(|n| is_physical_name(n))?;
-    let mac = value("ethernet", "mac-address")
-        .or(value("802-3-ethernet", "mac-address"))
-        .filter(|m| m.contains(':'))
-        .map(str::to_ascii_lowercase);
-    let mut addresses = Vec::new();
-    for family in ["ipv4", "ipv6"] {
-        let Some(section) = sections.get(family) else {
-            continue;
-        };
-        for (key, value) in section {
-            if key.starts_with("address") {
-                // `192.0.2.10/24,192.0.2.1`: the address, then its gateway.
-                for entry in value.split(';').filter(|e| !e.is_empty()) {
-                    let address = entry.split(',').next().unwrap_or_default();
-                    addresses.push(without_prefix(address));
-                }
-            }
-        }
-    }
-    Some(ConfiguredInterface {
-        name: name.into(),
-        mac,
-        addresses,
-        file: path.into(),
-    })
-}
-
-/// An `ifcfg-NAME` file of an Ethernet device (a bond's slave too): `DEVICE` (else the file's name), `HWADDR`,
-/// and `IPADDR`, `IPADDR0`, `IPADDR1`, ….
-fn ifcfg(path: &str, text: &str) -> Option<ConfiguredInterface> {
-    let mut values = BTreeMap::new();
-    for line in text.lines().map(str::trim) {
-        if let Some((key, value)) = line.split_once('=') {
-            values.insert(key.trim(), value.trim().trim_matches(['"', '\'']));
-        }
-    }
-    let kind = values.get("TYPE").copied().unwrap_or("Ethernet");
-    if !kind.eq_ignore_ascii_case("ethernet") || values.contains_key("VLAN") {
-        return None;
-    }
-    let file_name = path.rsplit('/').next().unwrap_or(path);
-    let name = values
-        .get("DEVICE")
-        .copied()
-        .unwrap_or_else(|| file_name.trim_start_matches("ifcfg-"));
-    if !is_physical_name(name) {
-        return None;
-    }
-    let addresses = values
-        .iter()
-        .filter(|(key, _)| key.starts_with("IPADDR"))
-        .map(|(_, value)| without_prefix(value))
-        .collect();
-    Some(ConfiguredInterface {
-        name: name.into(),
-        mac: values
-            .get("HWADDR")
-            .map(|m| m.to_ascii_lowercase())
-            .filter(|m| !m.is_empty()),
-        addresses,
-        file: path.into(),
-    })
-}
-
-/// Sections of an INI text, keys in order of their names.
-fn ini(text: &str) -> BTreeMap<String, BTreeMap<String, String>> {
-    let mut sections: BTreeMap<String, BTreeMap<String, String>> = BTreeMap::new();
-    let mut current = String::new();
-    for line in text.lines().map(str::trim) {
-        if line.starts_with('#') || line.is_empty() {
-            continue;
-        }
-        if let Some(section) = line.strip_prefix('[').and_then(|l| l.strip_suffix(']')) {
-            current = section.trim().to_string();
-        } else if let Some((key, value)) = line.split_once('=') {
-            sections
-                .entry(current.clone())
-                .or_default()
-                .insert(key.trim().into(), value.trim().into());
-        }
-    }
-    sections
-}
-
-fn without_prefix(address: &str) -> String {
-    address.split('/').next().unwrap_or(address).to_string()
-}
-
-/// A name the guest gives a NIC of its own: not the loopback, a VLAN (`ens192.100`), a bond or a bridge by its
-/// usual name, and one Linux can give (at most 15 bytes, not all digits, not `all` or `default`, no `/`, `:` or
-/// blanks).
-fn is_physical_name(name: &str) -> bool {
-    !name.is_empty()
-        && name.len() <= MAX_NAME
-        && !name.bytes().all(|b| b.is_ascii_digit())
-        && !["lo", "all", "default"].contains(&name)
-        && !name.contains(['.', '/', ':', ' ', '\t'])
-        && !["bond", "br", "virbr", "docker", "team"]
-            .iter()
-            .any(|p| name.starts_with(p))
 }
 
 /// Ties each configured name to a NIC of `nics`: by the MAC the configuration names, else by an address VMware
@@ -358,6 +142,95 @@ pub fn pins(nics: &[SourceNic], configured: &[ConfiguredInterface]) -> NamePlan 
 fn is_kernel_name(name: &str) -> bool {
     name.strip_prefix("eth")
         .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+}
+
+/// What keeping the names came to, as the worker reports it: the names kept with their NIC, the names found and
+/// left alone with the reason, or why the guest's configuration could not be read (then nothing was written).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NamesOutcome {
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub kept: Vec<KeptName>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub left_alone: Vec<String>,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub error: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KeptName {
+    pub name: String,
+    pub mac: String,
+}
+
+/// The most bytes of reasons an outcome carries (it travels in a termination message with every disk's hash).
+const MAX_REASON_BYTES: usize = 200;
+
+impl NamesOutcome {
+    /// The outcome of `plan` once its files were written; reasons past [`MAX_REASON_BYTES`] are counted, not kept.
+    pub fn written(plan: &NamePlan) -> Self {
+        let mut left_alone = Vec::new();
+        let mut bytes = 0;
+        for (i, reason) in plan.left_alone.iter().enumerate() {
+            if bytes + reason.len() > MAX_REASON_BYTES {
+                left_alone.push(format!("and {} more", plan.left_alone.len() - i));
+                break;
+            }
+            bytes += reason.len();
+            left_alone.push(reason.clone());
+        }
+        Self {
+            kept: plan
+                .pins
+                .iter()
+                .map(|p| KeptName {
+                    name: p.name.clone(),
+                    mac: p.mac.clone(),
+                })
+                .collect(),
+            left_alone,
+            error: String::new(),
+        }
+    }
+
+    /// Nothing written, because `error`.
+    pub fn failed(error: &str) -> Self {
+        let mut error = error.trim().to_string();
+        if error.len() > MAX_REASON_BYTES {
+            let mut end = MAX_REASON_BYTES;
+            while !error.is_char_boundary(end) {
+                end -= 1;
+            }
+            error.truncate(end);
+            error.push('…');
+        }
+        Self {
+            error,
+            ..Self::default()
+        }
+    }
+
+    /// One line for people: `ens192 kept on 00:50:56:aa:bb:cc; left alone: …`.
+    pub fn describe(&self) -> String {
+        if !self.error.is_empty() {
+            return format!("interface names not kept: {}", self.error);
+        }
+        let mut parts = Vec::new();
+        if self.kept.is_empty() {
+            parts.push("no interface name to keep in the guest's configuration".to_string());
+        } else {
+            let kept: Vec<String> = self
+                .kept
+                .iter()
+                .map(|k| format!("{} on {}", k.name, k.mac))
+                .collect();
+            parts.push(format!("interface names kept: {}", kept.join(", ")));
+        }
+        if !self.left_alone.is_empty() {
+            parts.push(format!("left alone: {}", self.left_alone.join("; ")));
+        }
+        parts.join("; ")
+    }
 }
 
 /// The `.link` file that keeps `pin`'s name, and where it goes. It sorts before systemd's `99-default.link`;
@@ -494,26 +367,6 @@ mod tests {
     }
 
     #[test]
-    fn ifcfg_files_name_their_device_and_mac() {
-        let files = [
-            file(
-                "/etc/sysconfig/network-scripts/ifcfg-ens192",
-                "TYPE=Ethernet\nBOOTPROTO=none\nDEVICE=ens192\nHWADDR=\"00:50:56:AA:00:21\"\nIPADDR=192.0.2.30\n",
-            ),
-            file(
-                "/etc/sysconfig/network-scripts/ifcfg-bond0",
-                "TYPE=Bond\nDEVICE=bond0\n",
-            ),
-            file("/etc/sysconfig/network-scripts/ifcfg-lo", "DEVICE=lo\n"),
-        ];
-        let configured = configured_interfaces(&files);
-        assert_eq!(configured.len(), 1, "{configured:?}");
-        assert_eq!(configured[0].mac.as_deref(), Some("00:50:56:aa:00:21"));
-        let plan = pins(&[nic("00:50:56:aa:00:21", &[])], &configured);
-        assert_eq!(plan.pins[0].name, "ens192");
-    }
-
-    #[test]
     fn the_only_name_on_the_only_nic_is_kept_and_anything_unsure_is_left_alone() {
         let dhcp = [file(
             "/etc/network/interfaces",
@@ -571,27 +424,5 @@ mod tests {
             pins(&[nic("00:50:56:aa:00:41", &["192.0.2.50"])], &eth).pins[0].name,
             "eth0"
         );
-    }
-
-    #[test]
-    fn names_linux_cannot_give_or_virtual_interfaces_are_not_configured_names() {
-        for name in [
-            "lo",
-            "all",
-            "42",
-            "ens192.100",
-            "bond0",
-            "br0",
-            "a-name-too-long-0",
-            "",
-        ] {
-            assert!(!is_physical_name(name), "{name}");
-        }
-        let bridged = [file(
-            "/etc/network/interfaces",
-            "iface br0 inet static\n address 192.0.2.60/24\n bridge_ports ens192\n\
-             iface vlan7 inet static\n address 192.0.2.61/24\n vlan-raw-device ens192\n",
-        )];
-        assert!(configured_interfaces(&bridged).is_empty());
     }
 }

@@ -32,6 +32,10 @@ pub struct AdaptSpec {
     /// The static addresses a Windows guest's NICs get back at first boot (`conversion.preserveStaticIPs`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub static_ips: Vec<StaticIp>,
+    /// For a Linux guest: its NICs, whose names inside the guest are kept by MAC before virt-v2v runs
+    /// ([`crate::interface_names`]); none for a guest whose names are not Ferry's to keep (Windows).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub keep_interface_names: Option<Vec<crate::interface_names::SourceNic>>,
 }
 
 /// One address virt-v2v's first boot gives the NIC with this MAC: `--mac MAC:ip:ADDRESS,GATEWAY,PREFIX,DNS...`.
@@ -327,6 +331,7 @@ mod tests {
             virtio_win: None,
             first_boot_tool: None,
             static_ips: vec![],
+            keep_interface_names: None,
         }
     }
 

@@ -123,7 +123,7 @@ pub async fn adapt(args: AdaptArgs) -> Result<()> {
         }),
     };
     report(&args.result_file, outcome, |adapted| {
-        JobReport::Adapted(adapted.clone())
+        JobReport::Adapted(Box::new(adapted.clone()))
     })
 }
 

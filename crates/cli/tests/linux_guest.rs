@@ -7,8 +7,13 @@ mod support;
 
 use std::time::Duration;
 
+use ferry_api::KeptInterfaceName;
 use ferry_api::{GuestEvidence, Phase, PowerState, VirtualMachineMigration};
-use ferry_lab::vsphere::linux_vms::{LINUX_BIOS_VM, LINUX_EFI_VM};
+use ferry_lab::vsphere::guest_image::GuestImage;
+use ferry_lab::vsphere::guest_image::StaticNetwork;
+use ferry_lab::vsphere::linux_vms::{
+    LINUX_BIOS_VM, LINUX_EFI_VM, LINUX_NM_VM, LINUX_STATIC_VM, NETWORK, SECOND_NETWORK,
+};
 use ferry_testkit::migration;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
@@ -102,11 +107,38 @@ fn print_timeline(done: &VirtualMachineMigration) {
     );
 }
 
+/// How a guest's network must come up: by DHCP on the pod network (masquerade), or with the static addresses its
+/// own configuration gives the interfaces it names (in the VM's NIC order), on Multus networks.
+enum GuestNetwork {
+    PodDhcp,
+    Static(Vec<StaticNetwork>),
+}
+
+/// The static addresses of a lab guest image.
+fn static_networks(
+    image: impl FnOnce(ferry_lab::vsphere::guest_image::GuestImages) -> GuestImage,
+) -> Vec<StaticNetwork> {
+    let images = ferry_lab::vsphere::guest_image::ensure_guest_images(None)
+        .expect("the lab's guest images (cached)");
+    let networks = image(images).static_networks;
+    assert!(!networks.is_empty(), "the guest has static addresses");
+    networks
+}
+
+/// The static guests' NICs on Multus networks (bridges where their addresses mean something), not the pod's.
+fn on_multus_networks(mut extra: Value) -> Value {
+    extra["target"] = json!({"networks": [
+        {"source": NETWORK, "multus": {"networkName": "lan"}},
+        {"source": SECOND_NETWORK, "multus": {"networkName": "lan2"}}]});
+    extra
+}
+
 async fn assert_booted_with_agent(
     client: &Client,
     ns: &str,
     done: &VirtualMachineMigration,
     hostname: &str,
+    network: &GuestNetwork,
 ) {
     print_timeline(done);
     let name = done.name_any();
@@ -121,12 +153,7 @@ async fn assert_booted_with_agent(
             .contains("Debian GNU/Linux 12"),
         "{guest:?}"
     );
-    // KubeVirt shows a masquerade NIC's address as the launcher pod's (the stand-in's is in the real node's pod
-    // range); the guest's own is on its console line, below.
-    assert!(
-        guest.ip_addresses.iter().any(|ip| ip.starts_with("10.88.")),
-        "{guest:?}"
-    );
+    let source_mac = status.source.as_ref().unwrap().nics[0].mac.to_lowercase();
     // The VMI's agent view, as KubeVirt fills it.
     let vmi = vmi_api(client, ns).get(&name).await.unwrap();
     let vmi_status = &vmi.data["status"];
@@ -140,7 +167,41 @@ async fn assert_booted_with_agent(
     );
     assert_eq!(vmi_status["guestOSInfo"]["id"], "debian", "{vmi_status}");
     assert_eq!(vmi_status["guestOSInfo"]["versionId"], "12", "{vmi_status}");
-    // The guest's own report: multi-user reached, data disk mounted by UUID with its known content, DHCP.
+    match network {
+        // KubeVirt shows a masquerade NIC's address as the launcher pod's (the stand-in's is in the real node's pod
+        // range); the guest's own is on its console line, below.
+        GuestNetwork::PodDhcp => assert!(
+            guest.ip_addresses.iter().any(|ip| ip.starts_with("10.88.")),
+            "{guest:?}"
+        ),
+        // Off the pod network KubeVirt shows what the agent reports: the old names, the old MACs, the addresses.
+        GuestNetwork::Static(expected) => {
+            let source_nics = &status.source.as_ref().unwrap().nics;
+            assert_eq!(source_nics.len(), expected.len(), "{source_nics:?}");
+            for (source_nic, expected) in source_nics.iter().zip(expected) {
+                let mac = source_nic.mac.to_lowercase();
+                assert!(guest.ip_addresses.contains(&expected.address), "{guest:?}");
+                let nic = vmi_status["interfaces"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .find(|i| i["mac"] == mac.as_str())
+                    .unwrap_or_else(|| panic!("no interface with {mac}: {vmi_status}"));
+                assert_eq!(nic["interfaceName"], expected.interface.as_str(), "{nic}");
+                assert!(
+                    nic["ipAddresses"]
+                        .as_array()
+                        .is_some_and(|a| a.iter().any(|a| a == expected.address.as_str())),
+                    "{nic}"
+                );
+            }
+            assert!(
+                guest.network.starts_with("network identity kept: "),
+                "{guest:?}"
+            );
+        }
+    }
+    // The guest's own report: multi-user reached, data disk mounted by UUID with its known content, its address.
     let payload = ferry_lab::vsphere::guest_image::ensure_guest_images(None)
         .expect("the lab's guest images (cached)")
         .data_payload_sha256;
@@ -163,11 +224,20 @@ async fn assert_booted_with_agent(
         Some(payload.as_str()),
         "{line}"
     );
-    assert!(
-        field(&line, "ip").is_some_and(|ip| ip.starts_with("10.0.2.")),
-        "{line}"
-    );
-    let source_mac = status.source.as_ref().unwrap().nics[0].mac.to_lowercase();
+    match network {
+        GuestNetwork::PodDhcp => assert!(
+            field(&line, "ip").is_some_and(|ip| ip.starts_with("10.0.2.")),
+            "{line}"
+        ),
+        // The default route goes through the first NIC.
+        GuestNetwork::Static(expected) => {
+            assert_eq!(
+                field(&line, "ip"),
+                Some(expected[0].address.as_str()),
+                "{line}"
+            )
+        }
+    }
     assert_eq!(field(&line, "mac"), Some(source_mac.as_str()), "{line}");
 }
 
@@ -188,15 +258,42 @@ fn slow_boot() -> Value {
     json!({"guestCheck": {"settleSeconds": 900, "timeoutSeconds": 1200}})
 }
 
-/// The BIOS VM with default settings: compatibility devices, and the agent's answer as proof.
+/// Two BIOS VMs with default settings (compatibility devices, no adaptation), at once. The one taking DHCP on any
+/// NIC boots, and its agent's answer is the proof. The one whose configuration gives `ens192` a static address
+/// boots too, but its NIC now has another name, so the address never comes back: preflight warned that it would
+/// not (`StaticAddressNotKept`, `NoGuestAdaptation`), and the guest check, comparing the agent's report with
+/// VMware Tools', fails naming the NIC, its new name and the address it lacks, and keeps the copy.
 #[tokio::test]
-async fn a_bios_linux_vm_boots_on_compatibility_devices_and_its_agent_answers() {
+async fn unadapted_linux_vms_boot_on_compatibility_devices_and_a_lost_static_address_fails_the_check()
+ {
     let _turn = one_guest_at_a_time().await;
-    let _source = source_lock(LINUX_BIOS_VM).await;
+    let _bios = source_lock(LINUX_BIOS_VM).await;
+    let _static = source_lock(LINUX_STATIC_VM).await;
     let (client, ns) = setup("linux-bios").await;
     set_source_power(LINUX_BIOS_VM, true).await;
     migrate(&client, ns.name(), "bios", LINUX_BIOS_VM, slow_boot()).await;
-    let done = wait_for_phase(&client, ns.name(), "bios", Phase::Succeeded, LINUX_TIMEOUT).await;
+    set_source_power(LINUX_STATIC_VM, true).await;
+    // Long enough for an address to come up after the agent answers, even under a busy emulation.
+    let check =
+        json!({"guestCheck": {"agent": "Required", "settleSeconds": 180, "timeoutSeconds": 1200}});
+    migrate(
+        &client,
+        ns.name(),
+        "static",
+        LINUX_STATIC_VM,
+        on_multus_networks(check),
+    )
+    .await;
+    let (done, lost) = tokio::join!(
+        wait_for_phase(&client, ns.name(), "bios", Phase::Succeeded, LINUX_TIMEOUT),
+        wait_for_phase(
+            &client,
+            ns.name(),
+            "static",
+            Phase::ManualInterventionRequired,
+            LINUX_TIMEOUT
+        ),
+    );
 
     let vm = vm_api(&client, ns.name()).get("bios").await.unwrap();
     let domain = &vm.data["spec"]["template"]["spec"]["domain"];
@@ -205,12 +302,99 @@ async fn a_bios_linux_vm_boots_on_compatibility_devices_and_its_agent_answers() 
     assert_eq!(domain["devices"]["interfaces"][0]["model"], "e1000e");
     assert_eq!(domain["devices"]["disks"][0]["bootOrder"], 1);
     assert_eq!(domain["firmware"]["bootloader"], json!({"bios": {}}));
-    assert_booted_with_agent(&client, ns.name(), &done, "ferry-linux-bios").await;
+    assert_booted_with_agent(
+        &client,
+        ns.name(),
+        &done,
+        "ferry-linux-bios",
+        &GuestNetwork::PodDhcp,
+    )
+    .await;
+
+    print_timeline(&lost);
+    let status = lost.status.clone().unwrap();
+    let warned = status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "StaticAddressNotKept")
+        .expect("the StaticAddressNotKept warning");
+    assert_eq!(
+        (warned.status.as_str(), warned.reason.as_str()),
+        ("True", "NoGuestAdaptation"),
+        "{warned:?}"
+    );
+    let expected = static_networks(|i| i.static_ifupdown).remove(0);
+    let mac = status.source.as_ref().unwrap().nics[0].mac.to_lowercase();
+    let error = status.retry.as_ref().unwrap().last_error.clone().unwrap();
+    assert_eq!(error.reason, "GuestNotReady", "{error:?}");
+    for words in [
+        format!("NIC {mac} is enp"),
+        format!(
+            "lacks {}/{}, which VMware Tools reported as configured by hand",
+            expected.address, expected.prefix_length
+        ),
+        "nothing was deleted".into(),
+    ] {
+        assert!(error.message.contains(&words), "{words:?}: {error:?}");
+    }
+    assert_eq!(
+        status.guest.as_ref().map(|g| g.evidence),
+        Some(GuestEvidence::NotProven)
+    );
+    // Kept as for any failed check: the VM halted with both volumes, the source running again.
+    assert_kept_for_a_person(&client, ns.name(), &lost, LINUX_STATIC_VM).await;
+}
+
+/// What a failed guest check keeps: the VM halted (its instance gone), labelled with the migration's uid, its two
+/// DataVolumes, and the source running again (restorePowerState). The VM.
+async fn assert_kept_for_a_person(
+    client: &Client,
+    ns: &str,
+    failed: &VirtualMachineMigration,
+    source: &str,
+) -> DynamicObject {
+    let (name, uid) = (failed.name_any(), failed.uid().unwrap());
+    let vm = ferry_testkit::eventually(
+        "the VM halted and its instance gone",
+        Duration::from_secs(120),
+        || async {
+            let vm = vm_api(client, ns).get(&name).await.ok()?;
+            let gone = vmi_api(client, ns).get_opt(&name).await.ok()?.is_none();
+            (gone && vm.data["spec"]["runStrategy"] == "Halted").then_some(vm)
+        },
+    )
+    .await;
+    assert_eq!(
+        vm.labels().get("migration.platform.example/uid"),
+        Some(&uid)
+    );
+    ferry_testkit::eventually(
+        "the source powered on again",
+        Duration::from_secs(120),
+        || async { (source_power(source).await == PowerState::PoweredOn).then_some(()) },
+    )
+    .await;
+    let dvs = labelled(
+        client,
+        ns,
+        &resource("cdi.kubevirt.io", "v1beta1", "DataVolume"),
+        &uid,
+    )
+    .await;
+    assert_eq!(dvs.len(), 2, "{dvs:?}");
+    vm
 }
 
 /// What an adapted migration must show: virt-v2v's findings, both sha256 of each changed disk, the condition,
-/// a VM on virtio, and the guest booted with its agent answering and its root on virtio-blk.
-async fn assert_adapted(client: &Client, ns: &str, done: &VirtualMachineMigration, hostname: &str) {
+/// the interface names kept, a VM on virtio, and the guest booted with its agent answering and its root on
+/// virtio-blk.
+async fn assert_adapted(
+    client: &Client,
+    ns: &str,
+    done: &VirtualMachineMigration,
+    hostname: &str,
+    network: &GuestNetwork,
+) {
     let name = done.name_any();
     let status = done.status.clone().unwrap();
     let adaptation = status.adaptation.clone().expect("status.adaptation");
@@ -235,11 +419,33 @@ async fn assert_adapted(client: &Client, ns: &str, done: &VirtualMachineMigratio
         "{name}: {:?}",
         status.conditions
     );
+    // A configuration naming an interface has it kept by MAC; DHCP on any NIC names none.
+    let names = adaptation.interface_names.clone().expect("interfaceNames");
+    assert!(
+        names.error.is_empty() && names.left_alone.is_empty(),
+        "{name}: {names:?}"
+    );
+    let kept = match network {
+        GuestNetwork::PodDhcp => vec![],
+        GuestNetwork::Static(expected) => status
+            .source
+            .as_ref()
+            .unwrap()
+            .nics
+            .iter()
+            .zip(expected)
+            .map(|(nic, expected)| KeptInterfaceName {
+                name: expected.interface.clone(),
+                mac: nic.mac.to_lowercase(),
+            })
+            .collect(),
+    };
+    assert_eq!(names.kept, kept, "{name}");
     let vm = vm_api(client, ns).get(&name).await.unwrap();
     let domain = &vm.data["spec"]["template"]["spec"]["domain"];
     assert_eq!(disk_buses(domain), ["virtio", "virtio"], "{domain}");
     assert_eq!(domain["devices"]["interfaces"][0]["model"], "virtio");
-    assert_booted_with_agent(client, ns, done, hostname).await;
+    assert_booted_with_agent(client, ns, done, hostname, network).await;
     let line = report_line(client, ns, &name).await;
     assert_eq!(field(&line, "root"), Some("/dev/vda1"), "{name}: {line}");
 }
@@ -249,28 +455,49 @@ fn adapted(mut extra: Value) -> Value {
     extra
 }
 
-/// Both Linux VMs adapted by virt-v2v, at once (two sources, so two cores of emulation): the BIOS guest that
-/// cannot find its root on virtio without adaptation (`a_guest_without_virtio_drivers_...`, in the same run)
-/// boots on virtio-blk and virtio-net once its initramfs has the drivers, and so does the EFI guest, still
-/// under Secure Boot. The volumes hold the adapted guests, the status both sha256 and what virt-v2v found.
+/// Two Linux VMs adapted by virt-v2v, at once (two sources, so two cores of emulation), whose configurations
+/// give their NICs static addresses by name (VMware Tools reports them as configured by hand): a BIOS guest with
+/// ifupdown on `ens192`, as Debian's installer writes it, whose initramfs cannot find its root on virtio without
+/// adaptation (`a_guest_without_virtio_drivers_...` shows it for the same image); and an EFI guest under Secure
+/// Boot with NetworkManager keyfiles for `ens192` and `ens224`. Both come up on virtio-blk and virtio-net on Multus
+/// networks, under their old names, with their old MACs and their addresses, as their own agents report: Ferry
+/// kept the names by MAC before virt-v2v ran, and the guest check says the network identity was kept. The volumes
+/// hold the adapted guests, the status both sha256 and what virt-v2v found.
 #[tokio::test]
-async fn the_bios_and_efi_linux_vms_adapted_by_virt_v2v_boot_on_virtio_and_their_agents_answer() {
+async fn linux_vms_adapted_by_virt_v2v_boot_on_virtio_with_their_interface_names_and_static_addresses()
+ {
     let _turn = one_guest_at_a_time().await;
-    let _bios = source_lock(LINUX_BIOS_VM).await;
-    let _efi = source_lock(LINUX_EFI_VM).await;
+    let _static = source_lock(LINUX_STATIC_VM).await;
+    let _nm = source_lock(LINUX_NM_VM).await;
     let (client, ns) = setup("linux-adapted").await;
-    for (name, vm) in [("bios", LINUX_BIOS_VM), ("efi", LINUX_EFI_VM)] {
+    for (name, vm) in [("static", LINUX_STATIC_VM), ("nm", LINUX_NM_VM)] {
         set_source_power(vm, true).await;
-        migrate(&client, ns.name(), name, vm, adapted(slow_boot())).await;
+        migrate(
+            &client,
+            ns.name(),
+            name,
+            vm,
+            on_multus_networks(adapted(slow_boot())),
+        )
+        .await;
     }
     let timeout = LINUX_TIMEOUT + ADAPTATION_TIMEOUT;
-    let (bios, efi) = tokio::join!(
-        wait_for_phase(&client, ns.name(), "bios", Phase::Succeeded, timeout),
-        wait_for_phase(&client, ns.name(), "efi", Phase::Succeeded, timeout),
+    let (ifupdown, nm) = tokio::join!(
+        wait_for_phase(&client, ns.name(), "static", Phase::Succeeded, timeout),
+        wait_for_phase(&client, ns.name(), "nm", Phase::Succeeded, timeout),
     );
-    assert_adapted(&client, ns.name(), &bios, "ferry-linux-bios").await;
-    assert_adapted(&client, ns.name(), &efi, "ferry-linux-efi").await;
-    let vm = vm_api(&client, ns.name()).get("efi").await.unwrap();
+    let static_ifupdown = GuestNetwork::Static(static_networks(|i| i.static_ifupdown));
+    assert_adapted(
+        &client,
+        ns.name(),
+        &ifupdown,
+        "ferry-linux-static",
+        &static_ifupdown,
+    )
+    .await;
+    let static_nm = GuestNetwork::Static(static_networks(|i| i.static_nm));
+    assert_adapted(&client, ns.name(), &nm, "ferry-linux-nm", &static_nm).await;
+    let vm = vm_api(&client, ns.name()).get("nm").await.unwrap();
     let domain = &vm.data["spec"]["template"]["spec"]["domain"];
     assert_eq!(
         domain["firmware"]["bootloader"],
@@ -557,18 +784,19 @@ async fn an_adaptation_killed_midway_and_a_controller_killed_again_and_again_sti
         .map(|e| e.count.unwrap_or(1).max(1))
         .sum();
     assert_eq!(adapted_events, 1, "one adaptation recorded");
-    assert_adapted(&client, ns.name(), &done, "ferry-linux-bios").await;
+    assert_adapted(
+        &client,
+        ns.name(),
+        &done,
+        "ferry-linux-bios",
+        &GuestNetwork::PodDhcp,
+    )
+    .await;
 }
 
 /// The EFI VM with Secure Boot on in vSphere: OVMF with Microsoft's keys boots it through shim.
-#[tokio::test]
-async fn an_efi_linux_vm_boots_with_secure_boot_as_its_source_had() {
-    let _turn = one_guest_at_a_time().await;
-    let _source = source_lock(LINUX_EFI_VM).await;
-    let (client, ns) = setup("linux-efi").await;
-    set_source_power(LINUX_EFI_VM, true).await;
-    migrate(&client, ns.name(), "efi", LINUX_EFI_VM, slow_boot()).await;
-    let done = wait_for_phase(&client, ns.name(), "efi", Phase::Succeeded, LINUX_TIMEOUT).await;
+async fn assert_efi_boots_with_secure_boot(client: &Client, ns: &str) {
+    let done = wait_for_phase(client, ns, "efi", Phase::Succeeded, LINUX_TIMEOUT).await;
     assert!(
         done.status
             .as_ref()
@@ -578,23 +806,30 @@ async fn an_efi_linux_vm_boots_with_secure_boot_as_its_source_had() {
             .unwrap()
             .secure_boot
     );
-    let vm = vm_api(&client, ns.name()).get("efi").await.unwrap();
+    let vm = vm_api(client, ns).get("efi").await.unwrap();
     let domain = &vm.data["spec"]["template"]["spec"]["domain"];
     assert_eq!(
         domain["firmware"]["bootloader"],
         json!({"efi": {"secureBoot": true}})
     );
     assert_eq!(domain["features"]["smm"]["enabled"], true);
-    assert_booted_with_agent(&client, ns.name(), &done, "ferry-linux-efi").await;
+    assert_booted_with_agent(client, ns, &done, "ferry-linux-efi", &GuestNetwork::PodDhcp).await;
 }
 
-/// Virtio forced on a guest whose initramfs has no virtio driver: it cannot find its root. Ferry does not
-/// succeed, keeps everything, powers the source back on, and says what to do.
+/// Two guests at once (one core of emulation each). The EFI VM boots under Secure Boot as its source had
+/// ([`assert_efi_boots_with_secure_boot`]). Virtio forced on the BIOS guest, whose initramfs has no virtio driver:
+/// it cannot find its root. Ferry does not succeed, keeps everything, powers the source back on, and says what to
+/// do.
 #[tokio::test]
-async fn a_guest_without_virtio_drivers_fails_its_check_and_keeps_its_copy() {
+async fn an_efi_vm_boots_with_secure_boot_and_a_guest_without_virtio_drivers_fails_its_check_and_keeps_its_copy()
+ {
     let _turn = one_guest_at_a_time().await;
     let _source = source_lock(LINUX_BIOS_VM).await;
+    let _efi = source_lock(LINUX_EFI_VM).await;
     let (client, ns) = setup("linux-virtio").await;
+    set_source_power(LINUX_EFI_VM, true).await;
+    migrate(&client, ns.name(), "efi", LINUX_EFI_VM, slow_boot()).await;
+    let efi = assert_efi_boots_with_secure_boot(&client, ns.name());
     set_source_power(LINUX_BIOS_VM, true).await;
     migrate(
         &client,
@@ -632,38 +867,7 @@ async fn a_guest_without_virtio_drivers_fails_its_check_and_keeps_its_copy() {
 
     // The VM is stopped and kept, its instance gone, and the source runs again (restorePowerState).
     let uid = stopped.uid().unwrap();
-    let vm = ferry_testkit::eventually(
-        "the VM halted and its instance gone",
-        Duration::from_secs(120),
-        || async {
-            let vm = vm_api(&client, ns.name()).get("virtio").await.ok()?;
-            let gone = vmi_api(&client, ns.name())
-                .get_opt("virtio")
-                .await
-                .ok()?
-                .is_none();
-            (gone && vm.data["spec"]["runStrategy"] == "Halted").then_some(vm)
-        },
-    )
-    .await;
-    assert_eq!(
-        vm.labels().get("migration.platform.example/uid"),
-        Some(&uid)
-    );
-    ferry_testkit::eventually(
-        "the source powered on again",
-        Duration::from_secs(120),
-        || async { (source_power(LINUX_BIOS_VM).await == PowerState::PoweredOn).then_some(()) },
-    )
-    .await;
-    let dvs = labelled(
-        &client,
-        ns.name(),
-        &resource("cdi.kubevirt.io", "v1beta1", "DataVolume"),
-        &uid,
-    )
-    .await;
-    assert_eq!(dvs.len(), 2, "{dvs:?}");
+    assert_kept_for_a_person(&client, ns.name(), &stopped, LINUX_BIOS_VM).await;
     // Each volume still holds exactly the source disk.
     for disk in &status.disks {
         let image =
@@ -724,4 +928,5 @@ async fn a_guest_without_virtio_drivers_fails_its_check_and_keeps_its_copy() {
         },
     )
     .await;
+    efi.await;
 }

@@ -17,6 +17,7 @@ use k8s_openapi::api::batch::v1::Job;
 use crate::checkpoint::jobs;
 use crate::context::Context;
 
+pub use crate::checkpoint::adapt::describe_interface_names;
 pub use crate::checkpoint::jobs::JobState;
 pub use crate::checkpoint::support::volumes::{DvState, dv_state};
 /// The itinerary: the checkpoints in order, and the phases a migration moves forward through.

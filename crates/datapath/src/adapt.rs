@@ -11,6 +11,7 @@ use std::time::Instant;
 use ferry_adapt::clock::GuestClock;
 use ferry_adapt::failure::AdaptationFailure;
 use ferry_adapt::inspection::Inspection;
+use ferry_adapt::interface_names::NamesOutcome;
 use ferry_adapt::spec::AdaptSpec;
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
@@ -32,11 +33,14 @@ pub struct AdaptedSummary {
     /// its SYSTEM hive could not be read (the worker's log says why).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub clock: Option<GuestClock>,
+    /// The names a Linux guest's NICs keep; `None` when they were not Ferry's to keep (a Windows guest).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub interface_names: Option<NamesOutcome>,
     pub seconds: u64,
 }
 
-/// The most disks whose [`AdaptedSummary`] fits in a termination message.
-pub const MAX_ADAPTED_DISKS: usize = 48;
+/// The most disks whose [`AdaptedSummary`] fits in a termination message, with every NIC vSphere allows named.
+pub const MAX_ADAPTED_DISKS: usize = 40;
 
 pub async fn adapt(spec: &AdaptSpec) -> Result<AdaptedSummary> {
     let started = Instant::now();
@@ -65,6 +69,10 @@ pub async fn adapt(spec: &AdaptSpec) -> Result<AdaptedSummary> {
         )
         .await?;
     }
+    let interface_names = match &spec.keep_interface_names {
+        Some(nics) => Some(crate::interface_names::keep(spec, nics, &work).await),
+        None => None,
+    };
     let domain = spec.scratch.join("domain.xml");
     std::fs::write(&domain, spec.domain().to_xml()).map_err(io(&domain))?;
     let (output, exited_ok) = virt_v2v(spec, &domain, &work).await?;
@@ -92,6 +100,7 @@ pub async fn adapt(spec: &AdaptSpec) -> Result<AdaptedSummary> {
     Ok(AdaptedSummary {
         sha256,
         clock,
+        interface_names,
         boot_disk: spec.disk_of_device(&inspection.root).map(|i| i as u32),
         inspection,
         seconds: started.elapsed().as_secs(),
@@ -147,21 +156,11 @@ async fn virt_v2v(spec: &AdaptSpec, domain: &Path, work: &Path) -> Result<(Strin
     command
         .args(["-v", "-i", "libvirtxml"])
         .arg(domain)
-        .env("LIBGUESTFS_BACKEND", "direct")
-        .env("TMPDIR", work)
-        .env("LIBGUESTFS_CACHEDIR", work.join("cache"))
-        // libguestfs puts the appliance's sockets in XDG_RUNTIME_DIR, or else in /tmp whatever TMPDIR says: a
-        // pod's root file system is read-only, so they go in scratch too (a short path: sockets allow 108 bytes).
-        .env("XDG_RUNTIME_DIR", work.join("run"))
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .kill_on_drop(true);
-    if std::env::var_os("LIBGUESTFS_BACKEND_SETTINGS").is_none() && !kvm_usable() {
-        // No /dev/kvm in this pod: software emulation, slower but the same result. A node whose KVM opens but
-        // does not work says so by setting LIBGUESTFS_BACKEND_SETTINGS=force_tcg itself.
-        command.env("LIBGUESTFS_BACKEND_SETTINGS", "force_tcg");
-    }
+    libguestfs_env(&mut command, work);
     if let Some(drivers) = &spec.virtio_win {
         command.env("VIRTIO_WIN", drivers);
     }
@@ -232,6 +231,22 @@ async fn virt_v2v(spec: &AdaptSpec, domain: &Path, work: &Path) -> Result<(Strin
     Ok((output, status.success()))
 }
 
+/// Where a libguestfs program (virt-v2v, guestfish) keeps its appliance and temporary files, and how it runs it.
+pub(crate) fn libguestfs_env(command: &mut tokio::process::Command, work: &Path) {
+    command
+        .env("LIBGUESTFS_BACKEND", "direct")
+        .env("TMPDIR", work)
+        .env("LIBGUESTFS_CACHEDIR", work.join("cache"))
+        // libguestfs puts the appliance's sockets in XDG_RUNTIME_DIR, or else in /tmp whatever TMPDIR says: a
+        // pod's root file system is read-only, so they go in scratch too (a short path: sockets allow 108 bytes).
+        .env("XDG_RUNTIME_DIR", work.join("run"));
+    if std::env::var_os("LIBGUESTFS_BACKEND_SETTINGS").is_none() && !kvm_usable() {
+        // No /dev/kvm in this pod: software emulation, slower but the same result. A node whose KVM opens but
+        // does not work says so by setting LIBGUESTFS_BACKEND_SETTINGS=force_tcg itself.
+        command.env("LIBGUESTFS_BACKEND_SETTINGS", "force_tcg");
+    }
+}
+
 /// virt-v2v's own progress lines, `[  56.1] Inspecting the source`: one decimal, unlike the appliance kernel's
 /// `[   24.915530] sda: sda1`.
 fn is_progress(line: &str) -> bool {
@@ -298,6 +313,7 @@ fn io(path: &Path) -> impl Fn(std::io::Error) -> Error + '_ {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use ferry_adapt::interface_names::{NamePin, NamePlan};
     use sha2::{Digest, Sha256};
 
     #[test]
@@ -315,13 +331,24 @@ mod tests {
                 product_name: "Windows Server 2022 Datacenter Azure Edition".into(),
                 firmware: ferry_adapt::inspection::GuestFirmware::Uefi,
             },
-            boot_disk: Some(47),
+            boot_disk: Some(39),
             clock: Some(GuestClock::LocalTime {
                 windows_zone: "Central Pacific Standard Time (unmapped)".into(),
             }),
+            // vSphere's most NICs, each kept under the longest name, and reasons up to their cap.
+            interface_names: Some(NamesOutcome::written(&NamePlan {
+                pins: (0..10)
+                    .map(|i| NamePin {
+                        mac: format!("00:50:56:aa:bb:{i:02x}"),
+                        name: format!("enp11s0f1np{i}abc"),
+                        evidence: String::new(),
+                    })
+                    .collect(),
+                left_alone: vec!["x".repeat(99); 20],
+            })),
             seconds: 86_400,
         };
-        let report = crate::report::JobReport::Adapted(summary);
+        let report = crate::report::JobReport::Adapted(Box::new(summary));
         assert!(
             report.to_json().len() <= crate::report::TERMINATION_MESSAGE_BYTES,
             "{} bytes",
@@ -362,6 +389,7 @@ mod tests {
             virtio_win: None,
             first_boot_tool: None,
             static_ips: vec![],
+            keep_interface_names: None,
         };
         // Only the disk's own bytes count, not the volume's tail.
         assert_eq!(

@@ -8,6 +8,7 @@ pub mod convert;
 pub mod direct;
 pub mod error;
 mod hash;
+mod interface_names;
 mod local_parts;
 pub mod memory;
 pub mod progress;

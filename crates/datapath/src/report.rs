@@ -36,7 +36,7 @@ pub enum JobReport {
     /// `ferry verify`: the imported image hashes to the source's sha256.
     Verified(Verified),
     /// `ferry adapt`: virt-v2v adapted the guest; each volume's new sha256 and what it found.
-    Adapted(crate::adapt::AdaptedSummary),
+    Adapted(Box<crate::adapt::AdaptedSummary>),
     /// Either Job failed: its error's class, reason and message.
     Error(JobError),
 }

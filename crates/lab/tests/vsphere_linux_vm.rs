@@ -5,7 +5,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use ferry_api::{Firmware, PowerState};
-use ferry_lab::vsphere::linux_vms::{LinuxVmSeed, NETWORK, seed_linux_vm};
+use ferry_lab::vsphere::linux_vms::{LinuxVmSeed, NETWORK, SECOND_NETWORK, seed_linux_vm};
 use ferry_testkit::TestVcsim;
 use ferry_testkit::disks::{hex, write_pattern};
 use ferry_vsphere::Session;
@@ -84,13 +84,20 @@ fn assert_shape(vm: &VmInfo, seed: &LinuxVmSeed) {
     assert_ne!(uuids[0], uuids[1]);
     assert_eq!(vm.boot_order, [vm.disks[0].key], "boots from the root disk");
 
-    assert_eq!(vm.nics.len(), 1, "{:?}", vm.nics);
-    let nic = &vm.nics[0];
-    assert_eq!(
-        (nic.model.as_str(), nic.network.as_str()),
-        ("vmxnet3", NETWORK)
-    );
-    assert_eq!(nic.mac.len(), 17, "{nic:?}");
+    let nics: Vec<(&str, &str)> = vm
+        .nics
+        .iter()
+        .map(|n| (n.model.as_str(), n.network.as_str()))
+        .collect();
+    let expected: Vec<(&str, &str)> = seed
+        .networks
+        .iter()
+        .map(|n| ("vmxnet3", n.as_str()))
+        .collect();
+    assert_eq!(nics, expected, "a vmxnet3 NIC on each network, in order");
+    for nic in &vm.nics {
+        assert_eq!(nic.mac.len(), 17, "{nic:?}");
+    }
 }
 
 #[tokio::test]
@@ -111,6 +118,7 @@ async fn linux_vms_are_seeded_with_vmware_devices_and_read_back_as_a_migration_r
             memory_mib: 2048,
             root_raw: root_raw.clone(),
             data_raw: data_raw.clone(),
+            networks: vec![NETWORK.into()],
         },
         LinuxVmSeed {
             name: "linux-efi".into(),
@@ -121,6 +129,7 @@ async fn linux_vms_are_seeded_with_vmware_devices_and_read_back_as_a_migration_r
             memory_mib: 1024,
             root_raw: root_raw.clone(),
             data_raw: data_raw.clone(),
+            networks: vec![NETWORK.into(), SECOND_NETWORK.into()],
         },
     ];
     let lab_dir = work.path().join("lab");

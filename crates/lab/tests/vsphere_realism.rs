@@ -101,7 +101,7 @@ async fn realism_options_reach_the_simulator() {
         vtpm: false,
         host: "DC0_H0".into(),
         datastore: "LocalDS_0".into(),
-        network: "DC0_DVPG0".into(),
+        networks: vec!["DC0_DVPG0".into()],
     };
     let disks = [VmdkFiles {
         descriptor: &descriptor,

@@ -218,9 +218,38 @@ pub struct AdaptationStatus {
     /// when the hive could not be read (the VM's clock then runs in UTC).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub clock: Option<GuestClockStatus>,
+    /// The names a Linux guest's NICs keep inside it, each pinned to its MAC by a systemd `.link` file written
+    /// before virt-v2v ran, so configuration naming them (`ens192`) still applies on KubeVirt; absent for guests
+    /// whose names are not Ferry's to keep (Windows).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub interface_names: Option<InterfaceNamesStatus>,
     /// How long virt-v2v took, in seconds.
     #[serde(default)]
     pub seconds: i64,
+}
+
+/// What the guest's network configuration named, and which names Ferry kept.
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct InterfaceNamesStatus {
+    /// Each name kept, with the MAC of the NIC that keeps it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub kept: Vec<KeptInterfaceName>,
+    /// Names the configuration uses that Ferry left alone, each with the reason (no NIC with its MAC or
+    /// addresses, two NICs for one name, a kernel name on a VM with several NICs).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub left_alone: Vec<String>,
+    /// Why the guest's configuration could not be read; nothing was written then.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub error: String,
+}
+
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct KeptInterfaceName {
+    /// The interface's name in the guest, for example `ens192`.
+    pub name: String,
+    pub mac: String,
 }
 
 /// A Windows guest's clock: Windows reads the hardware clock as local time unless `RealTimeIsUniversal` is set.
@@ -260,6 +289,10 @@ pub struct GuestStatus {
     /// The guest's IP addresses, as its agent reported them.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub ip_addresses: Vec<String>,
+    /// Whether each NIC with an address configured by hand on VMware (as VMware Tools reported it) has it again,
+    /// under which name, as the guest agent reports it: `network identity kept: …`, or what changed.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub network: String,
 }
 
 #[derive(Deserialize, Serialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
@@ -377,6 +410,17 @@ pub struct GuestIpAddress {
     pub prefix_length: i32,
     /// `manual` (configured by hand in the guest: a static address), `dhcp`, `linklayer`, `random` or `other`.
     pub origin: String,
+}
+
+impl SourceNic {
+    /// The addresses VMware Tools reported as configured by hand, as `address/prefix`.
+    pub fn static_addresses(&self) -> Vec<String> {
+        self.ip_addresses
+            .iter()
+            .filter(|a| a.is_static())
+            .map(|a| format!("{}/{}", a.address, a.prefix_length))
+            .collect()
+    }
 }
 
 impl GuestIpAddress {

@@ -322,6 +322,13 @@ fn standing(out: &mut String, status: &VirtualMachineMigrationStatus) {
                 }
             ),
         );
+        if let Some(names) = &adaptation.interface_names {
+            line(
+                out,
+                "Interfaces:",
+                ferry_controller::surface::describe_interface_names(names),
+            );
+        }
     }
     if let Some(copies) = copies_again(status) {
         line(out, "Copied:", copies);

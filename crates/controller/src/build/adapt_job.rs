@@ -6,6 +6,7 @@
 use std::path::{Component, Path, PathBuf};
 
 use ferry_adapt::domain::{Bus, Firmware as DomainFirmware, Nic};
+use ferry_adapt::interface_names::SourceNic;
 use ferry_adapt::spec::{AdaptDisk, AdaptSpec, StaticIp};
 use ferry_api::{DiskStatus, Firmware, MountedFiles, SourceVmStatus, VirtualMachineMigration};
 use k8s_openapi::api::batch::v1::Job;
@@ -86,6 +87,16 @@ pub fn adapt_spec(
         } else {
             vec![]
         },
+        keep_interface_names: (!crate::build::vm::is_windows(source)).then(|| {
+            source
+                .nics
+                .iter()
+                .map(|nic| SourceNic {
+                    mac: nic.mac.clone(),
+                    addresses: nic.ip_addresses.iter().map(|a| a.address.clone()).collect(),
+                })
+                .collect()
+        }),
     }
 }
 

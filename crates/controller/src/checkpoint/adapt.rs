@@ -14,9 +14,10 @@
 use std::time::Duration;
 
 use ferry_adapt::clock::GuestClock;
+use ferry_adapt::interface_names::{KeptName, NamesOutcome};
 use ferry_api::{
-    AdaptationStatus, ErrorClass, GuestClockStatus, GuestRtc, Phase, Reason,
-    VirtualMachineMigrationStatus as Status,
+    AdaptationStatus, ErrorClass, GuestClockStatus, GuestRtc, InterfaceNamesStatus,
+    KeptInterfaceName, Phase, Reason, VirtualMachineMigrationStatus as Status,
 };
 use ferry_datapath::adapt::AdaptedSummary;
 use ferry_datapath::report::{JobReport, WrittenSummary};
@@ -112,7 +113,7 @@ pub async fn run(step: &mut Step<'_>) -> Result<Next> {
         Attempt::Succeeded {
             name,
             report: JobReport::Adapted(summary),
-        } => record(step, &name, summary),
+        } => record(step, &name, *summary),
         Attempt::Succeeded { name, .. } => Err(Failure::bounded(
             Reason::JobResultUnreadable,
             format!("Job {name} did not report an adaptation"),
@@ -327,9 +328,45 @@ fn record(step: &mut Step<'_>, job: &str, summary: AdaptedSummary) -> Result<Nex
         firmware: firmware.into(),
         boot_disk: summary.boot_disk.map(|d| d as i32),
         clock: summary.clock.as_ref().map(clock_status),
+        interface_names: summary.interface_names.as_ref().map(names_status),
         seconds: summary.seconds as i64,
     });
     Ok(adapted(step))
+}
+
+fn names_status(outcome: &NamesOutcome) -> InterfaceNamesStatus {
+    InterfaceNamesStatus {
+        kept: outcome
+            .kept
+            .iter()
+            .map(|k| KeptInterfaceName {
+                name: k.name.clone(),
+                mac: k.mac.clone(),
+            })
+            .collect(),
+        left_alone: outcome.left_alone.clone(),
+        error: outcome.error.clone(),
+    }
+}
+
+/// The names a status records, in the words the worker used for them.
+pub fn describe_interface_names(names: &InterfaceNamesStatus) -> String {
+    names_outcome(names).describe()
+}
+
+fn names_outcome(names: &InterfaceNamesStatus) -> NamesOutcome {
+    NamesOutcome {
+        kept: names
+            .kept
+            .iter()
+            .map(|k| KeptName {
+                name: k.name.clone(),
+                mac: k.mac.clone(),
+            })
+            .collect(),
+        left_alone: names.left_alone.clone(),
+        error: names.error.clone(),
+    }
 }
 
 fn clock_status(clock: &GuestClock) -> GuestClockStatus {
@@ -353,10 +390,14 @@ fn adapted(step: &Step<'_>) -> Next {
         .and_then(|a| a.clock.as_ref())
         .map(|c| format!("; {}", guest_clock(c).describe()))
         .unwrap_or_default();
+    let names = adaptation
+        .and_then(|a| a.interface_names.as_ref())
+        .map(|n| format!("; {}", describe_interface_names(n)))
+        .unwrap_or_default();
     Next::advance(
         "GuestAdapted",
         format!(
-            "virt-v2v adapted {os} on {} disk(s) for KubeVirt's virtio devices{clock}",
+            "virt-v2v adapted {os} on {} disk(s) for KubeVirt's virtio devices{clock}{names}",
             step.status.disks.len()
         ),
     )

@@ -23,6 +23,7 @@ use crate::children;
 use crate::error::{Failure, Result};
 use crate::owned::Owned;
 
+mod identity;
 mod judge;
 
 pub use judge::{Check, Observed, Verdict, judge};
@@ -80,8 +81,20 @@ pub async fn run(step: &mut Step<'_>) -> Result<Next> {
         .source
         .as_ref()
         .is_some_and(crate::build::vm::is_windows);
+    let network = step.status.source.as_ref().map_or_else(Vec::new, |source| {
+        let names = step
+            .status
+            .adaptation
+            .as_ref()
+            .and_then(|a| a.interface_names.as_ref());
+        let on_pod = vm
+            .as_ref()
+            .map(|vm| identity::pod_network_macs(&vm.data))
+            .unwrap_or_default();
+        identity::expected(source, names, &on_pod)
+    });
     let verdict = judge(
-        &check(step.vmm, windows),
+        &check(step.vmm, windows, network),
         &observed,
         window_start,
         step.now.0,
@@ -120,7 +133,11 @@ pub async fn run(step: &mut Step<'_>) -> Result<Next> {
 pub const WINDOWS_FIRST_BOOT: Duration = Duration::from_secs(600);
 
 /// What the spec asks of the guest check, with the defaults resolved; `windows` as vSphere called the guest.
-fn check(vmm: &VirtualMachineMigration, windows: bool) -> Check {
+fn check(
+    vmm: &VirtualMachineMigration,
+    windows: bool,
+    network: Vec<identity::ExpectedNic>,
+) -> Check {
     let spec = &vmm.spec.guest_check;
     let adapted = vmm.spec.conversion.guest_adaptation == GuestAdaptation::VirtV2v;
     let first_boot = if adapted && windows {
@@ -136,6 +153,8 @@ fn check(vmm: &VirtualMachineMigration, windows: bool) -> Check {
         }) == GuestAgent::Required,
         settle: Duration::from_secs(spec.settle_seconds.max(0) as u64),
         timeout: Duration::from_secs(spec.timeout_seconds.max(0) as u64) + first_boot,
+        network,
+        network_must_match: !windows,
     }
 }
 
@@ -246,6 +265,7 @@ impl Observed {
                     }
                 })
                 .collect(),
+            interfaces: identity::seen(&status.interfaces),
             pod_refused: status.pod_refused().map(String::from),
             conditions: status
                 .conditions
@@ -301,13 +321,16 @@ mod tests {
         };
         let adapted = migration("VirtV2v");
         assert_eq!(
-            check(&adapted, true).timeout,
+            check(&adapted, true, vec![]).timeout,
             Duration::from_secs(300) + WINDOWS_FIRST_BOOT
         );
-        assert!(check(&adapted, true).agent_required);
-        assert_eq!(check(&adapted, false).timeout, Duration::from_secs(300));
+        assert!(check(&adapted, true, vec![]).agent_required);
         assert_eq!(
-            check(&migration("None"), true).timeout,
+            check(&adapted, false, vec![]).timeout,
+            Duration::from_secs(300)
+        );
+        assert_eq!(
+            check(&migration("None"), true, vec![]).timeout,
             Duration::from_secs(300),
             "no first-boot service without adaptation"
         );
@@ -319,6 +342,8 @@ mod tests {
             agent_required: true,
             settle: Duration::from_secs(60),
             timeout: Duration::from_secs(900),
+            network: vec![],
+            network_must_match: true,
         };
         // KubeVirt marks the agent connected (a probe time, no transition time) and reports the masquerade
         // interface's address from the domain before it has asked the agent about the guest.

@@ -5,7 +5,7 @@
 //! (what it writes into the status working copy). The reconciler turns the returned [`Next`] into the phase move,
 //! conditions, Events and the single status write.
 
-mod adapt;
+pub(crate) mod adapt;
 mod allocate;
 mod convert;
 mod direct_convert;

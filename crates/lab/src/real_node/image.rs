@@ -32,6 +32,7 @@ pub const FERRY_BASE: Base = Base {
         "qemu-utils",
         "virt-v2v",
         "nbdkit",
+        "guestfish",
         "linux-image-amd64",
     ],
     hook: r#"chmod a+r "$1"/boot/vmlinuz-*"#,

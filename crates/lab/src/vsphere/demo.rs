@@ -145,6 +145,7 @@ fn guest_check(vm: &str) -> Value {
     if [
         crate::vsphere::linux_vms::LINUX_BIOS_VM,
         crate::vsphere::linux_vms::LINUX_EFI_VM,
+        crate::vsphere::linux_vms::LINUX_STATIC_VM,
     ]
     .contains(&vm)
     {

@@ -1,6 +1,8 @@
 //! Real Linux guests for the lab: Debian 12 disk images shaped like VMware VMs (PVSCSI or LSI Logic disks, a
 //! vmxnet3 NIC, an initramfs with VMware's drivers and no virtio ones), one BIOS and one EFI (Secure Boot capable)
-//! variant, plus a data disk holding a file of known sha256.
+//! variant taking DHCP on any NIC, a BIOS variant with a static address on `ens192` (ifupdown, as Debian's installer
+//! configures a server on VMware), an EFI variant with static addresses on two NICs (NetworkManager keyfiles, as
+//! RHEL 9 configures them), plus a data disk holding a file of known sha256.
 //!
 //! The recipe is `guest/debian12.sh`, compiled in: its sha256 names the cache entry, so the images are rebuilt
 //! exactly when the recipe changes. It builds from Debian's packages only (mmdebstrap), without loop devices or mounts
@@ -38,15 +40,33 @@ pub struct GuestImage {
     pub root_uuid: String,
     pub size: u64,
     pub kernel: String,
+    /// The addresses its own configuration gives the interfaces it names, in the VM's NIC order; none for a guest
+    /// taking DHCP on any NIC.
+    pub static_networks: Vec<StaticNetwork>,
 }
 
-/// Both variants and the data disk they mount at `/data` (by its UUID, without `nofail`).
+/// A static address as the guest's configuration names it.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct StaticNetwork {
+    /// The interface the configuration names (`ens192`).
+    pub interface: String,
+    pub address: String,
+    pub prefix_length: u8,
+    #[serde(default)]
+    pub gateway: Option<String>,
+}
+
+/// The variants and the data disk they mount at `/data` (by its UUID, without `nofail`).
 #[derive(Debug, Clone)]
 pub struct GuestImages {
     pub dir: PathBuf,
     pub recipe_hash: String,
     pub bios: GuestImage,
     pub efi: GuestImage,
+    /// BIOS, with a static address on `ens192` (ifupdown).
+    pub static_ifupdown: GuestImage,
+    /// EFI with Secure Boot, with static addresses on `ens192` and `ens224` (NetworkManager).
+    pub static_nm: GuestImage,
     pub data: PathBuf,
     pub data_uuid: String,
     pub data_payload_sha256: String,
@@ -177,11 +197,14 @@ struct DataDisk {
 
 #[derive(Deserialize)]
 struct Variant {
+    name: String,
     hostname: String,
     firmware: Firmware,
     file: String,
     size: u64,
     root_uuid: String,
+    #[serde(default)]
+    networks: Vec<StaticNetwork>,
 }
 
 fn load(dir: &Path, hash: &str) -> Result<Option<GuestImages>> {
@@ -204,26 +227,29 @@ fn parse_manifest(dir: &Path, hash: &str, text: &str) -> Result<GuestImages> {
             manifest.recipe_hash
         );
     }
-    let variant = |firmware| -> Result<GuestImage> {
+    let variant = |name: &str| -> Result<GuestImage> {
         let v = manifest
             .variants
             .iter()
-            .find(|v| v.firmware == firmware)
-            .with_context(|| format!("no {firmware:?} variant"))?;
+            .find(|v| v.name == name)
+            .with_context(|| format!("no {name} variant"))?;
         Ok(GuestImage {
             hostname: v.hostname.clone(),
-            firmware,
+            firmware: v.firmware,
             root: dir.join(&v.file),
             root_uuid: v.root_uuid.clone(),
             size: v.size,
             kernel: manifest.kernel.clone(),
+            static_networks: v.networks.clone(),
         })
     };
     Ok(GuestImages {
         dir: dir.to_path_buf(),
         recipe_hash: manifest.recipe_hash.clone(),
-        bios: variant(Firmware::Bios)?,
-        efi: variant(Firmware::Efi)?,
+        bios: variant("bios")?,
+        efi: variant("efi")?,
+        static_ifupdown: variant("static")?,
+        static_nm: variant("nm")?,
         data: dir.join(&manifest.data.file),
         data_uuid: manifest.data.uuid.clone(),
         data_payload_sha256: manifest.data.payload_sha256.clone(),
@@ -254,11 +280,29 @@ mod tests {
         let text = r#"{"recipe_hash": "aaaa", "kernel": "6.1.0-1-amd64",
             "data": {"file": "data.raw", "uuid": "u", "payload_sha256": "s"},
             "variants": [
-              {"hostname": "b", "firmware": "bios", "file": "bios.raw", "size": 1, "root_uuid": "r1"},
-              {"hostname": "e", "firmware": "efi", "file": "efi.raw", "size": 1, "root_uuid": "r2"}]}"#;
+              {"name": "bios", "hostname": "b", "firmware": "bios", "file": "bios.raw", "size": 1, "root_uuid": "r1"},
+              {"name": "efi", "hostname": "e", "firmware": "efi", "file": "efi.raw", "size": 1, "root_uuid": "r2"},
+              {"name": "static", "hostname": "s", "firmware": "bios", "file": "static.raw", "size": 1, "root_uuid": "r3",
+               "networks": [{"interface": "ens192", "address": "192.168.50.10", "prefix_length": 24, "gateway": "192.168.50.1"}]},
+              {"name": "nm", "hostname": "n", "firmware": "efi", "file": "nm.raw", "size": 1, "root_uuid": "r4",
+               "networks": [{"interface": "ens192", "address": "192.168.50.11", "prefix_length": 24, "gateway": "192.168.50.1"},
+                            {"interface": "ens224", "address": "192.168.60.11", "prefix_length": 24}]}]}"#;
         let images = parse_manifest(Path::new("/c/aaaa"), "aaaa", text).unwrap();
         assert_eq!(images.efi.root, Path::new("/c/aaaa/efi.raw"));
         assert_eq!(images.bios.hostname, "b");
+        assert_eq!(images.bios.static_networks, []);
+        assert_eq!(images.static_ifupdown.firmware, Firmware::Bios);
+        assert_eq!(
+            images.static_ifupdown.static_networks[0].interface,
+            "ens192"
+        );
+        let nm: Vec<_> = images
+            .static_nm
+            .static_networks
+            .iter()
+            .map(|n| n.gateway.as_deref())
+            .collect();
+        assert_eq!(nm, [Some("192.168.50.1"), None]);
         assert_eq!(images.data_payload_sha256, "s");
         let err = parse_manifest(Path::new("/c/aaaa"), "bbbb", text).unwrap_err();
         assert!(err.to_string().contains("recipe aaaa"), "{err}");

@@ -11,6 +11,7 @@ use ferry_api::Firmware;
 use ferry_vsphere::provision::{self, NewVm, Transfer, VmdkFiles};
 use ferry_vsphere::{Session, power};
 
+use crate::vsphere::tools_network::{ToolsReport, report_guest_network};
 use crate::vsphere::vcsim::VcsimEndpoint;
 
 /// Where the vCenter model puts them: the host of the demo VMs, its datastore, and the port group its VMs use.
@@ -21,9 +22,18 @@ pub const GUEST_ID: &str = "debian12_64Guest";
 /// The lab's Linux VMs, named as their guests' hostnames.
 pub const LINUX_BIOS_VM: &str = "ferry-linux-bios";
 pub const LINUX_EFI_VM: &str = "ferry-linux-efi";
+/// A BIOS VM whose guest gives `ens192` a static address (ifupdown), which VMware Tools reports as configured by
+/// hand.
+pub const LINUX_STATIC_VM: &str = "ferry-linux-static";
+/// An EFI VM (Secure Boot) with two NICs, `ens192` on [`NETWORK`] and `ens224` on [`SECOND_NETWORK`], each with a
+/// static address in a NetworkManager keyfile, which VMware Tools reports as configured by hand.
+pub const LINUX_NM_VM: &str = "ferry-linux-nm";
+/// The standard network of the lab's host, for a second NIC.
+pub const SECOND_NETWORK: &str = "VM Network";
 
-/// Seeds the lab's two Linux VMs from the cached Debian images (built first if the recipe changed): a BIOS VM
-/// with 2 vCPUs as one socket of 2 cores, and an EFI VM with Secure Boot on, both 1 GiB of memory.
+/// Seeds the lab's Linux VMs from the cached Debian images (built first if the recipe changed): a BIOS VM with 2
+/// vCPUs as one socket of 2 cores, an EFI VM with Secure Boot on, a BIOS VM with a static address and an EFI VM
+/// with two NICs with static addresses, all with 1 GiB of memory; the static ones' tools report their addresses.
 pub async fn seed_lab_linux_vms(endpoint: &VcsimEndpoint, dir: &Path) -> Result<()> {
     let images =
         tokio::task::spawn_blocking(|| crate::vsphere::guest_image::ensure_guest_images(None))
@@ -39,6 +49,7 @@ pub async fn seed_lab_linux_vms(endpoint: &VcsimEndpoint, dir: &Path) -> Result<
             memory_mib: 1024,
             root_raw: images.bios.root.clone(),
             data_raw: images.data.clone(),
+            networks: vec![NETWORK.into()],
         },
         LinuxVmSeed {
             name: LINUX_EFI_VM.into(),
@@ -49,12 +60,52 @@ pub async fn seed_lab_linux_vms(endpoint: &VcsimEndpoint, dir: &Path) -> Result<
             memory_mib: 1024,
             root_raw: images.efi.root.clone(),
             data_raw: images.data.clone(),
+            networks: vec![NETWORK.into()],
+        },
+        LinuxVmSeed {
+            name: LINUX_STATIC_VM.into(),
+            firmware: Firmware::Bios,
+            secure_boot: false,
+            cpus: 2,
+            cores_per_socket: 2,
+            memory_mib: 1024,
+            root_raw: images.static_ifupdown.root.clone(),
+            data_raw: images.data.clone(),
+            networks: vec![NETWORK.into()],
+        },
+        LinuxVmSeed {
+            name: LINUX_NM_VM.into(),
+            firmware: Firmware::Efi,
+            secure_boot: true,
+            cpus: 2,
+            cores_per_socket: 1,
+            memory_mib: 1024,
+            root_raw: images.static_nm.root.clone(),
+            data_raw: images.data.clone(),
+            networks: vec![NETWORK.into(), SECOND_NETWORK.into()],
         },
     ];
     for seed in &seeds {
         seed_linux_vm(endpoint, dir, seed)
             .await
             .with_context(|| format!("seeding {}", seed.name))?;
+    }
+    for (vm, image) in [
+        (LINUX_STATIC_VM, &images.static_ifupdown),
+        (LINUX_NM_VM, &images.static_nm),
+    ] {
+        let reports: Vec<ToolsReport> = image
+            .static_networks
+            .iter()
+            .map(|n| ToolsReport {
+                address: n.address.clone(),
+                prefix_length: n.prefix_length,
+                manual: true,
+                gateway: n.gateway.clone(),
+                dns_servers: vec![],
+            })
+            .collect();
+        report_guest_network(endpoint, vm, &reports).await?;
     }
     Ok(())
 }
@@ -72,6 +123,8 @@ pub struct LinuxVmSeed {
     pub memory_mib: i64,
     pub root_raw: PathBuf,
     pub data_raw: PathBuf,
+    /// One NIC on each.
+    pub networks: Vec<String>,
 }
 
 impl LinuxVmSeed {
@@ -105,7 +158,7 @@ pub async fn seed_linux_vm(endpoint: &VcsimEndpoint, dir: &Path, vm: &LinuxVmSee
         vtpm: false,
         host: HOST.into(),
         datastore: DATASTORE.into(),
-        network: NETWORK.into(),
+        networks: vm.networks.clone(),
     };
     seed_from_raws(endpoint, dir, &spec, &[&vm.root_raw, &vm.data_raw]).await
 }
@@ -163,7 +216,7 @@ pub async fn seed_flat_vm(
         vtpm: false,
         host: host.into(),
         datastore: DATASTORE.into(),
-        network: NETWORK.into(),
+        networks: vec![NETWORK.into()],
     };
     let files: Vec<VmdkFiles> = disks
         .iter()
@@ -303,6 +356,7 @@ mod tests {
             memory_mib: 512,
             root_raw: "root.raw".into(),
             data_raw: "data.raw".into(),
+            networks: vec![NETWORK.into()],
         };
         ok.check().unwrap();
         for (bad, message) in [

@@ -5,4 +5,5 @@ pub mod bootdisk;
 pub mod demo;
 pub mod guest_image;
 pub mod linux_vms;
+pub mod tools_network;
 pub mod vcsim;

@@ -6,15 +6,15 @@ use std::path::Path;
 
 use std::time::Duration;
 
-use anyhow::{Context, Result, ensure};
+use anyhow::{Context, Result};
 use ferry_api::Firmware;
 use ferry_vsphere::provision::{self, NewVm};
 use ferry_vsphere::{Session, VmSelector, inventory, power};
-use serde_json::{Value, json};
 
 use super::phony::{PhonyFixtures, ensure_phony_windows};
 use super::{ALL, PhonyWindows, TOOLS_DNS, TOOLS_GATEWAY};
 use crate::vsphere::linux_vms::{DATASTORE, HOST, NETWORK, seed_from_raws};
+use crate::vsphere::tools_network::{self, ToolsReport};
 use crate::vsphere::vcsim::VcsimEndpoint;
 
 /// The VM vSphere would have for `guest`: 2 vCPUs, and the memory its version needs.
@@ -30,7 +30,7 @@ pub fn new_vm(guest: &PhonyWindows) -> NewVm {
         vtpm: guest.vtpm,
         host: HOST.into(),
         datastore: DATASTORE.into(),
-        network: NETWORK.into(),
+        networks: vec![NETWORK.into()],
     }
 }
 
@@ -72,82 +72,21 @@ pub async fn run_guest(
     ran
 }
 
-/// Makes vcsim report what VMware Tools in `guest` would (through the lab's launcher, `tools/vcsim/guestnet.go`):
-/// its NIC's address with its origin, the default gateway and the DNS server; with `running` false, nothing, as
-/// when the tools do not run.
+/// Makes vcsim report what VMware Tools in `guest` would: its NIC's address with its origin, the default gateway
+/// and the DNS server; with `running` false, nothing, as when the tools do not run.
 pub async fn report_guest_network(
     endpoint: &VcsimEndpoint,
     guest: &PhonyWindows,
     running: bool,
 ) -> Result<()> {
-    let session = Session::connect(endpoint.connect_config(Duration::from_secs(60))?).await?;
-    let described = async {
-        let vm = inventory::find_vm(&session, &VmSelector::Name(guest.name.into())).await?;
-        inventory::describe_vm(&session, &vm).await
-    }
-    .await;
-    session.logout().await;
-    let nic = described?
-        .nics
-        .into_iter()
-        .next()
-        .with_context(|| format!("{} has no NIC", guest.name))?;
-    let body = if running {
-        reported_network(guest, &nic.mac, nic.key)
-    } else {
-        json!({"net": [], "ipStack": []})
-    };
-    // The lab's VM names need no escaping.
-    ensure!(
-        guest
-            .name
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || c == '-'),
-        "{} would need escaping in a URL",
-        guest.name
-    );
-    let url = format!(
-        "{}/ferry-lab/guest-net?vm={}",
-        endpoint.url.trim_end_matches("/sdk"),
-        guest.name
-    );
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    let mut client = reqwest::Client::builder().timeout(Duration::from_secs(30));
-    for cert in reqwest::Certificate::from_pem_bundle(&std::fs::read(&endpoint.ca_file)?)? {
-        client = client.add_root_certificate(cert);
-    }
-    let response = client
-        .build()?
-        .put(url)
-        .header("content-type", "application/json")
-        .body(body.to_string())
-        .send()
-        .await?;
-    let status = response.status();
-    ensure!(
-        status.is_success(),
-        "vcsim refused {}'s guest network: {status} {}",
-        guest.name,
-        response.text().await.unwrap_or_default()
-    );
-    Ok(())
-}
-
-/// vSphere's `guest.net` and `guest.ipStack` for `guest`'s NIC (`mac`, device `key`), as JSON of govmomi's types.
-fn reported_network(guest: &PhonyWindows, mac: &str, key: i32) -> Value {
     let address = guest.tools_address;
-    json!({
-        "net": [{
-            "network": NETWORK, "macAddress": mac, "connected": true, "deviceConfigId": key,
-            "ipAddress": [address.address],
-            "ipConfig": {"ipAddress": [{
-                "ipAddress": address.address, "prefixLength": address.prefix_length,
-                "origin": if address.manual { "manual" } else { "dhcp" }, "state": "preferred"}]},
-        }],
-        "ipStack": [{
-            "dnsConfig": {"dhcp": !address.manual, "hostName": guest.name, "domainName": "", "ipAddress": [TOOLS_DNS]},
-            "ipRouteConfig": {"ipRoute": [{
-                "network": "0.0.0.0", "prefixLength": 0, "gateway": {"ipAddress": TOOLS_GATEWAY, "device": "0"}}]},
-        }],
-    })
+    let report = ToolsReport {
+        address: address.address.into(),
+        prefix_length: address.prefix_length,
+        manual: address.manual,
+        gateway: Some(TOOLS_GATEWAY.into()),
+        dns_servers: vec![TOOLS_DNS.into()],
+    };
+    let reports = if running { vec![report] } else { vec![] };
+    tools_network::report_guest_network(endpoint, guest.name, &reports).await
 }

@@ -31,8 +31,8 @@ pub struct NewVm {
     pub host: String,
     /// The datastore for the VM's folder.
     pub datastore: String,
-    /// A distributed port group or a standard network, by name.
-    pub network: String,
+    /// One vmxnet3 NIC on each: a distributed port group or a standard network, by name.
+    pub networks: Vec<String>,
 }
 
 /// A monolithicFlat VMDK on local disk.
@@ -85,7 +85,19 @@ pub async fn create_vm(session: &Session, spec: &NewVm) -> Result<MoRef> {
         Err(e) => return Err(e),
     }
     let place = placement(session, &spec.host).await?;
-    let backing = nic_backing(session, &spec.network).await?;
+    let mut nics = String::new();
+    for (index, network) in spec.networks.iter().enumerate() {
+        let backing = nic_backing(session, network).await?;
+        nics += &format!(
+            concat!(
+                r#"<deviceChange><operation>add</operation><device xsi:type="VirtualVmxnet3"><key>{key}</key>{backing}"#,
+                "<connectable><startConnected>true</startConnected><allowGuestControl>true</allowGuestControl>",
+                "<connected>false</connected></connectable><addressType>generated</addressType></device></deviceChange>",
+            ),
+            key = -110 - index as i32,
+            backing = backing,
+        );
+    }
     let firmware = match spec.firmware {
         Firmware::Bios => "bios",
         Firmware::Efi => "efi",
@@ -98,9 +110,7 @@ pub async fn create_vm(session: &Session, spec: &NewVm) -> Result<MoRef> {
             "<numCPUs>{cpus}</numCPUs><numCoresPerSocket>{cores}</numCoresPerSocket><memoryMB>{memory}</memoryMB>",
             r#"<deviceChange><operation>add</operation><device xsi:type="ParaVirtualSCSIController"><key>-101</key>"#,
             "<busNumber>0</busNumber><sharedBus>noSharing</sharedBus></device></deviceChange>",
-            r#"<deviceChange><operation>add</operation><device xsi:type="VirtualVmxnet3"><key>-102</key>{backing}"#,
-            "<connectable><startConnected>true</startConnected><allowGuestControl>true</allowGuestControl>",
-            "<connected>false</connected></connectable><addressType>generated</addressType></device></deviceChange>",
+            "{nics}",
             "{tpm}<bootOptions><efiSecureBootEnabled>{secure}</efiSecureBootEnabled></bootOptions>",
             "<firmware>{firmware}</firmware></config>",
         ),
@@ -110,7 +120,7 @@ pub async fn create_vm(session: &Session, spec: &NewVm) -> Result<MoRef> {
         cpus = spec.cpus,
         cores = spec.cores_per_socket,
         memory = spec.memory_mib,
-        backing = backing,
+        nics = nics,
         secure = spec.efi_secure_boot,
         tpm = if spec.vtpm {
             r#"<deviceChange><operation>add</operation><device xsi:type="VirtualTPM"><key>-103</key></device></deviceChange>"#

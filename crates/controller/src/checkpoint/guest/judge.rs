@@ -5,6 +5,8 @@ use std::time::Duration;
 use ferry_api::{GuestEvidence, GuestStatus};
 use k8s_openapi::jiff::Timestamp;
 
+use super::identity::{ExpectedNic, Identity, SeenInterface, compare};
+
 /// What the migration asks of the guest.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Check {
@@ -14,6 +16,11 @@ pub struct Check {
     pub settle: Duration,
     /// From the check's start (or a person's restart) to giving up.
     pub timeout: Duration,
+    /// The NICs whose addresses were configured by hand: the agent must show them back.
+    pub network: Vec<ExpectedNic>,
+    /// Whether an address not back fails the check, or is only said (a Windows guest gets its address from a
+    /// first-boot script, whose order against the agent's install nobody here has watched yet).
+    pub network_must_match: bool,
 }
 
 /// What the VM and its instance show now.
@@ -31,6 +38,8 @@ pub struct Observed {
     pub agent_since: Option<Timestamp>,
     pub os: Option<String>,
     pub ip_addresses: Vec<String>,
+    /// The VMI's NICs, with what the agent said of each.
+    pub interfaces: Vec<SeenInterface>,
     /// The VMI's conditions, as `Type=Status (Reason)`.
     pub conditions: Vec<String>,
     /// Why KubeVirt cannot create the VMI's launcher pod, in its words (it keeps trying).
@@ -67,21 +76,39 @@ pub fn judge(
         let answering = observed
             .agent_since
             .map_or(u64::MAX, |since| seconds_between(since, now));
+        let settled = answering >= check.settle.as_secs();
+        let identity = compare(&check.network, &observed.interfaces);
+        if let Identity::Lost(lost) = &identity
+            && settled
+            && check.network_must_match
+        {
+            return failed(format!(
+                "the guest's network did not come up as it was on VMware: {lost}. Its configuration no longer \
+                 applies to the NIC it sees (without guest adaptation Linux names a NIC after its new PCI slot; \
+                 conversion.guestAdaptation VirtV2v keeps a Linux guest's interface names)"
+            ));
+        }
         let missing: Vec<&str> = [
             (observed.os.is_none(), "OS"),
             (observed.ip_addresses.is_empty(), "IP address"),
+            (
+                matches!(identity, Identity::Lost(_) | Identity::Unknown(_)),
+                "addresses configured by hand",
+            ),
         ]
         .into_iter()
         .filter_map(|(absent, what)| absent.then_some(what))
         .collect();
-        if missing.is_empty() || answering >= check.settle.as_secs() {
-            return Verdict::Proven(agent_answered(observed));
+        if missing.is_empty() || settled {
+            return Verdict::Proven(agent_answered(observed, &identity));
         }
         return Verdict::Waiting {
             // Both arrive as VMI changes (watched); the time only tells when the settle ends.
             recheck: until(now, observed.agent_since.unwrap_or(now) + check.settle),
             reason: if observed.ip_addresses.is_empty() {
                 "WaitingForAddress"
+            } else if missing.contains(&"addresses configured by hand") {
+                "WaitingForNetworkIdentity"
             } else {
                 "WaitingForGuestInfo"
             },
@@ -198,18 +225,29 @@ fn failed(cause: String) -> Verdict {
     Verdict::Failed { cause }
 }
 
-fn agent_answered(observed: &Observed) -> GuestStatus {
+fn agent_answered(observed: &Observed, identity: &Identity) -> GuestStatus {
     let os = observed.os.as_deref().unwrap_or("an unnamed OS");
     let ips = if observed.ip_addresses.is_empty() {
         "no IP address".to_string()
     } else {
         observed.ip_addresses.join(", ")
     };
+    let network = match identity {
+        Identity::NotAsked => String::new(),
+        Identity::Kept { said, .. } => said.clone(),
+        Identity::Unknown(said) => format!("network identity not compared: {said}"),
+        Identity::Lost(said) => format!("network identity lost: {said}"),
+    };
+    let message = match network.as_str() {
+        "" => format!("guest agent answered: {os}, {ips}"),
+        network => format!("guest agent answered: {os}, {ips}; {network}"),
+    };
     GuestStatus {
         evidence: GuestEvidence::AgentAnswered,
-        message: format!("guest agent answered: {os}, {ips}"),
+        message,
         os: observed.os.clone(),
         ip_addresses: observed.ip_addresses.clone(),
+        network,
     }
 }
 
@@ -248,6 +286,8 @@ mod tests {
             agent_required,
             settle: Duration::from_secs(60),
             timeout: Duration::from_secs(900),
+            network: vec![],
+            network_must_match: true,
         }
     }
 
@@ -287,6 +327,67 @@ mod tests {
         };
         assert!(guest.message.contains("ran for 61 s"), "{}", guest.message);
         assert!(guest.message.contains("not observed"));
+    }
+
+    #[test]
+    fn an_address_configured_by_hand_must_come_back_on_its_nic_within_the_settle_time() {
+        let mut check = check(true);
+        check.network = vec![ExpectedNic {
+            mac: "00:50:56:aa:bb:cc".into(),
+            addresses: vec!["192.168.50.10/24".into()],
+            name: Some("ens192".into()),
+        }];
+        let mut observed = running_since(10);
+        observed.agent_connected = true;
+        observed.agent_since = Some(at(11));
+        observed.os = Some("Debian GNU/Linux 12 (bookworm)".into());
+        observed.ip_addresses = vec!["fe80::1".into()];
+        observed.interfaces = vec![SeenInterface {
+            mac: "00:50:56:aa:bb:cc".into(),
+            name: Some("enp1s0".into()),
+            addresses: vec!["fe80::1".into()],
+        }];
+        assert!(matches!(
+            judge(&check, &observed, at(0), at(30)),
+            Verdict::Waiting {
+                reason: "WaitingForNetworkIdentity",
+                ..
+            }
+        ));
+        let Verdict::Failed { cause } = judge(&check, &observed, at(0), at(71)) else {
+            panic!("the address never came back");
+        };
+        assert!(
+            cause.starts_with(
+                "the guest's network did not come up as it was on VMware: NIC 00:50:56:aa:bb:cc is enp1s0 in \
+                 the guest where it was ens192 and lacks 192.168.50.10/24"
+            ),
+            "{cause}"
+        );
+        observed.interfaces[0].name = Some("ens192".into());
+        observed.interfaces[0].addresses = vec!["192.168.50.10".into()];
+        observed.ip_addresses = vec!["192.168.50.10".into()];
+        let Verdict::Proven(guest) = judge(&check, &observed, at(0), at(30)) else {
+            panic!("the identity is back");
+        };
+        assert_eq!(
+            guest.network,
+            "network identity kept: NIC 00:50:56:aa:bb:cc is ens192 in the guest, with 192.168.50.10/24"
+        );
+        assert!(guest.message.ends_with(&guest.network), "{}", guest.message);
+        // Where it is only said (Windows), a lost address is proven all the same, and said.
+        check.network_must_match = false;
+        observed.interfaces[0].addresses = vec!["169.254.3.4".into()];
+        let Verdict::Proven(guest) = judge(&check, &observed, at(0), at(71)) else {
+            panic!("said, not failed");
+        };
+        assert!(
+            guest
+                .network
+                .starts_with("network identity lost: NIC 00:50:56:aa:bb:cc is ens192"),
+            "{}",
+            guest.network
+        );
     }
 
     #[test]

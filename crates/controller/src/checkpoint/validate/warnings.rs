@@ -97,8 +97,8 @@ pub(super) fn check_static_addresses(
 /// address still means something), when nothing will put the address on the NIC the guest sees: the reason and
 /// what it means. On KubeVirt each NIC is a new device at a new PCI address: Linux names it after that address
 /// (`enp1s0` where it was `ens192`), so configuration naming the old interface does not apply; Windows sees a new
-/// adapter without the old one's settings. Only virt-v2v's `--mac` (Windows, `preserveStaticIPs`) carries it
-/// today. Pure.
+/// adapter without the old one's settings. Guest adaptation carries it: virt-v2v's `--mac` on Windows
+/// (`preserveStaticIPs`), the old names kept by MAC on Linux. Pure.
 pub(super) fn static_address_not_kept(
     vmm: &VirtualMachineMigration,
     source: &SourceVmStatus,
@@ -132,13 +132,9 @@ pub(super) fn static_address_not_kept(
             "Windows sees a new adapter without the old one's settings; conversion.preserveStaticIPs has \
              virt-v2v set the address on it at first boot",
         ),
-        (GuestAdaptation::VirtV2v, true) => return None,
-        (GuestAdaptation::VirtV2v, false) => (
-            "InterfaceNameChanges",
-            "virt-v2v keeps the guest's own configuration, but the NIC comes up under a name after its new PCI \
-             slot (for example enp1s0 where it was ens192), and Ferry does not pin the old name to its MAC yet, \
-             so configuration naming the old interface does not apply",
-        ),
+        // virt-v2v's --mac sets it again (Windows); the guest's own configuration applies under the old names,
+        // which the adaptation keeps by MAC (Linux; `status.adaptation.interfaceNames` says which it kept).
+        (GuestAdaptation::VirtV2v, _) => return None,
     };
     Some((
         reason,
@@ -152,12 +148,7 @@ pub(super) fn static_address_not_kept(
 
 /// `NIC <mac> on <network> (<address/prefix>, …)` for a NIC with an address configured by hand.
 fn static_nic(nic: &SourceNic) -> Option<String> {
-    let addresses: Vec<String> = nic
-        .ip_addresses
-        .iter()
-        .filter(|a| a.is_static())
-        .map(|a| format!("{}/{}", a.address, a.prefix_length))
-        .collect();
+    let addresses = nic.static_addresses();
     (!addresses.is_empty()).then(|| {
         format!(
             "NIC {} on {} ({})",
@@ -240,8 +231,8 @@ mod tests {
         adapted.spec.conversion.guest_adaptation = GuestAdaptation::VirtV2v;
         assert_eq!(
             reason(&adapted, &source),
-            Some("InterfaceNameChanges"),
-            "Linux: names are not pinned yet"
+            None,
+            "Linux: the adaptation keeps the names by MAC"
         );
         source.guest_os = Some("windows2019srvNext_64Guest".into());
         assert_eq!(reason(&adapted, &source), Some("PreserveStaticIPsOff"));
