@@ -1,5 +1,5 @@
-//! The kinds of other projects that Ferry creates and reads: CDI's DataVolume and KubeVirt's VirtualMachine and
-//! VirtualMachineInstance. The controller and the lab's stand-ins name them from here, and read the fields they
+//! The kinds of other projects that Ferry creates and reads: CDI's DataVolume, KubeVirt's VirtualMachine and
+//! VirtualMachineInstance, and the NetworkAttachmentDefinitions of Multus networks. The controller and the lab's stand-ins name them from here, and read the fields they
 //! share through the small serde views below (the objects themselves stay dynamic: Ferry owns none of their
 //! schemas).
 
@@ -30,6 +30,24 @@ pub fn vmi_resource() -> ApiResource {
         "v1",
         "VirtualMachineInstance",
     ))
+}
+
+/// Multus' NetworkAttachmentDefinition, which KubeVirt reads for each Multus network before it makes a VM's
+/// launcher pod. Its plural has dashes, so it is not the one `from_gvk` would guess.
+pub fn nad_resource() -> ApiResource {
+    ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("k8s.cni.cncf.io", "v1", "NetworkAttachmentDefinition"),
+        "network-attachment-definitions",
+    )
+}
+
+/// The NetworkAttachmentDefinition (namespace, name) a Multus `networkName` means in `namespace`, as KubeVirt
+/// reads it: `ns/name`, or a bare name in the VM's own namespace.
+pub fn nad_namespaced_name(namespace: &str, network_name: &str) -> (String, String) {
+    match network_name.split_once('/') {
+        Some((ns, name)) => (ns.to_string(), name.to_string()),
+        None => (namespace.to_string(), network_name.to_string()),
+    }
 }
 
 /// A condition as KubeVirt and CDI write them.
@@ -169,6 +187,31 @@ impl VmiStatus {
             .map(|c| c.message.as_deref().unwrap_or("no message"))
     }
 
+    /// Why KubeVirt cannot bring the instance's domain in line with its spec, when that is not the pod's refusal:
+    /// virt-handler's `Synchronized` False, for example a NIC whose pod link nothing attached (a Multus network
+    /// without its NetworkAttachmentDefinition). It keeps trying. As `reason: message`.
+    pub fn not_synchronized(&self) -> Option<String> {
+        self.conditions
+            .iter()
+            .find(|c| {
+                c.type_ == "Synchronized"
+                    && c.status == "False"
+                    && c.reason.as_deref() != Some("FailedCreate")
+            })
+            .map(|c| {
+                let reason = c
+                    .reason
+                    .as_deref()
+                    .unwrap_or_default()
+                    .trim_end_matches('.');
+                let message = c.message.as_deref().unwrap_or("no message");
+                match reason {
+                    "" => message.to_string(),
+                    reason => format!("{reason}: {message}"),
+                }
+            })
+    }
+
     pub fn of(vmi: &DynamicObject) -> Self {
         part(vmi, "status")
     }
@@ -255,6 +298,15 @@ impl DataVolumeStatus {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_multus_network_name_is_read_as_kubevirt_reads_it() {
+        let nad = |ns, name| nad_namespaced_name(ns, name);
+        assert_eq!(nad("apps", "lan"), ("apps".into(), "lan".into()));
+        assert_eq!(nad("apps", "default/lan"), ("default".into(), "lan".into()));
+        assert_eq!(nad_resource().plural, "network-attachment-definitions");
+        assert_eq!(nad_resource().api_version, "k8s.cni.cncf.io/v1");
+    }
 
     #[test]
     fn a_vm_says_why_its_instance_cannot_be_created() {

@@ -98,6 +98,12 @@ async fn the_controller_service_account_gets_what_it_needs_and_no_more() {
         ("delete", "", "secrets", n),
         ("use", "migration.platform.example", "providers", n),
         ("get", "storage.k8s.io", "storageclasses", ""),
+        (
+            "get",
+            "k8s.cni.cncf.io",
+            "network-attachment-definitions",
+            n,
+        ),
         ("create", "events.k8s.io", "events", n),
         ("update", "coordination.k8s.io", "leases", "ferry-system"),
     ];
@@ -122,6 +128,12 @@ async fn the_controller_service_account_gets_what_it_needs_and_no_more() {
         ),
         ("update", "migration.platform.example", "networkmaps", n),
         ("list", "migration.platform.example", "storagemaps", n),
+        (
+            "list",
+            "k8s.cni.cncf.io",
+            "network-attachment-definitions",
+            n,
+        ),
         ("escalate", "rbac.authorization.k8s.io", "clusterroles", ""),
         ("bind", "rbac.authorization.k8s.io", "clusterroles", ""),
         ("create", "rbac.authorization.k8s.io", "rolebindings", n),

@@ -409,21 +409,50 @@ async fn permanent_errors_stop_before_any_side_effect_with_a_specific_reason() {
     }
 }
 
+/// What KubeVirt needs and the cluster lacks waits for a person before the source is touched: first the Multus
+/// network's NetworkAttachmentDefinition (without it KubeVirt cannot attach the NIC), then the StorageClass.
 #[tokio::test]
-async fn a_missing_storage_class_waits_for_a_person_then_resumes() {
+async fn a_missing_network_attachment_and_storage_class_wait_for_a_person_then_resume() {
     let vm = "DC0_C0_RP0_VM1";
     let _source = source_lock(vm).await;
     set_source_power(vm, true).await;
     let (client, ns) = setup("manual").await;
     let class = format!("arrives-later-{}", ns.name());
-    stops_before_side_effects(
+    let stopped = stops_before_side_effects(
         &client,
         ns.name(),
         "later",
         vm,
-        |m| m["spec"]["target"]["storageClassName"] = class.clone().into(),
+        |m| {
+            m["spec"]["target"]["storageClassName"] = class.clone().into();
+            for network in m["spec"]["target"]["networks"].as_array_mut().unwrap() {
+                network.as_object_mut().unwrap().remove("pod");
+                network["multus"] = serde_json::json!({"networkName": "lan"});
+            }
+        },
         Phase::ManualInterventionRequired,
-        "StorageClassNotFound",
+        "NetworkAttachmentDefinitionNotFound",
+    )
+    .await;
+    let message = stopped.status.unwrap().message.unwrap_or_default();
+    assert!(
+        message.contains(&format!(
+            "NetworkAttachmentDefinition {}/lan does not exist",
+            ns.name()
+        )),
+        "{message}"
+    );
+    create_bridge_network(&client, ns.name(), "lan", None).await;
+    ferry_testkit::eventually(
+        "the StorageClass to be what is missing next",
+        Duration::from_secs(120),
+        || async {
+            let vmm = migrations(&client, ns.name()).get("later").await.ok()?;
+            let status = vmm.status?;
+            (status.reason.as_deref() == Some("StorageClassNotFound")
+                && status.power.as_ref().and_then(|p| p.original).is_none())
+            .then_some(())
+        },
     )
     .await;
     let storage_class: k8s_openapi::api::storage::v1::StorageClass =

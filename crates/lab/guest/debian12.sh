@@ -21,7 +21,7 @@ PAYLOAD_BYTES=$((4 << 20))
 # of a VMware CD-ROM, disks, ext4. Nothing virtio: an unadapted boot on KubeVirt's devices must fail as it would.
 INITRAMFS_MODULES="vmw_pvscsi mptspi mptsas vmxnet3 ahci sd_mod sr_mod ext4 crc32c_generic"
 PACKAGES="linux-image-amd64,initramfs-tools,systemd,systemd-sysv,udev,dbus,iproute2,open-vm-tools,qemu-guest-agent"
-PACKAGES+=",grub-pc-bin,zstd,ifupdown,network-manager"
+PACKAGES+=",grub-pc-bin,zstd,ifupdown,network-manager,iputils-ping"
 # The static variant: the address a Debian server installed on VMware gives its first vmxnet3 NIC, ens192.
 STATIC_NIC=ens192
 STATIC_ADDRESS=192.168.50.10
@@ -101,11 +101,22 @@ if [ -n "$nic" ]; then
   ip=$(ip -4 -o addr show dev "$nic" | awk '{ split($4, a, "/"); print a[1]; exit }')
   [ -n "$ip" ] || ip=none
 fi
+# Whether the default gateway answers: an address is only meaningful on a network where it is routed.
+gw=none
+router=$(ip -4 route show default 2>/dev/null | awk '{ print $3; exit }')
+if [ -n "$router" ]; then
+  gw=unreachable
+  i=0
+  while [ $i -lt 5 ]; do
+    ping -n -q -c 1 -W 2 "$router" >/dev/null 2>&1 && { gw=reachable; break; }
+    i=$((i + 1))
+  done
+fi
 sha=missing
 [ -f /data/payload.bin ] && sha=$(sha256sum /data/payload.bin | cut -d' ' -f1)
 # A line of its own, even after the login prompt that serial-getty may have printed just before.
-printf '\r\nFERRY-GUEST-READY %s kernel=%s root=%s mac=%s ip=%s data-sha256=%s\r\n' \
-  "$(hostname)" "$(uname -r)" "$(findmnt -n -o SOURCE /)" "$mac" "$ip" "$sha" >/dev/ttyS0
+printf '\r\nFERRY-GUEST-READY %s kernel=%s root=%s mac=%s ip=%s gw=%s data-sha256=%s\r\n' \
+  "$(hostname)" "$(uname -r)" "$(findmnt -n -o SOURCE /)" "$mac" "$ip" "$gw" "$sha" >/dev/ttyS0
 EOF
   chmod 755 "$root/usr/local/sbin/ferry-guest-ready"
   cat >"$root/etc/systemd/system/ferry-guest-ready.service" <<'EOF'

@@ -210,7 +210,8 @@ fn tail(console: &str) -> String {
     lines[lines.len().saturating_sub(40)..].join("\n")
 }
 
-/// The line names the guest, its kernel, its root on the SCSI disk, the NIC's MAC and DHCP address, and the data.
+/// The line names the guest, its kernel, its root on the SCSI disk, the NIC's MAC and DHCP address, its router
+/// answering, and the data.
 fn assert_ready(line: &str, guest: &GuestImage, images: &GuestImages) {
     let field = |name: &str| {
         line.split_whitespace()
@@ -233,6 +234,11 @@ fn assert_ready(line: &str, guest: &GuestImage, images: &GuestImages) {
     assert!(
         field("ip").starts_with("10.0.2."),
         "a DHCP lease from QEMU's user network: {line:?}"
+    );
+    assert_eq!(
+        field("gw"),
+        "reachable",
+        "QEMU's router answers ping: {line:?}"
     );
     assert_eq!(field("data-sha256"), images.data_payload_sha256, "{line:?}");
 }

@@ -143,6 +143,7 @@ reasons! {
         JobResultUnreadable,
         DatastoreNotMapped,
         MultiplePodNetworkNICs,
+        NetworkAttachmentDefinitionNotFound,
         NetworkMapNotFound,
         NetworkNamespaceNotAllowed,
         NetworkNotMapped,

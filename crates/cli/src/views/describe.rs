@@ -556,6 +556,7 @@ pub fn next_step(reason: &str, class: ErrorClass, phase: Option<Phase>, name: &s
         Some(Reason::NetworkNotMapped | Reason::MultiplePodNetworkNICs) => "map every source network in spec.target.networks or the NetworkMap it names (pod, multus or ignored)".into(),
         Some(Reason::DatastoreNotMapped | Reason::VolumeModesDiffer) => "give every datastore of the VM one entry in the StorageMap".into(),
         Some(Reason::NetworkMapNotFound | Reason::StorageMapNotFound) => "create the map spec.target names".into(),
+        Some(Reason::NetworkAttachmentDefinitionNotFound) => "create the NetworkAttachmentDefinition the message names (Multus must be installed), or map the network elsewhere".into(),
         Some(Reason::StorageClassNotFound | Reason::NoDefaultStorageClass) => "create the StorageClass (or mark one as default)".into(),
         Some(Reason::SecretNotFound | Reason::ProviderSecretNotFound | Reason::SecretKeyMissing) => "create the Secret with the keys the message names".into(),
         Some(Reason::ProviderNotFound) => "create the Provider the migration names".into(),

@@ -1,5 +1,6 @@
 //! Keeps the lab's KubeVirt stand-in honest. The same VMs, as Ferry builds them (the Debian BIOS guest, the EFI one
-//! under Secure Boot, twelve SATA disks, no bootable disk, the unadapted BIOS guest forced onto virtio), run on the
+//! under Secure Boot, twelve SATA disks, no bootable disk, the unadapted BIOS guest forced onto virtio, a NIC on a
+//! Multus network without its NetworkAttachmentDefinition), run on the
 //! stand-in and, with `FERRY_REAL_NODE=1`, on real KubeVirt v1.9.0 on the real node; each is then halted or
 //! deleted. Both are compared with what real KubeVirt showed, recorded in `real-kubevirt-v1.9.0.json`
 //! (`FERRY_KUBEVIRT_RECORD=1` records it anew from real KubeVirt): the VMI's phases, the VM's printable statuses,

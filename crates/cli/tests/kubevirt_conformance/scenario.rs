@@ -38,6 +38,8 @@ pub enum Scenario {
     NoBootableDisk,
     /// The Debian BIOS guest on virtio, without the drivers for it.
     UnadaptedVirtio,
+    /// A NIC on a Multus network whose NetworkAttachmentDefinition does not exist.
+    MissingNetwork,
 }
 
 pub enum Content {
@@ -46,12 +48,13 @@ pub enum Content {
 }
 
 impl Scenario {
-    pub const ALL: [Scenario; 5] = [
+    pub const ALL: [Scenario; 6] = [
         Scenario::Bios,
         Scenario::EfiSecureBoot,
         Scenario::TwelveSata,
         Scenario::NoBootableDisk,
         Scenario::UnadaptedVirtio,
+        Scenario::MissingNetwork,
     ];
 
     /// Also the VM's name.
@@ -62,6 +65,7 @@ impl Scenario {
             Scenario::TwelveSata => "twelve-sata",
             Scenario::NoBootableDisk => "no-bootable-disk",
             Scenario::UnadaptedVirtio => "unadapted-virtio",
+            Scenario::MissingNetwork => "missing-network",
         }
     }
 
@@ -80,12 +84,16 @@ impl Scenario {
                 .chain((1..12).map(|_| Content::Blank))
                 .collect(),
             Scenario::NoBootableDisk => vec![Content::Blank],
+            Scenario::MissingNetwork => vec![Content::Image(images.marker_disk.clone())],
         }
     }
 
     /// The migration Ferry would have for it, and what discovery would have recorded of its source.
     pub fn migration(self, ns: &str, disks: usize) -> (VirtualMachineMigration, SourceVmStatus) {
         let mut target = json!({"networks": [{"source": "VM Network", "pod": {}}]});
+        if self == Scenario::MissingNetwork {
+            target = json!({"networks": [{"source": "VM Network", "multus": {"networkName": "absent"}}]});
+        }
         if self == Scenario::UnadaptedVirtio {
             target["devices"] = "Virtio".into();
         }
@@ -156,6 +164,8 @@ impl Scenario {
             Scenario::NoBootableDisk => {
                 condition_is(vmi, "Ready", "True") && running_for.is_some_and(|t| t >= QUIET_GUEST)
             }
+            // No launcher pod, and virt-controller says why.
+            Scenario::MissingNetwork => condition_is(vmi, "Synchronized", "False"),
         }
     }
 }

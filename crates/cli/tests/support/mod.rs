@@ -177,6 +177,31 @@ pub async fn labelled(
         .collect()
 }
 
+/// A Multus network in `ns` as a user makes one for VMs: a Linux bridge without IPAM (the guest keeps its own
+/// address). With `segment` (subnet, router), the lab's KubeVirt stand-in gives the bridge that subnet and a router
+/// that answers on it.
+pub async fn create_bridge_network(
+    client: &Client,
+    ns: &str,
+    name: &str,
+    segment: Option<(&str, &str)>,
+) {
+    use ferry_lab::standins::kubevirt::multus::{GATEWAY_ANNOTATION, SUBNET_ANNOTATION};
+    let config = serde_json::json!({"cniVersion": "0.3.1", "name": name, "type": "bridge",
+        "bridge": format!("br-{name}"), "ipam": {}});
+    let mut nad = serde_json::json!({
+        "apiVersion": "k8s.cni.cncf.io/v1", "kind": "NetworkAttachmentDefinition",
+        "metadata": {"name": name}, "spec": {"config": config.to_string()}});
+    if let Some((subnet, gateway)) = segment {
+        nad["metadata"]["annotations"] =
+            serde_json::json!({(SUBNET_ANNOTATION): subnet, (GATEWAY_ANNOTATION): gateway});
+    }
+    Api::<DynamicObject>::namespaced_with(client.clone(), ns, &ferry_api::foreign::nad_resource())
+        .create(&Default::default(), &serde_json::from_value(nad).unwrap())
+        .await
+        .unwrap();
+}
+
 pub fn resource(group: &str, version: &str, kind: &str) -> kube::core::ApiResource {
     kube::core::ApiResource::from_gvk(&kube::core::GroupVersionKind::gvk(group, version, kind))
 }

@@ -267,6 +267,7 @@ impl Observed {
                 .collect(),
             interfaces: identity::seen(&status.interfaces),
             pod_refused: status.pod_refused().map(String::from),
+            not_synchronized: status.not_synchronized(),
             conditions: status
                 .conditions
                 .iter()

@@ -1,9 +1,10 @@
 //! Validating (preflight). Desired: everything that can fail early was checked. Observed: the discovered source,
-//! the network map, the StorageClass, name collisions, the staging store. Action: none (pure checks and reads).
+//! the network map and the Multus networks' NetworkAttachmentDefinitions, the StorageClass, name collisions, the staging store. Action: none (pure checks and reads).
 //! Recorded: Validated, or a specific reason before any side effect.
 
 use std::collections::BTreeSet;
 
+use ferry_api::foreign::{nad_namespaced_name, nad_resource};
 use ferry_api::{
     ConditionType, DiskStorage, FirstBootToolSource, GuestAdaptation, MountedFiles, NetworkMap,
     NetworkMapSpec, NetworkMapping, Reason, SourceVmStatus, StorageMap, StorageMapSpec,
@@ -38,6 +39,7 @@ pub async fn run(step: &mut Step<'_>) -> Result<Next> {
     super::support::disk_files::check(step, &source).await?;
     let (network_map, storage_map) = read_maps(step).await?;
     let networks = check_networks(step.vmm, network_map.as_ref(), &source)?;
+    check_network_attachments(step, &networks).await?;
     let static_on_pod = check_static_addresses(step.vmm, &source, &networks)?;
     let storage = check_storage(step.vmm, storage_map.as_ref(), &source)?;
     let storage_class = check_storage_classes(step, &storage).await?;
@@ -402,6 +404,41 @@ fn missing_map(reason: Reason, kind: &str, ns: &str, name: &str) -> Failure {
             "{kind} {ns}/{name}, named by spec.target, does not exist; create it, and the migration resumes"
         ),
     )
+}
+
+/// Every Multus network's NetworkAttachmentDefinition must exist: without it the VM's launcher cannot attach the
+/// NIC (Multus fails the pod's sandbox, or virt-launcher finds no pod link), which would show only after the source
+/// was powered off and copied. A NAD the controller may not read (a namespaced
+/// install that does not serve `default`) is left to KubeVirt.
+async fn check_network_attachments(step: &Step<'_>, networks: &[NetworkMapping]) -> Result<()> {
+    let ns = step.vmm.namespace().unwrap_or_default();
+    let mut missing = vec![];
+    for multus in networks.iter().filter_map(|m| m.multus.as_ref()) {
+        let (nad_ns, name) = nad_namespaced_name(&ns, &multus.network_name);
+        let nads = Api::<DynamicObject>::namespaced_with(
+            step.ctx.client.clone(),
+            &nad_ns,
+            &nad_resource(),
+        );
+        match nads.get_opt(&name).await {
+            Ok(Some(_)) => {}
+            Ok(None) => missing.push(format!("{nad_ns}/{name}")),
+            Err(kube::Error::Api(e)) if e.code == 403 => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    if missing.is_empty() {
+        return Ok(());
+    }
+    missing.dedup();
+    Err(Failure::fixable(
+        Reason::NetworkAttachmentDefinitionNotFound,
+        format!(
+            "NetworkAttachmentDefinition {} does not exist (KubeVirt could not attach the VM's NIC to it; is \
+             Multus installed?); create it, and the migration resumes",
+            missing.join(", ")
+        ),
+    ))
 }
 
 /// Every StorageClass the disks name must exist, and a default one when a disk names none.

@@ -1,5 +1,5 @@
-//! CRDs the lab serves from its start: Ferry's own, and the real KubeVirt and CDI schemas of the resources the
-//! stand-ins implement. They go in before kube-controller-manager starts, whose garbage collector would
+//! CRDs the lab serves from its start: Ferry's own, the real KubeVirt and CDI schemas of the resources the
+//! stand-ins implement, and Multus' NetworkAttachmentDefinition, which KubeVirt reads for each Multus network. They go in before kube-controller-manager starts, whose garbage collector would
 //! otherwise learn about them only at its next discovery resync (up to 30 s).
 
 use std::time::Duration;
@@ -12,8 +12,9 @@ use kube::{Api, Client};
 
 const MANAGER: &str = "ferry-lab";
 
-/// KubeVirt VirtualMachine/VirtualMachineInstance and CDI DataVolume, from `hack/gen_test_crds.py`.
-const STAND_IN_CRDS: [(&str, &str); 3] = [
+/// KubeVirt VirtualMachine/VirtualMachineInstance, CDI DataVolume and Multus NetworkAttachmentDefinition, from
+/// `hack/gen_test_crds.py`.
+const STAND_IN_CRDS: [(&str, &str); 4] = [
     (
         "kubevirt-vm.yaml",
         include_str!("../../../../deploy/test-crds/kubevirt-vm.yaml"),
@@ -25,6 +26,10 @@ const STAND_IN_CRDS: [(&str, &str); 3] = [
     (
         "cdi-datavolume.yaml",
         include_str!("../../../../deploy/test-crds/cdi-datavolume.yaml"),
+    ),
+    (
+        "multus-network-attachment-definition.yaml",
+        include_str!("../../../../deploy/test-crds/multus-network-attachment-definition.yaml"),
     ),
 ];
 

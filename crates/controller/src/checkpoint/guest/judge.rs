@@ -44,6 +44,8 @@ pub struct Observed {
     pub conditions: Vec<String>,
     /// Why KubeVirt cannot create the VMI's launcher pod, in its words (it keeps trying).
     pub pod_refused: Option<String>,
+    /// Why KubeVirt cannot bring the domain in line with the VMI, in its words (it keeps trying).
+    pub not_synchronized: Option<String>,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -171,6 +173,19 @@ pub fn judge(
             recheck: Duration::from_secs(30),
         };
     }
+    if let Some(why) = observed.not_synchronized.as_ref().filter(|_| !running) {
+        // A NIC whose pod link nothing attached, say: it may yet be fixed, and KubeVirt retries.
+        if seconds_between(window_start, now) > timeout {
+            return failed(format!(
+                "KubeVirt could not start the VM within {timeout} s: {why}"
+            ));
+        }
+        return Verdict::Waiting {
+            reason: "VMINotSynchronized",
+            message: format!("KubeVirt cannot start the VM and keeps trying: {why}"),
+            recheck: Duration::from_secs(30),
+        };
+    }
     if seconds_between(window_start, now) > timeout {
         return failed(if check.agent_required {
             format!("the guest agent did not answer within {timeout} s ({state})")
@@ -274,6 +289,7 @@ impl Observed {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use ferry_api::foreign::VmiStatus;
 
     const START: i64 = 1_700_000_000;
 
@@ -482,6 +498,44 @@ mod tests {
             cause,
             "KubeVirt could not create the VM's launcher pod within 900 s: pods \"virt-launcher-web-x\" is \
              forbidden: violates PodSecurity"
+        );
+    }
+
+    #[test]
+    fn a_vm_kubevirt_cannot_set_up_is_waited_for_with_its_words_then_the_check_fails() {
+        // As real KubeVirt v1.9.0 shows a NIC on a Multus network without its NetworkAttachmentDefinition.
+        let status: VmiStatus = serde_json::from_value(serde_json::json!({
+            "phase": "Scheduled",
+            "conditions": [{"type": "Synchronized", "status": "False",
+                "reason": "Synchronizing with the Domain failed.",
+                "message": "failed to configure vmi network: setup failed, err: pod link (pod0e6b58809dd) is missing"}],
+        }))
+        .unwrap();
+        let observed = Observed {
+            vm_exists: true,
+            vmi_phase: Some("Scheduled".into()),
+            not_synchronized: status.not_synchronized(),
+            pod_refused: status.pod_refused().map(String::from),
+            ..Default::default()
+        };
+        let Verdict::Waiting {
+            reason, message, ..
+        } = judge(&check(false), &observed, at(0), at(100))
+        else {
+            panic!("KubeVirt retries: so does the check");
+        };
+        assert_eq!(reason, "VMINotSynchronized");
+        assert_eq!(
+            message,
+            "KubeVirt cannot start the VM and keeps trying: Synchronizing with the Domain failed: failed to \
+             configure vmi network: setup failed, err: pod link (pod0e6b58809dd) is missing"
+        );
+        let Verdict::Failed { cause } = judge(&check(false), &observed, at(0), at(901)) else {
+            panic!("bounded by the check's timeout");
+        };
+        assert!(
+            cause.starts_with("KubeVirt could not start the VM within 900 s: Synchronizing"),
+            "{cause}"
         );
     }
 

@@ -47,8 +47,19 @@ pub enum Network {
         guest: String,
         cidr: String,
     },
-    /// A Multus network; the lab has none, so the NIC sits on a segment of its own.
-    Isolated,
+    /// A Multus network, by the `networkName` the VMI gives; once its NetworkAttachmentDefinition is read
+    /// (`multus::attach`), the lab segment it names, else none: the NIC then sits on a segment of its own.
+    Multus {
+        network_name: String,
+        bridge: Option<Bridge>,
+    },
+}
+
+/// A lab segment with a router: QEMU's user network on `cidr`, answering as `gateway`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Bridge {
+    pub cidr: String,
+    pub gateway: String,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -359,11 +370,16 @@ fn nics(spec: &Value, vmi_uid: &str) -> Result<Vec<Nic>, String> {
                 guest,
                 cidr: cidr.to_string(),
             }
+        } else if let Some(network_name) = str_at(&network["multus"], "networkName") {
+            Network::Multus {
+                network_name: network_name.to_string(),
+                bridge: None,
+            }
         } else {
-            Network::Isolated
+            return Err(format!("network {name}: neither pod nor multus"));
         };
-        if network != Network::Isolated && nics.iter().any(|n: &Nic| n.network != Network::Isolated)
-        {
+        let on_pod = |n: &Network| matches!(n, Network::Pod { .. });
+        if on_pod(&network) && nics.iter().any(|n: &Nic| on_pod(&n.network)) {
             return Err("more than one interface on the pod network".into());
         }
         nics.push(Nic {
@@ -541,7 +557,12 @@ impl Domain {
                 } => format!(
                     "user,id=net{i},net={cidr},host={gateway},dhcpstart={guest},restrict=on"
                 ),
-                Network::Isolated => format!("hubport,id=net{i},hubid={i}"),
+                // A bridge whose router answers; QEMU's DHCP server is there too, unused by static guests.
+                Network::Multus {
+                    bridge: Some(Bridge { cidr, gateway }),
+                    ..
+                } => format!("user,id=net{i},net={cidr},host={gateway},restrict=on"),
+                Network::Multus { bridge: None, .. } => format!("hubport,id=net{i},hubid={i}"),
             };
             add(&["-netdev", &netdev]);
             let mut device = format!(
@@ -820,6 +841,19 @@ mod tests {
                 "user,id=net0,net=10.0.2.0/24,host=10.0.2.1,dhcpstart=10.0.2.2,restrict=on",
                 "hubport,id=net1,hubid=1"
             ]
+        );
+        // Attached to a NAD that names a lab segment: its gateway answers on the guest's own subnet.
+        let mut bridged = domain.clone();
+        bridged.nics[1].network = Network::Multus {
+            network_name: "net/dmz".into(),
+            bridge: Some(Bridge {
+                cidr: "192.168.50.0/24".into(),
+                gateway: "192.168.50.1".into(),
+            }),
+        };
+        assert_eq!(
+            values(&args_of(&bridged), "-netdev")[1],
+            "user,id=net1,net=192.168.50.0/24,host=192.168.50.1,restrict=on"
         );
         let devices = values(&args, "-device");
         assert!(

@@ -1,6 +1,7 @@
 //! virt-handler's and virt-launcher's part of the KubeVirt stand-in: a VMI waits in Scheduling until every
-//! volume's image exists, then its domain starts (Scheduled) and runs (Running, `Ready`). While it runs, the
-//! guest agent is polled over its channel; only an answer makes `AgentConnected` True and fills `guestOSInfo`
+//! volume's image exists, then its domain starts (Scheduled) and runs (Running, `Ready`); while a Multus network's
+//! NetworkAttachmentDefinition is missing it stays Scheduled without a domain. While it runs, the guest agent is
+//! polled over its channel; only an answer makes `AgentConnected` True and fills `guestOSInfo`
 //! and `interfaces`. A guest that powers off ends Succeeded, a domain that dies ends Failed.
 
 use std::collections::BTreeMap;
@@ -18,6 +19,7 @@ use serde_json::{Map, Value, json};
 
 use super::agent::{self, AgentReport, GuestInterface, GuestIpAddress, GuestOsInfo};
 use super::domain::{Domain, Firmware, Launch, Network, Nic, Ovmf};
+use super::multus;
 use super::qemu::DomainState;
 use super::volumes::{self, VolumeFacts};
 use super::{
@@ -118,6 +120,9 @@ async fn release_kubevirt_finalizer(vmi: &DynamicObject, ctx: &KubeVirt) -> Resu
 /// Where a VMI is, as virt-handler reports it.
 #[derive(Clone, Debug, PartialEq)]
 enum Phase {
+    /// Scheduled, but virt-launcher cannot set up a NIC's pod link (why, in its words) and tries again: the NAD of
+    /// a Multus network is missing, so nothing attached the link.
+    NetworkSetupFailed(String),
     /// Waiting for a volume (why), or for the launcher pod to start, which real KubeVirt always walks through.
     Scheduling(Option<String>),
     Scheduled,
@@ -132,6 +137,7 @@ enum Phase {
 impl Phase {
     fn name(&self) -> &'static str {
         match self {
+            Phase::NetworkSetupFailed(_) => "Scheduled",
             Phase::Scheduling(_) => "Scheduling",
             Phase::Scheduled => "Scheduled",
             Phase::Running { .. } => "Running",
@@ -159,28 +165,37 @@ async fn run_guest(vmi: &DynamicObject, ctx: &KubeVirt) -> Result<Action, Error>
             Phase::Running { paused: false }
         }
         Ok(domain) if matches!(current, "" | "Pending" | "Scheduling") => {
-            match volume_images(domain, vmi, ctx).await? {
+            let mut domain = domain.clone();
+            let network = attach_networks(&mut domain, vmi, ctx).await?;
+            match volume_images(&domain, vmi, ctx).await? {
                 Err(waiting) => Phase::Scheduling(Some(waiting)),
                 Ok(_) if ctx.boot == Boot::ReportReadyWithoutBooting => {
                     Phase::Running { paused: false }
                 }
                 Ok(_) if current != "Scheduling" => Phase::Scheduling(None),
-                Ok(images) => {
-                    start(domain, &images, vmi, &key, ctx).await?;
-                    Phase::Scheduled
-                }
+                Ok(images) => match network {
+                    Err(missing) => Phase::NetworkSetupFailed(missing),
+                    Ok(()) => {
+                        start(&domain, &images, vmi, &key, ctx).await?;
+                        Phase::Scheduled
+                    }
+                },
             }
         }
-        Ok(_) => match ctx.guests.state(&key).await {
+        Ok(domain) => match ctx.guests.state(&key).await {
             DomainState::Starting => Phase::Scheduled,
             DomainState::Running => Phase::Running { paused: false },
             DomainState::Paused(_) => Phase::Running { paused: true },
             DomainState::ShutDown => Phase::Succeeded,
             DomainState::Crashed(why) => Phase::Failed("GuestCrashed", why),
-            DomainState::Absent => Phase::Failed(
-                "GuestCrashed",
-                "the domain is gone (the stand-in restarted?)".into(),
-            ),
+            // Never started: virt-launcher retries its network setup until the NAD is there.
+            DomainState::Absent => match attach_networks(&mut domain.clone(), vmi, ctx).await? {
+                Err(missing) => Phase::NetworkSetupFailed(missing),
+                Ok(()) => Phase::Failed(
+                    "GuestCrashed",
+                    "the domain is gone (the stand-in restarted?)".into(),
+                ),
+            },
         },
     };
     if matches!(phase, Phase::Succeeded | Phase::Failed(..)) {
@@ -218,7 +233,9 @@ async fn run_guest(vmi: &DynamicObject, ctx: &KubeVirt) -> Result<Action, Error>
         replace(vmi, &updated, ctx).await?;
     }
     Ok(match phase {
-        Phase::Scheduling(Some(_)) => Action::requeue(Duration::from_secs(2)),
+        Phase::NetworkSetupFailed(_) | Phase::Scheduling(Some(_)) => {
+            Action::requeue(Duration::from_secs(2))
+        }
         Phase::Scheduling(None) => Action::requeue(Duration::from_millis(500)),
         Phase::Scheduled => Action::requeue(Duration::from_millis(500)),
         Phase::Running { .. } if ctx.boot == Boot::ReportReadyWithoutBooting => {
@@ -227,6 +244,16 @@ async fn run_guest(vmi: &DynamicObject, ctx: &KubeVirt) -> Result<Action, Error>
         Phase::Running { .. } => Action::requeue(AGENT_POLL),
         Phase::Succeeded | Phase::Failed(..) => Action::await_change(),
     })
+}
+
+/// Attaches the domain's Multus NICs (`multus::attach`); `Err` is virt-launcher's words for a NIC nothing attached.
+async fn attach_networks(
+    domain: &mut Domain,
+    vmi: &DynamicObject,
+    ctx: &KubeVirt,
+) -> Result<Result<(), String>, Error> {
+    let ns = vmi.namespace().unwrap_or_default();
+    Ok(multus::attach(domain, &ns, &ctx.client).await?)
 }
 
 /// Writes `updated` over `vmi`. Until the VMI is on this node it is virt-controller's to schedule; from then on
@@ -436,6 +463,20 @@ fn vmi_status(vmi: &DynamicObject, phase: &Phase, seen: Seen, now: Timestamp) ->
     };
     let bench = boot == Boot::ReportReadyWithoutBooting;
     let mut conditions = match phase {
+        Phase::NetworkSetupFailed(why) => vec![
+            cond(
+                "Ready",
+                false,
+                "GuestNotRunning",
+                "Guest VM is not reported as running",
+            ),
+            cond(
+                "Synchronized",
+                false,
+                "Synchronizing with the Domain failed.",
+                why,
+            ),
+        ],
         Phase::Scheduling(Some(waiting)) => vec![
             cond("PodScheduled", false, "Unschedulable", waiting),
             cond(
@@ -487,7 +528,7 @@ fn vmi_status(vmi: &DynamicObject, phase: &Phase, seen: Seen, now: Timestamp) ->
     if let Some(dvs) = volumes::data_volumes_ready(volumes) {
         conditions.push(said("DataVolumesReady", dvs));
     }
-    if matches!(phase, Phase::Running { .. }) {
+    if matches!(phase, Phase::Running { .. } | Phase::NetworkSetupFailed(_)) {
         conditions.push(said("LiveMigratable", volumes::live_migratable(volumes)));
         conditions.push(said(
             "StorageLiveMigratable",
@@ -521,6 +562,9 @@ fn vmi_status(vmi: &DynamicObject, phase: &Phase, seen: Seen, now: Timestamp) ->
                 "interfaces".into(),
                 json!(interfaces_status(nics, pretended.as_deref(), &pod)),
             );
+        } else if let Phase::NetworkSetupFailed(_) = phase {
+            // No domain: no NIC to show.
+            status.insert("interfaces".into(), json!([]));
         } else {
             status.insert("machine".into(), json!({"type": "q35"}));
             status.insert(
@@ -728,7 +772,10 @@ mod tests {
         );
         // A NIC off the pod network (Multus) shows what the guest says of it.
         let multus = Nic {
-            network: Network::Isolated,
+            network: Network::Multus {
+                network_name: "lan".into(),
+                bridge: None,
+            },
             ..nic.clone()
         };
         assert_eq!(
@@ -881,5 +928,27 @@ mod tests {
             "PVC boot is not bound yet"
         );
         assert!(waiting.get("nodeName").is_none());
+        // Scheduled, but the NIC of a missing NAD has no pod link: virt-launcher's words, no NIC shown.
+        let why = "failed to configure vmi network: setup failed, err: pod link (pod0e6b58809dd) is missing";
+        let unattached = vmi_status(
+            &stored(json!({})),
+            &Phase::NetworkSetupFailed(why.into()),
+            seen(None, &facts),
+            now,
+        );
+        assert_eq!(unattached["phase"], "Scheduled");
+        assert_eq!(
+            types(&unattached)[..2],
+            [
+                ("Ready".into(), "False".into()),
+                ("Synchronized".into(), "False".into())
+            ]
+        );
+        assert_eq!(
+            unattached["conditions"][1]["reason"],
+            "Synchronizing with the Domain failed."
+        );
+        assert_eq!(unattached["conditions"][1]["message"], why);
+        assert_eq!(unattached["interfaces"], json!([]));
     }
 }

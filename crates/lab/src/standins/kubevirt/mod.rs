@@ -8,6 +8,7 @@ pub mod accel;
 pub mod agent;
 pub mod domain;
 mod handler;
+pub mod multus;
 mod pci;
 pub mod qemu;
 mod volumes;
