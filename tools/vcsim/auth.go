@@ -114,6 +114,12 @@ func (s *sim) handler(next http.Handler, calls io.Writer, delay time.Duration) h
 			folderHandler.ServeHTTP(rw, r)
 		case r.URL.Path == guestNetPath:
 			s.guestNet(rw, r)
+		case r.URL.Path == guestDiskPath:
+			s.guestDiskHandler(rw, r)
+		case r.URL.Path == cbtResetPath:
+			s.cbtResetHandler(rw, r)
+		case r.URL.Path == folderLockAt:
+			s.folderLockHandler(rw, r)
 		default:
 			next.ServeHTTP(rw, r)
 		}
@@ -129,7 +135,7 @@ func (s *sim) soap(next http.Handler, calls io.Writer, delay time.Duration) http
 	return http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
 		method := ""
 		var body []byte
-		if calls != nil || s.sessions != nil {
+		if calls != nil || s.sessions != nil || s.cbt != nil {
 			var err error
 			body, err = io.ReadAll(r.Body)
 			if err == nil {
@@ -152,8 +158,12 @@ func (s *sim) soap(next http.Handler, calls io.Writer, delay time.Duration) http
 		if delay > 0 {
 			time.Sleep(delay)
 		}
+		serve := next
+		if s.cbt != nil && method == "QueryChangedDiskAreas" {
+			serve = s.cbt.queryHandler(next, body, s.model.Service.Context)
+		}
 		if s.sessions == nil {
-			next.ServeHTTP(rw, r)
+			serve.ServeHTTP(rw, r)
 			return
 		}
 		// A new session (Login, LoginByToken, CloneSession...) shows as a Set-Cookie on its answer; it is
@@ -165,7 +175,7 @@ func (s *sim) soap(next http.Handler, calls io.Writer, delay time.Duration) http
 				}
 			}
 		}}
-		next.ServeHTTP(rec, r)
+		serve.ServeHTTP(rec, r)
 		if rec.status == http.StatusOK {
 			switch method {
 			case "Logout":

@@ -6,7 +6,10 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
+
+	"github.com/vmware/govmomi/simulator"
 )
 
 // folderFaults shapes the /folder datastore endpoint like a production vCenter: sessions, full dcPath, and the
@@ -22,13 +25,16 @@ type folderFaults struct {
 	downloads map[string]int
 	// files whose first download reaching -folder-cut-at was cut
 	cut map[string]bool
+	// lock: a folderLock, set by -folder-lock and PUT /ferry-lab/folder-lock
+	lock atomic.Int32
+	ctx  *simulator.Context
 }
 
 // outOfSessions is what vCenter's reverse proxy answers beyond its HTTP session cap (kubernetes/kops#2747).
 const outOfSessions = "503 Service Unavailable (Out of HTTP sessions: Limited to 2000)"
 
-func newFolderFaults(r realism, dcPaths []string) *folderFaults {
-	f := &folderFaults{r: r, dcPaths: map[string]bool{}, downloads: map[string]int{}, cut: map[string]bool{}}
+func newFolderFaults(r realism, dcPaths []string, ctx *simulator.Context) *folderFaults {
+	f := &folderFaults{r: r, dcPaths: map[string]bool{}, downloads: map[string]int{}, cut: map[string]bool{}, ctx: ctx}
 	for _, p := range dcPaths {
 		f.dcPaths[p] = true
 	}
@@ -62,6 +68,12 @@ func (f *folderFaults) wrap(next http.Handler, sess *sessions) http.Handler {
 			return
 		}
 		file := fmt.Sprintf("%s?dsName=%s", r.URL.Path, r.URL.Query().Get("dsName"))
+		if ds, path := folderPath(r.URL); lockedFlat(f.ctx, folderLock(f.lock.Load()), ds, path) {
+			log.Printf("fault: 500 for %s %s (a running VM holds it)", r.Method, file)
+			msg := fmt.Sprintf("500 Internal Server Error: cannot open %s since it is locked by a running virtual machine", path)
+			http.Error(rw, msg, http.StatusInternalServerError)
+			return
+		}
 		if f.r.folder503 > 0 && f.started(file) <= f.r.folder503 {
 			log.Printf("fault: 503 for %s %s", r.Method, file)
 			http.Error(rw, outOfSessions, http.StatusServiceUnavailable)

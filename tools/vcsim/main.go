@@ -59,6 +59,14 @@ type realism struct {
 	fixtures bool
 	// hostThumbprint: hosts' summary.config.sslThumbprint is the served certificate's SHA-1, as vCenter shows it.
 	hostThumbprint bool
+	// cbt: Changed Block Tracking, snapshot layers and QueryChangedDiskAreas (cbt*.go).
+	cbt bool
+	// cbtMaxAreas: areas per QueryChangedDiskAreas answer.
+	cbtMaxAreas int
+	// cbtWindow: bytes of disk one answer covers at most (0: the rest of the disk).
+	cbtWindow int64
+	// folderLock: which flat files of running VMs /folder refuses (off, running, base).
+	folderLock string
 }
 
 func main() {
@@ -85,6 +93,10 @@ func main() {
 	flag.DurationVar(&r.soapDelay, "soap-delay", 0, "delay each SOAP answer")
 	flag.BoolVar(&r.fixtures, "fixtures", false, "add VMs on vSAN, vVol, encrypted, seSparse and multi-extent disks")
 	flag.BoolVar(&r.hostThumbprint, "host-thumbprint", false, "hosts' summary.config.sslThumbprint = SHA-1 of the served certificate")
+	flag.BoolVar(&r.cbt, "cbt", false, "Changed Block Tracking: change IDs, snapshot layers, QueryChangedDiskAreas and /ferry-lab/disk")
+	flag.IntVar(&r.cbtMaxAreas, "cbt-max-areas", 2000, "areas per QueryChangedDiskAreas answer (ESXi: about 2,000)")
+	flag.Int64Var(&r.cbtWindow, "cbt-window", 0, "bytes of disk one QueryChangedDiskAreas answer covers at most (0: the rest of the disk)")
+	flag.StringVar(&r.folderLock, "folder-lock", "off", "flat files of running VMs /folder answers 500 for: off, running (written ones), base (also a snapshot's base)")
 	flag.Parse()
 
 	if o.user != "" {
@@ -126,11 +138,15 @@ type sim struct {
 	server   *simulator.Server
 	sessions *sessions
 	folder   *folderFaults
+	cbt      *cbtModel // nil without -cbt
 }
 
 func (s *sim) close() {
 	s.server.Close()
 	s.model.Remove()
+	if s.cbt != nil {
+		s.cbt.close()
+	}
 }
 
 // start builds the inventory, shapes it as the realism options ask, and serves it.
@@ -160,7 +176,14 @@ func start(o options) (*sim, error) {
 			s.server.Close()
 		}
 		m.Remove()
+		if s.cbt != nil {
+			s.cbt.close()
+		}
 		return nil, err
+	}
+	lock, err := parseFolderLock(r.folderLock)
+	if err != nil {
+		return fail(err)
 	}
 	if r.dcFolder != "" {
 		if err := moveDatacenters(m, r.dcFolder); err != nil {
@@ -171,6 +194,12 @@ func start(o options) (*sim, error) {
 		if err := addFixtures(m); err != nil {
 			return fail(fmt.Errorf("-fixtures: %w", err))
 		}
+	}
+	if r.cbt {
+		if s.cbt, err = newCBTModel(r.cbtMaxAreas, r.cbtWindow); err != nil {
+			return fail(fmt.Errorf("-cbt: %w", err))
+		}
+		s.cbt.install(m)
 	}
 	if r.sessionIdle > 0 {
 		if err := setSessionTimeout(m, r.sessionIdle); err != nil {
@@ -205,7 +234,8 @@ func start(o options) (*sim, error) {
 	if err != nil {
 		return fail(err)
 	}
-	s.folder = newFolderFaults(r, paths)
+	s.folder = newFolderFaults(r, paths, m.Service.Context)
+	s.folder.lock.Store(int32(lock))
 	// Set before the URL is printed, so before any client can call.
 	s.server.Config.Handler = s.handler(s.server.Config.Handler, o.callsFile, r.soapDelay)
 	return s, nil

@@ -398,6 +398,7 @@ mod tests {
                 thin: true,
                 disk_mode: "persistent".into(),
                 uuid: None,
+                change_id: None,
                 parents: vec![],
             })
             .collect();

@@ -229,12 +229,18 @@ pub struct TestVcsim {
 
 impl TestVcsim {
     pub async fn start(esx: bool) -> Result<Self> {
+        Self::start_with(esx, &VcsimRealism::default()).await
+    }
+
+    /// A simulator with some of a production vCenter's behaviours (`tools/vcsim`'s flags).
+    pub async fn start_with(esx: bool, realism: &VcsimRealism) -> Result<Self> {
         let dir = fresh_dir()?;
         let tools = ferry_lab::control_plane::tools::bin_dir()?;
-        match ferry_lab::vsphere::vcsim::StandaloneVcsim::start(
+        match ferry_lab::vsphere::vcsim::StandaloneVcsim::start_with(
             &dir,
             &tools,
             esx,
+            realism,
             Lifetime::TiedToThisProcess,
         )
         .await

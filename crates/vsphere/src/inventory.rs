@@ -111,6 +111,8 @@ pub struct DiskInfo {
     pub uuid: Option<String>,
     /// Files of the snapshot chain below this disk, newest first; empty without snapshots.
     pub parents: Vec<String>,
+    /// The backing's Changed Block Tracking ID (`changeId`), once tracking is active on the disk.
+    pub change_id: Option<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -483,6 +485,11 @@ fn parse_disks(devices: &[&Element]) -> Vec<DiskInfo> {
                     .filter(|u| !u.is_empty())
                     .map(String::from),
                 parents,
+                change_id: backing
+                    .and_then(|b| b.text_at(&["changeId"]))
+                    .map(str::trim)
+                    .filter(|id| !id.is_empty())
+                    .map(String::from),
             }
         })
         .collect()

@@ -4,6 +4,7 @@
 pub mod bootdisk;
 pub mod demo;
 pub mod guest_image;
+pub mod lab_hands;
 pub mod linux_vms;
 pub mod tools_network;
 pub mod vcsim;

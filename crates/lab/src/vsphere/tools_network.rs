@@ -8,6 +8,7 @@ use anyhow::{Result, ensure};
 use ferry_vsphere::{Session, VmSelector, inventory};
 use serde_json::{Value, json};
 
+use crate::vsphere::lab_hands::lab_client;
 use crate::vsphere::vcsim::VcsimEndpoint;
 
 /// One address on one of the guest's NICs, and the default route and resolver through it, as the tools report them.
@@ -53,13 +54,7 @@ pub async fn report_guest_network(
         "{}/ferry-lab/guest-net?vm={vm}",
         endpoint.url.trim_end_matches("/sdk"),
     );
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    let mut client = reqwest::Client::builder().timeout(Duration::from_secs(30));
-    for cert in reqwest::Certificate::from_pem_bundle(&std::fs::read(&endpoint.ca_file)?)? {
-        client = client.add_root_certificate(cert);
-    }
-    let response = client
-        .build()?
+    let response = lab_client(endpoint)?
         .put(url)
         .header("content-type", "application/json")
         .body(body.to_string())

@@ -10,6 +10,7 @@ use crate::control_plane::components::Component;
 use crate::control_plane::pki::{CertFiles, Pki, write_private};
 use crate::control_plane::probe::Probe;
 use crate::control_plane::process::{self, Lifetime, ProcessRecord, ProcessSpec};
+use crate::vsphere::lab_hands::FolderLock;
 
 pub const USER: &str = "ferry";
 const PASSWORD_FILE: &str = "vcsim-password";
@@ -93,6 +94,16 @@ pub struct VcsimRealism {
     /// ESXi hosts in the datacenter, each with the lab's VMs per host: N-1 standalone and a cluster of one
     /// (`-hosts`). None: vcsim's model, one standalone host and a cluster of three.
     pub hosts: Option<usize>,
+    /// Changed Block Tracking: change IDs at stuns, snapshots that freeze the base under a private active
+    /// layer, `QueryChangedDiskAreas`, and the lab's guest writes (`-cbt`).
+    pub cbt: bool,
+    /// Areas per `QueryChangedDiskAreas` answer (`-cbt-max-areas`; the launcher's default is ESXi's 2,000).
+    pub cbt_max_areas: Option<u32>,
+    /// Bytes of disk one answer covers at most, so windows without changes answer empty pages short of the
+    /// end (`-cbt-window`).
+    pub cbt_window: Option<u64>,
+    /// Which flat files of running VMs `/folder` answers HTTP 500 for (`-folder-lock`).
+    pub folder_lock: FolderLock,
 }
 
 impl VcsimRealism {
@@ -142,6 +153,18 @@ impl VcsimRealism {
         }
         if let Some(n) = self.hosts {
             args.push(format!("-hosts={n}"));
+        }
+        if self.cbt {
+            args.push("-cbt".into());
+        }
+        if let Some(n) = self.cbt_max_areas {
+            args.push(format!("-cbt-max-areas={n}"));
+        }
+        if let Some(bytes) = self.cbt_window {
+            args.push(format!("-cbt-window={bytes}"));
+        }
+        if self.folder_lock != FolderLock::Off {
+            args.push(format!("-folder-lock={}", self.folder_lock.flag()));
         }
         args
     }
@@ -302,6 +325,10 @@ mod tests {
             fixtures: true,
             host_thumbprint: true,
             hosts: Some(8),
+            cbt: true,
+            cbt_max_areas: Some(100),
+            cbt_window: Some(1 << 24),
+            folder_lock: FolderLock::Base,
         };
         assert_eq!(
             realism.args(),
@@ -317,6 +344,10 @@ mod tests {
                 "-folder-503=2",
                 "-soap-delay=2500us",
                 "-hosts=8",
+                "-cbt",
+                "-cbt-max-areas=100",
+                "-cbt-window=16777216",
+                "-folder-lock=base",
             ]
         );
     }
