@@ -5,6 +5,7 @@
 
 pub mod adapt;
 pub mod convert;
+pub mod delta;
 pub mod direct;
 pub mod error;
 mod hash;
@@ -21,6 +22,7 @@ pub mod spec;
 pub mod staging;
 mod upload;
 pub mod verify;
+mod volume_writer;
 mod windows_volume;
 mod zero_runs;
 

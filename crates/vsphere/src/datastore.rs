@@ -98,6 +98,8 @@ pub struct Download {
     name: String,
     offset: u64,
     total: Option<u64>,
+    /// Where a bounded download stops (exclusive): it asks `bytes=offset-(end-1)`.
+    end: Option<u64>,
     body: Option<BoxStream<'static, reqwest::Result<Bytes>>>,
     /// Attempts in a row without a new byte.
     failures: u32,
@@ -122,12 +124,33 @@ impl Download {
         file: &DatastorePath,
         offset: u64,
     ) -> Result<Self> {
+        Self::open_bounded(session, datacenter, file, offset, None).await
+    }
+
+    /// Opens bytes `start..end` of `file`: the download ends at `end` (a warm migration's changed area).
+    pub async fn open_range(
+        session: &Session,
+        datacenter: &str,
+        file: &DatastorePath,
+        range: std::ops::Range<u64>,
+    ) -> Result<Self> {
+        Self::open_bounded(session, datacenter, file, range.start, Some(range.end)).await
+    }
+
+    async fn open_bounded(
+        session: &Session,
+        datacenter: &str,
+        file: &DatastorePath,
+        offset: u64,
+        end: Option<u64>,
+    ) -> Result<Self> {
         let mut download = Self {
             session: session.clone(),
             url: folder_url(session, datacenter, file)?,
             name: file.to_string(),
             offset,
             total: None,
+            end,
             body: None,
             failures: 0,
             skip: 0,
@@ -195,8 +218,15 @@ impl Download {
         if let Some(cookie) = &cookie {
             request = request.header("Cookie", cookie);
         }
-        if self.offset > 0 {
-            request = request.header("Range", format!("bytes={}-", self.offset));
+        match self.end {
+            Some(end) => {
+                let last = end.saturating_sub(1);
+                request = request.header("Range", format!("bytes={}-{last}", self.offset));
+            }
+            None if self.offset > 0 => {
+                request = request.header("Range", format!("bytes={}-", self.offset));
+            }
+            None => {}
         }
         let broken = self.transport();
         async move {
@@ -232,15 +262,17 @@ impl Download {
         }
         let from = match status {
             StatusCode::OK => 0,
-            StatusCode::PARTIAL_CONTENT if self.offset > 0 => header(&response, "content-range")
-                .and_then(|r| parse_content_range(&r))
-                .map(|(start, _)| start)
-                .ok_or_else(|| {
-                    Refused::Fatal(Error::InvalidResponse {
-                        method: format!("GET {}", self.name),
-                        detail: "a partial answer without a Content-Range".into(),
-                    })
-                })?,
+            StatusCode::PARTIAL_CONTENT if self.offset > 0 || self.end.is_some() => {
+                header(&response, "content-range")
+                    .and_then(|r| parse_content_range(&r))
+                    .map(|(start, _)| start)
+                    .ok_or_else(|| {
+                        Refused::Fatal(Error::InvalidResponse {
+                            method: format!("GET {}", self.name),
+                            detail: "a partial answer without a Content-Range".into(),
+                        })
+                    })?
+            }
             _ => return Err(Refused::Fatal(http_error)),
         };
         if from > self.offset {
@@ -271,8 +303,29 @@ impl Download {
         Ok(())
     }
 
-    /// The next chunk, or None at the end of the file. Reconnects (Range) when the stream breaks.
+    /// The next chunk, or None at the end of the file (of the range, when bounded). Reconnects (Range) when
+    /// the stream breaks.
     pub async fn next_chunk(&mut self) -> Result<Option<Bytes>> {
+        if let Some(end) = self.end
+            && self.offset >= end
+        {
+            self.body = None;
+            return Ok(None);
+        }
+        let chunk = self.next_of_file().await?;
+        Ok(match (chunk, self.end) {
+            // A server that ignored the bound (or sent more) stops being read at the range's end.
+            (Some(chunk), Some(end)) if self.offset > end => {
+                let extra = (self.offset - end) as usize;
+                self.offset = end;
+                self.body = None;
+                Some(chunk.slice(..chunk.len() - extra))
+            }
+            (chunk, _) => chunk,
+        })
+    }
+
+    async fn next_of_file(&mut self) -> Result<Option<Bytes>> {
         loop {
             let complete = self.total.is_some_and(|t| self.offset >= t);
             let broken = match self.body.as_mut() {
