@@ -184,6 +184,7 @@ async fn run(
         volumes: vec![],
         parallel: 1,
         transfer: Default::default(),
+        round: None,
     };
     let staged_name = ferry_datapath::staging::object_name(0, format);
     let out_format = if format == DiskFormat::Qcow2 {

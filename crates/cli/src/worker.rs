@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 use clap::Args;
-use ferry_datapath::report::{JobReport, StagedSummary, WrittenSummary};
+use ferry_datapath::report::{JobReport, RoundSummary, StagedSummary, WrittenSummary};
 use ferry_datapath::{ConvertSpec, progress::Progress};
 
 #[derive(Args)]
@@ -38,6 +38,15 @@ pub async fn convert(args: ConvertArgs) -> Result<()> {
     };
     let run = ferry_datapath::report::run_id();
     let progress = Progress::new(args.quiet);
+    if spec.round.is_some() {
+        let outcome = ferry_datapath::round::run_round(&spec, &progress).await;
+        return report(&args.result_file, outcome, |disks| {
+            JobReport::Round(RoundSummary {
+                run: run.clone(),
+                disks: disks.clone(),
+            })
+        });
+    }
     if spec.staging.is_none() {
         let outcome = ferry_datapath::direct::write_all(&spec, &progress).await;
         return report(&args.result_file, outcome, |disks| {

@@ -60,7 +60,7 @@ pub async fn write_all(spec: &ConvertSpec, progress: &Progress) -> Result<Vec<Wr
     Ok(written)
 }
 
-async fn write_disk(
+pub(crate) async fn write_disk(
     session: &Session,
     spec: &ConvertSpec,
     disk: &DiskSpec,

@@ -59,6 +59,8 @@ pub enum Error {
     },
     #[error("the source changed since discovery: {0}")]
     SourceChanged(String),
+    #[error("{0}")]
+    SourcePoweredOn(String),
     #[error("virt-v2v: {message}")]
     Adaptation {
         failure: ferry_adapt::failure::AdaptationFailure,
@@ -83,6 +85,8 @@ impl Error {
             Error::DiskImageMissing { .. } | Error::Volume { .. } => ErrorClass::BoundedRetryable,
             // The controller rewrites the volumes from the source, then adapts them again.
             Error::NotAsConverted { .. } => ErrorClass::BoundedRetryable,
+            // Someone started the VM the cutover powered off: the controller waits for it to be off again.
+            Error::SourcePoweredOn(_) => ErrorClass::BoundedRetryable,
             Error::Adaptation { failure, .. } if failure.retryable() => {
                 ErrorClass::BoundedRetryable
             }
@@ -105,6 +109,7 @@ impl Error {
             Error::Volume { .. } => Reason::VolumeWriteFailed,
             Error::NotAsConverted { .. } => Reason::VolumeNotAsConverted,
             Error::SourceChanged(_) => Reason::SourceIdentityChanged,
+            Error::SourcePoweredOn(_) => Reason::SourcePoweredOn,
             Error::Adaptation { failure, .. } => {
                 use ferry_adapt::failure::AdaptationFailure as F;
                 match failure {

@@ -17,6 +17,7 @@ pub mod qcow2;
 mod qcow2_upload;
 mod read_back;
 pub mod report;
+pub mod round;
 pub mod source_check;
 pub mod spec;
 pub mod staging;

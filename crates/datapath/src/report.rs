@@ -14,6 +14,7 @@ use sha2::{Digest, Sha256};
 use crate::convert::DiskResult;
 use crate::direct::{ReadBack, WrittenDisk};
 use crate::error::{Error, Result};
+use crate::round::RoundDisk;
 use crate::staging::StagedObject;
 use crate::verify::Verified;
 
@@ -33,6 +34,9 @@ pub enum JobReport {
     Staged(StagedSummary),
     /// `ferry convert` without staging: every disk written into its volume, synced and read back equal.
     Written(WrittenSummary),
+    /// `ferry convert` of a warm round: each disk copied whole or by its changed areas, synced and read back
+    /// equal to what was read.
+    Round(RoundSummary),
     /// `ferry verify`: the imported image hashes to the source's sha256.
     Verified(Verified),
     /// `ferry adapt`: virt-v2v adapted the guest; each volume's new sha256 and what it found.
@@ -128,6 +132,18 @@ pub struct WrittenSummary {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub peak_rss_bytes: Option<u64>,
 }
+
+/// A warm round, disk by disk (at most about 440 bytes each, so a round of [`MAX_ROUND_DISKS`] fits in a termination
+/// message).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct RoundSummary {
+    pub run: String,
+    pub disks: Vec<RoundDisk>,
+}
+
+/// The most disks whose [`RoundSummary`] fits in a termination message.
+pub const MAX_ROUND_DISKS: usize = 9;
 
 /// The most disks whose [`WrittenSummary`] fits in a termination message.
 pub const MAX_WRITTEN_DISKS: usize = 56;
@@ -359,6 +375,34 @@ mod tests {
         assert_eq!(JobReport::parse(&text), Some(report));
         let more: Vec<_> = (0..MAX_WRITTEN_DISKS as u32 + 4).map(disk).collect();
         let over = JobReport::Written(WrittenSummary::of(&more, "r")).to_message();
+        assert!(over.contains("JobResultUnreadable"), "{over}");
+    }
+
+    #[test]
+    fn a_round_of_the_most_disks_fits_in_a_termination_message() {
+        use crate::round::{REASON_CHARS, RoundKind};
+        let disk = |index| RoundDisk {
+            index,
+            kind: RoundKind::FullAfterReset,
+            reason: Some("r".repeat(REASON_CHARS)),
+            change_id: Some("52 de c0 d9 b9 43 9d 10-61 d5 4c 1b e9 7b 65 63/4294967295".into()),
+            areas: u64::MAX,
+            bytes_read: u64::MAX,
+            bytes_written: u64::MAX,
+            sha256: "a".repeat(64),
+            read_back: ReadBack::Buffered,
+        };
+        let round = |n: usize| {
+            JobReport::Round(RoundSummary {
+                run: "r".repeat(16),
+                disks: (0..n as u32).map(disk).collect(),
+            })
+        };
+        let report = round(MAX_ROUND_DISKS);
+        let text = report.to_message();
+        assert!(text.len() <= TERMINATION_MESSAGE_BYTES, "{}", text.len());
+        assert_eq!(JobReport::parse(&text), Some(report));
+        let over = round(MAX_ROUND_DISKS + 1).to_message();
         assert!(over.contains("JobResultUnreadable"), "{over}");
     }
 

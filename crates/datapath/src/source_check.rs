@@ -48,7 +48,13 @@ impl<'a> Found<'a> {
         Self {
             vm: format!("VM {} ({})", info.name, info.moref),
             instance_uuid: info.instance_uuid.as_deref(),
-            files: info.disks.iter().map(|d| d.file.as_str()).collect(),
+            // A warm round reads a snapshot's base, which the running VM shows as its disk's parent.
+            files: info
+                .disks
+                .iter()
+                .flat_map(|d| std::iter::once(&d.file).chain(&d.parents))
+                .map(String::as_str)
+                .collect(),
         }
     }
 }

@@ -28,6 +28,25 @@ pub struct ConvertSpec {
     /// Timeouts, resume backoff and keepalive of the vSphere side; the defaults suit a real vCenter.
     #[serde(default)]
     pub transfer: TransferSpec,
+    /// A warm migration's round: each disk copied from a snapshot (or from the powered-off VM at cutover),
+    /// whole or only what changed since its last round. Unset: every disk whole, the VM off.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub round: Option<RoundSpec>,
+}
+
+/// What a warm round copies from. The disks' `file`s are their base files, as discovery recorded them.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct RoundSpec {
+    /// The VM's moref: Changed Block Tracking is asked of it.
+    pub vm_moref: String,
+    /// The round's snapshot, whose frozen base files are read. Unset at cutover, when the VM must be off.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snapshot: Option<String>,
+    /// Per disk, in the order of `disks`: the change ID its last round copied up to; unset, the disk is copied
+    /// whole.
+    #[serde(default)]
+    pub since: Vec<Option<String>>,
 }
 
 fn default_parallel() -> usize {

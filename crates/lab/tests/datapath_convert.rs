@@ -85,6 +85,7 @@ impl Fixture {
             volumes: vec![],
             parallel: 2,
             transfer: Default::default(),
+            round: None,
         }
     }
 }

@@ -66,6 +66,7 @@ async fn the_session_is_kept_alive_while_a_disk_streams_and_no_longer_after() {
             keepalive_millis: interval.as_millis() as u64,
             ..TransferSpec::default()
         },
+        round: None,
     };
     let result = &convert_all(&spec, &Progress::new(true)).await.unwrap()[0];
     assert_eq!(result.staged.source_sha256, disk.sha256);

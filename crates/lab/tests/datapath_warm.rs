@@ -182,3 +182,127 @@ async fn rounds_of_changed_areas_bring_the_volume_to_the_disk_the_guest_left() {
     );
     assert!(!guest.snapshot);
 }
+
+/// The conversion Job's side of a warm migration: `ferry convert` given a round (`ConvertSpec.round`).
+#[tokio::test]
+async fn the_jobs_rounds_copy_whole_then_deltas_then_whole_again_after_a_reset() {
+    use ferry_api::DiskFormat;
+    use ferry_datapath::round::{RoundKind, run_round};
+    use ferry_datapath::spec::{ConvertSpec, DiskSpec, RoundSpec, SourceSpec, SourceTrust};
+
+    let realism = VcsimRealism {
+        cbt: true,
+        ..VcsimRealism::default()
+    };
+    let vcsim = TestVcsim::start_with(false, &realism).await.unwrap();
+    let endpoint = vcsim.endpoint().clone();
+    let session = Session::connect(endpoint.connect_config(MINUTE).unwrap())
+        .await
+        .unwrap();
+    let hands = LabHands::new(&endpoint).unwrap();
+    let vm = inventory::find_vm(&session, &VmSelector::Name(VM.into()))
+        .await
+        .unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let image = make_flat_vmdk(work.path(), "data", DISK, 5);
+    let attached = provision::link_flat_vmdk(&session, &vm, &image.descriptor, &image.extent)
+        .await
+        .unwrap()
+        .to_string();
+    let info = inventory::describe_vm(&session, &vm).await.unwrap();
+    let key = info.disks.iter().find(|d| d.file == attached).unwrap().key;
+    std::fs::write(work.path().join("user"), &endpoint.username).unwrap();
+    std::fs::write(work.path().join("password"), endpoint.password().unwrap()).unwrap();
+    let volume_path = work.path().join("disk.img");
+    std::fs::File::create(&volume_path)
+        .unwrap()
+        .set_len(DISK)
+        .unwrap();
+    let round = |snapshot: Option<&MoRef>, since: Option<String>| ConvertSpec {
+        source: SourceSpec {
+            url: endpoint.url.clone(),
+            credentials_dir: work.path().to_path_buf(),
+            trust: SourceTrust::CaFile(endpoint.ca_file.clone()),
+            datacenter: "DC0".into(),
+            vm_uuid: info.uuid.clone().unwrap_or_default(),
+            instance_uuid: info.instance_uuid.clone(),
+        },
+        disks: vec![DiskSpec {
+            index: 0,
+            file: attached.clone(),
+            capacity_bytes: DISK,
+        }],
+        format: DiskFormat::Raw,
+        staging: None,
+        volumes: vec![VolumeSpec {
+            index: 0,
+            path: volume_path.clone(),
+            block: false,
+        }],
+        parallel: 1,
+        transfer: Default::default(),
+        round: Some(RoundSpec {
+            vm_moref: vm.value.clone(),
+            snapshot: snapshot.map(|s| s.value.clone()),
+            since: vec![since],
+        }),
+    };
+    let quiet = Progress::new(true);
+    let write =
+        |offset: u64, byte: u8, len: usize| hands.write(VM, Some(key), offset, vec![byte; len]);
+    cbt::set_change_tracking(&session, &vm, true, MINUTE)
+        .await
+        .unwrap();
+
+    let mut since = None;
+    for (n, kind) in [RoundKind::Full, RoundKind::Delta, RoundKind::FullAfterReset]
+        .into_iter()
+        .enumerate()
+    {
+        if kind == RoundKind::FullAfterReset {
+            hands.reset_change_tracking(VM).await.unwrap();
+        }
+        let snap = snapshot::create(&session, &vm, &format!("ferry-{n}"), MINUTE)
+            .await
+            .unwrap();
+        write((n as u64 + 1) << 20, 0x10 + n as u8, 5000)
+            .await
+            .unwrap();
+        let disk = run_round(&round(Some(&snap), since.clone()), &quiet)
+            .await
+            .unwrap()
+            .remove(0);
+        assert_eq!(disk.kind, kind, "round {n}: {disk:?}");
+        match kind {
+            RoundKind::Delta => assert!(disk.areas > 0 && disk.bytes_read < DISK / 4, "{disk:?}"),
+            RoundKind::FullAfterReset => {
+                assert!(
+                    disk.reason.as_deref().unwrap().contains("reset"),
+                    "{disk:?}"
+                )
+            }
+            RoundKind::Full => assert_eq!(disk.bytes_read, DISK),
+        }
+        snapshot::remove(&session, &snap, MINUTE).await.unwrap();
+        since = disk.change_id;
+        assert!(since.is_some());
+    }
+
+    // A round without a snapshot is the cutover's: refused while the VM runs, then the last delta.
+    let e = run_round(&round(None, since.clone()), &quiet)
+        .await
+        .unwrap_err();
+    assert_eq!(e.reason(), "SourcePoweredOn", "{e}");
+    write(60 << 20, 0x99, 1).await.unwrap();
+    power::power_off(&session, &vm, MINUTE).await.unwrap();
+    let last = run_round(&round(None, since), &quiet)
+        .await
+        .unwrap()
+        .remove(0);
+    assert_eq!(
+        (last.kind, last.change_id.as_deref()),
+        (RoundKind::Delta, None)
+    );
+    let guest = hands.disk(VM, Some(key)).await.unwrap();
+    assert_eq!(read_back(&volume_path, DISK).unwrap().0, guest.sha256);
+}

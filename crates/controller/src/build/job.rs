@@ -85,6 +85,7 @@ pub fn convert_spec(
         },
         parallel: 2,
         transfer: Default::default(),
+        round: None,
     }
 }
 
