@@ -61,6 +61,15 @@ pub enum Error {
     SourceChanged(String),
     #[error("{0}")]
     SourcePoweredOn(String),
+    #[error(
+        "vSphere refuses to read {file} while the VM runs, also under the round's snapshot (HTTP {status}: \
+         {detail}): its host locks a running VM's disks, so this VM cannot be copied warm"
+    )]
+    SourceDiskLocked {
+        file: String,
+        status: u16,
+        detail: String,
+    },
     #[error("virt-v2v: {message}")]
     Adaptation {
         failure: ferry_adapt::failure::AdaptationFailure,
@@ -87,6 +96,7 @@ impl Error {
             Error::NotAsConverted { .. } => ErrorClass::BoundedRetryable,
             // Someone started the VM the cutover powered off: the controller waits for it to be off again.
             Error::SourcePoweredOn(_) => ErrorClass::BoundedRetryable,
+            Error::SourceDiskLocked { .. } => ErrorClass::Permanent,
             Error::Adaptation { failure, .. } if failure.retryable() => {
                 ErrorClass::BoundedRetryable
             }
@@ -110,6 +120,7 @@ impl Error {
             Error::NotAsConverted { .. } => Reason::VolumeNotAsConverted,
             Error::SourceChanged(_) => Reason::SourceIdentityChanged,
             Error::SourcePoweredOn(_) => Reason::SourcePoweredOn,
+            Error::SourceDiskLocked { .. } => Reason::SourceDiskLocked,
             Error::Adaptation { failure, .. } => {
                 use ferry_adapt::failure::AdaptationFailure as F;
                 match failure {

@@ -6,6 +6,7 @@
 use ferry_types::PowerState;
 use ferry_vsphere::cbt::{self, ChangeId, QueryRefusal};
 use ferry_vsphere::datastore::flat_disk;
+use ferry_vsphere::file_lock::{Readability, probe_read};
 use ferry_vsphere::inventory::{self, DiskInfo};
 use ferry_vsphere::{MoRef, Session, power};
 use futures::{StreamExt, TryStreamExt};
@@ -76,6 +77,11 @@ pub async fn run_round(spec: &ConvertSpec, progress: &Progress) -> Result<Vec<Ro
         .as_ref()
         .map(|s| MoRef::new("VirtualMachineSnapshot", s.clone()));
     let disks = round_disks(&session, &vm, snapshot.as_ref()).await?;
+    if snapshot.is_some() {
+        for disk in &spec.disks {
+            readable(&session, &spec.source.datacenter, &disk.file).await?;
+        }
+    }
     let source = RoundSource {
         session: &session,
         spec,
@@ -96,6 +102,23 @@ pub async fn run_round(spec: &ConvertSpec, progress: &Progress) -> Result<Vec<Ro
     copied.sort_by_key(|d| d.index);
     Ok(copied)
 }
+
+/// Fails with [`Error::SourceDiskLocked`] when the base behind `descriptor` stays unreadable: vCenter answers
+/// HTTP 500 for a file a running VM holds, which a download would retry for minutes as a passing fault.
+async fn readable(session: &Session, datacenter: &str, descriptor: &str) -> Result<()> {
+    let flat = flat_disk(session, datacenter, descriptor).await?;
+    match probe_read(session, datacenter, &flat.extent, 3, PROBE_PAUSE).await? {
+        Readability::Readable => Ok(()),
+        Readability::Locked { status, detail } => Err(Error::SourceDiskLocked {
+            file: flat.extent.to_string(),
+            status,
+            detail,
+        }),
+    }
+}
+
+/// Between probes of a file that answered a server error.
+const PROBE_PAUSE: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// What every disk of a round is read from.
 struct RoundSource<'a> {

@@ -306,3 +306,90 @@ async fn the_jobs_rounds_copy_whole_then_deltas_then_whole_again_after_a_reset()
     let guest = hands.disk(VM, Some(key)).await.unwrap();
     assert_eq!(read_back(&volume_path, DISK).unwrap().0, guest.sha256);
 }
+
+/// A host that will not serve a running VM's disks, even under a snapshot: the round says so at once, instead of
+/// retrying its HTTP 500 for minutes as a passing fault.
+#[tokio::test]
+async fn a_base_the_host_keeps_locked_refuses_the_round_clearly() {
+    use ferry_datapath::round::run_round;
+    use ferry_datapath::spec::{ConvertSpec, DiskSpec, RoundSpec, SourceSpec, SourceTrust};
+    use ferry_lab::vsphere::lab_hands::FolderLock;
+
+    let realism = VcsimRealism {
+        cbt: true,
+        folder_lock: FolderLock::Base,
+        ..VcsimRealism::default()
+    };
+    let vcsim = TestVcsim::start_with(false, &realism).await.unwrap();
+    let endpoint = vcsim.endpoint().clone();
+    let session = Session::connect(endpoint.connect_config(MINUTE).unwrap())
+        .await
+        .unwrap();
+    let vm = inventory::find_vm(&session, &VmSelector::Name(VM.into()))
+        .await
+        .unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let image = make_flat_vmdk(work.path(), "data", 4 << 20, 3);
+    let attached = provision::link_flat_vmdk(&session, &vm, &image.descriptor, &image.extent)
+        .await
+        .unwrap()
+        .to_string();
+    std::fs::write(work.path().join("user"), &endpoint.username).unwrap();
+    std::fs::write(work.path().join("password"), endpoint.password().unwrap()).unwrap();
+    let volume = work.path().join("disk.img");
+    std::fs::File::create(&volume)
+        .unwrap()
+        .set_len(4 << 20)
+        .unwrap();
+    let snap = snapshot::create(&session, &vm, "ferry-locked", MINUTE)
+        .await
+        .unwrap();
+    let spec = ConvertSpec {
+        source: SourceSpec {
+            url: endpoint.url.clone(),
+            credentials_dir: work.path().to_path_buf(),
+            trust: SourceTrust::CaFile(endpoint.ca_file.clone()),
+            datacenter: "DC0".into(),
+            vm_uuid: String::new(),
+            instance_uuid: None,
+        },
+        disks: vec![DiskSpec {
+            index: 0,
+            file: attached,
+            capacity_bytes: 4 << 20,
+        }],
+        format: ferry_api::DiskFormat::Raw,
+        staging: None,
+        volumes: vec![VolumeSpec {
+            index: 0,
+            path: volume.clone(),
+            block: false,
+        }],
+        parallel: 1,
+        transfer: Default::default(),
+        round: Some(RoundSpec {
+            vm_moref: vm.value.clone(),
+            snapshot: Some(snap.value.clone()),
+            since: vec![None],
+        }),
+    };
+    let started = std::time::Instant::now();
+    let e = run_round(&spec, &Progress::new(true)).await.unwrap_err();
+    assert_eq!(
+        (e.reason().as_str(), e.class()),
+        ("SourceDiskLocked", ferry_api::ErrorClass::Permanent),
+        "{e}"
+    );
+    assert!(e.to_string().contains("cannot be copied warm"), "{e}");
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "told apart in {:?}",
+        started.elapsed()
+    );
+    assert_eq!(
+        std::fs::metadata(&volume).unwrap().len(),
+        4 << 20,
+        "the volume untouched"
+    );
+    snapshot::remove(&session, &snap, MINUTE).await.unwrap();
+}

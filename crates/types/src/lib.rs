@@ -159,6 +159,7 @@ reasons! {
         SourceListingStale,
         SourceNotDiscovered,
         SourceIdentityChanged,
+        SourceDiskLocked,
         SourceVMInUse,
         SourcePoweredOn,
         StagingSecretMissing,

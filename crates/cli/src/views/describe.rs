@@ -568,6 +568,7 @@ pub fn next_step(reason: &str, class: ErrorClass, phase: Option<Phase>, name: &s
             | Reason::ConfigMapExists
             | Reason::SecretExists,
         ) => "delete or rename the object in the way".into(),
+        Some(Reason::SourceDiskLocked) => "this vCenter does not serve a running VM's disks, even under a snapshot: migrate the VM cold (without spec.warm), which copies after power-off".into(),
         Some(Reason::SourceIdentityChanged) => "check the Provider's spec.url and the VM in vSphere; delete this migration and create a new one for the VM you mean".into(),
         Some(Reason::VolumeNotBound) => "look at the DataVolume's claim (kubectl describe pvc): a ResourceQuota, no capacity, or a StorageClass nobody provisions keeps it Pending".into(),
         Some(Reason::JobDeadlineExceeded) => "look at why the Job's pod made no progress (kubectl describe pod: image pull, scheduling, a stalled source); the attempt is retried".into(),
