@@ -2,6 +2,7 @@
 
 mod controlplane;
 pub mod datapath;
+mod delta;
 mod migrate;
 
 use anyhow::{Result, bail};
@@ -24,6 +25,21 @@ enum BenchCommand {
         #[arg(long, value_enum, default_value = "raw")]
         format: Format,
         /// Rounds of every measurement, interleaved; the report gives medians and each round's ratio.
+        #[arg(long, default_value_t = 3)]
+        rounds: usize,
+    },
+    /// A warm migration's delta round against a whole copy and the floor (the disk downloaded to nowhere), each
+    /// round on the same snapshot of the lab's vCenter with changed block tracking, after the lab's guest changed
+    /// a share of the disk. Fails unless every delta round is a delta and reads back equal.
+    Delta {
+        /// Disk size, for example 1GiB or 512MiB.
+        #[arg(long, default_value = "1GiB", value_parser = parse_size)]
+        size: u64,
+        /// Share of the disk the guest changes before each round, in percent.
+        #[arg(long, default_value_t = 2.0)]
+        changed_percent: f64,
+        #[arg(long, value_enum, default_value = "scattered")]
+        spread: delta::Spread,
         #[arg(long, default_value_t = 3)]
         rounds: usize,
     },
@@ -142,6 +158,33 @@ pub async fn run(args: BenchArgs) -> Result<()> {
                     migrations - report.ferry.succeeded
                 );
             }
+            Ok(())
+        }
+        BenchCommand::Delta {
+            size,
+            changed_percent,
+            spread,
+            rounds,
+        } => {
+            warn_if_debug_build();
+            if rounds == 0
+                || size < (1 << 20)
+                || !(changed_percent > 0.0 && changed_percent <= 100.0)
+            {
+                bail!("--rounds at least 1, --size at least 1MiB, --changed-percent in (0, 100]");
+            }
+            let tools = ferry_lab::control_plane::tools::bin_dir()?;
+            let work = std::env::temp_dir().join(format!("ferry-bench-{}", std::process::id()));
+            std::fs::create_dir_all(&work)?;
+            let options = delta::Options {
+                size,
+                changed_percent,
+                spread,
+                rounds,
+            };
+            let report = delta::run(&work, &tools, &options).await;
+            let _ = std::fs::remove_dir_all(&work);
+            print!("{}", report?);
             Ok(())
         }
         BenchCommand::Datapath {
