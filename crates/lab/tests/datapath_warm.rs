@@ -393,3 +393,133 @@ async fn a_base_the_host_keeps_locked_refuses_the_round_clearly() {
     );
     snapshot::remove(&session, &snap, MINUTE).await.unwrap();
 }
+
+/// vCenter ends idle sessions, and a `/folder` download does not keep one alive: a delta whose later requests
+/// start after the session expired logs in again and completes.
+#[tokio::test]
+async fn a_session_that_expires_during_a_delta_logs_in_again() {
+    use ferry_datapath::round::{RoundKind, run_round};
+    use ferry_datapath::spec::{ConvertSpec, DiskSpec, RoundSpec, SourceSpec, SourceTrust};
+
+    let realism = VcsimRealism {
+        cbt: true,
+        folder_auth: true,
+        session_idle: Some(Duration::from_secs(1)),
+        folder_throttle: Some(2 << 20),
+        ..VcsimRealism::default()
+    };
+    let vcsim = TestVcsim::start_with(false, &realism).await.unwrap();
+    let endpoint = vcsim.endpoint().clone();
+    let session = Session::connect(endpoint.connect_config(MINUTE).unwrap())
+        .await
+        .unwrap();
+    let hands = LabHands::new(&endpoint).unwrap();
+    let vm = inventory::find_vm(&session, &VmSelector::Name(VM.into()))
+        .await
+        .unwrap();
+    let size = 32u64 << 20;
+    let work = tempfile::tempdir().unwrap();
+    let image = make_flat_vmdk(work.path(), "data", size, 9);
+    let attached = provision::link_flat_vmdk(&session, &vm, &image.descriptor, &image.extent)
+        .await
+        .unwrap()
+        .to_string();
+    let key = inventory::describe_vm(&session, &vm)
+        .await
+        .unwrap()
+        .disks
+        .iter()
+        .find(|d| d.file == attached)
+        .unwrap()
+        .key;
+    std::fs::write(work.path().join("user"), &endpoint.username).unwrap();
+    std::fs::write(work.path().join("password"), endpoint.password().unwrap()).unwrap();
+    let volume = work.path().join("disk.img");
+    std::fs::File::create(&volume)
+        .unwrap()
+        .set_len(size)
+        .unwrap();
+    let spec = |snapshot: &MoRef, since: Option<String>| ConvertSpec {
+        source: SourceSpec {
+            url: endpoint.url.clone(),
+            credentials_dir: work.path().to_path_buf(),
+            trust: SourceTrust::CaFile(endpoint.ca_file.clone()),
+            datacenter: "DC0".into(),
+            vm_uuid: String::new(),
+            instance_uuid: None,
+        },
+        disks: vec![DiskSpec {
+            index: 0,
+            file: attached.clone(),
+            capacity_bytes: size,
+        }],
+        format: ferry_api::DiskFormat::Raw,
+        staging: None,
+        volumes: vec![VolumeSpec {
+            index: 0,
+            path: volume.clone(),
+            block: false,
+        }],
+        parallel: 1,
+        transfer: Default::default(),
+        round: Some(RoundSpec {
+            vm_moref: vm.value.clone(),
+            snapshot: Some(snapshot.value.clone()),
+            since: vec![since],
+        }),
+    };
+    let quiet = Progress::new(true);
+    cbt::set_change_tracking(&session, &vm, true, MINUTE)
+        .await
+        .unwrap();
+    // The whole copy: 16 s at the throttle's 2 MiB/s, its pieces far longer than the session's idle second.
+    let first = snapshot::create(&session, &vm, "ferry-0", MINUTE)
+        .await
+        .unwrap();
+    let whole = run_round(&spec(&first, None), &quiet)
+        .await
+        .unwrap()
+        .remove(0);
+    snapshot::remove(&session, &first, MINUTE).await.unwrap();
+
+    // A 3 MiB area first (1.5 s at the throttle), then more areas than requests in flight: the later ones start
+    // once the first is handed on, after the session expired.
+    hands
+        .write(VM, Some(key), 0, vec![1; 3 << 20])
+        .await
+        .unwrap();
+    for i in 0..12u64 {
+        hands
+            .write(VM, Some(key), (8 << 20) + i * (2 << 20), vec![2; 4096])
+            .await
+            .unwrap();
+    }
+    let second = snapshot::create(&session, &vm, "ferry-1", MINUTE)
+        .await
+        .unwrap();
+    let logins = || {
+        std::fs::read_to_string(vcsim.dir().join(ferry_lab::vsphere::vcsim::CALLS_FILE))
+            .unwrap()
+            .lines()
+            .filter(|l| *l == "Login")
+            .count()
+    };
+    let before = logins();
+    let delta = run_round(&spec(&second, whole.change_id), &quiet)
+        .await
+        .unwrap()
+        .remove(0);
+    assert_eq!(
+        (delta.kind, delta.areas),
+        (RoundKind::Delta, 13),
+        "{delta:?}"
+    );
+    assert!(
+        logins() >= before + 2,
+        "the Job's login, then at least one more after the expiry"
+    );
+    snapshot::remove(&session, &second, MINUTE).await.unwrap();
+    power::power_off(&session, &vm, MINUTE).await.unwrap();
+    let guest = hands.disk(VM, Some(key)).await.unwrap();
+    assert_eq!(read_back(&volume, size).unwrap().0, guest.sha256);
+}
