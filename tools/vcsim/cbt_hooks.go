@@ -70,15 +70,25 @@ func (w *cbtWatch) UpdateObject(ctx *simulator.Context, obj mo.Reference, change
 }
 
 // follow brings the model's tracking in line with the VM's changeTrackingEnabled, and shows each disk's change
-// ID on its backing (vcsim replaces the device list on some changes).
+// ID on its backing (vcsim replaces the device list on some changes). A VM whose tracking is off and of which
+// the model keeps nothing has nothing to follow: every update of every VM comes here.
 func (c *cbtModel) follow(ctx *simulator.Context, vm *simulator.VirtualMachine) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	on := vm.Config != nil && vm.Config.ChangeTrackingEnabled != nil && *vm.Config.ChangeTrackingEnabled
+	known := c.knows(vm)
+	if !on && !known {
+		return
+	}
 	for _, disk := range vmDisks(vm) {
 		d, err := c.disk(ctx, vm, disk.Key)
 		if err != nil {
 			continue // not a file-backed disk: no tracking
+		}
+		if !known {
+			// The disk is new to the model, which skipped the VM while its tracking was off: it starts off, as
+			// following the VM then would have left it, so tracking turned on while the VM is off starts at once.
+			d.state = trackingOff
 		}
 		switch {
 		case !on:
@@ -91,6 +101,20 @@ func (c *cbtModel) follow(ctx *simulator.Context, vm *simulator.VirtualMachine) 
 		setChangeID(disk.Backing, d.changeID())
 	}
 	c.power[vm.Self] = vm.Runtime.PowerState
+}
+
+// knows: whether the model keeps state for vm (its tracking was on, or it was stunned, written or queried
+// under the model), which a change of its tracking must bring in line. Call with c.mu held.
+func (c *cbtModel) knows(vm *simulator.VirtualMachine) bool {
+	if _, ok := c.power[vm.Self]; ok {
+		return true
+	}
+	for _, disk := range vmDisks(vm) {
+		if _, ok := c.disks[diskRef{vm: vm.Self, key: disk.Key}]; ok {
+			return true
+		}
+	}
+	return false
 }
 
 // poweredOn: a power-on is a stun.

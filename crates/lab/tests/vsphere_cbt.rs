@@ -8,7 +8,7 @@ use std::time::Duration;
 use ferry_lab::lab::VcsimRealism;
 use ferry_lab::vsphere::lab_hands::{FolderLock, LabHands};
 use ferry_testkit::TestVcsim;
-use ferry_vsphere::cbt::{self, Area, ChangeId, QueryRefusal};
+use ferry_vsphere::cbt::{self, Area, ChangeId, ChangedAreas, QueryRefusal};
 use ferry_vsphere::datastore::DatastorePath;
 use ferry_vsphere::file_lock::{Readability, probe_read};
 use ferry_vsphere::inventory::{self, VmSelector};
@@ -40,6 +40,26 @@ async fn snapshot_with_id(session: &Session, vm: &MoRef, name: &str) -> (MoRef, 
         id.expect("a snapshot of a tracked disk has a change ID"),
         disk.key,
     )
+}
+
+/// The areas of disk `key` written since `since`, up to `snapshot`.
+async fn changed_up_to(
+    session: &Session,
+    vm: &MoRef,
+    snapshot: &MoRef,
+    key: i32,
+    capacity: u64,
+    since: &ChangeId,
+) -> ferry_vsphere::Result<ChangedAreas> {
+    cbt::changed_areas(
+        session,
+        vm,
+        Some(snapshot),
+        key,
+        capacity,
+        &since.to_string(),
+    )
+    .await
 }
 
 #[tokio::test]
@@ -84,16 +104,9 @@ async fn changed_areas_page_to_the_disk_end_and_a_reset_is_refused() {
     }
     let (second, second_id, _) = snapshot_with_id(&session, &vm, "ferry-test-2").await;
     assert!(!first_id.reset_before(&second_id) && second_id.sequence > first_id.sequence);
-    let changed = cbt::changed_areas(
-        &session,
-        &vm,
-        Some(&second),
-        key,
-        capacity,
-        &first_id.to_string(),
-    )
-    .await
-    .unwrap();
+    let changed = changed_up_to(&session, &vm, &second, key, capacity, &first_id)
+        .await
+        .unwrap();
     assert_eq!(changed.pages, 2);
     assert_eq!(changed.areas.len(), 2001);
     assert_eq!(
@@ -110,16 +123,9 @@ async fn changed_areas_page_to_the_disk_end_and_a_reset_is_refused() {
     assert_eq!(running_query.unwrap_err().fault(), Some("FileFault"));
 
     hands.reset_change_tracking(VM).await.unwrap();
-    let e = cbt::changed_areas(
-        &session,
-        &vm,
-        Some(&second),
-        key,
-        capacity,
-        &first_id.to_string(),
-    )
-    .await
-    .unwrap_err();
+    let e = changed_up_to(&session, &vm, &second, key, capacity, &first_id)
+        .await
+        .unwrap_err();
     assert!(
         matches!(cbt::refusal(&e), Some(QueryRefusal::ChangeIdRejected(_))),
         "{e}"

@@ -59,6 +59,15 @@ impl Area {
     pub fn end(&self) -> u64 {
         self.start + self.length
     }
+
+    /// Grows this area over `next`, which starts no earlier, when the two touch or overlap.
+    fn absorb(&mut self, next: &Area) -> bool {
+        if next.start > self.end() {
+            return false;
+        }
+        self.length = self.length.max(next.end() - self.start);
+        true
+    }
 }
 
 /// One `QueryChangedDiskAreas` answer: the window `[start, start+length)` it covers, and the areas in it.
@@ -109,14 +118,23 @@ pub fn next_offset(asked: u64, capacity: u64, page: &Page) -> std::result::Resul
 pub fn coalesce(areas: impl IntoIterator<Item = Area>) -> Vec<Area> {
     let mut out: Vec<Area> = Vec::new();
     for a in areas {
-        match out.last_mut() {
-            Some(last) if a.start <= last.end() => {
-                last.length = last.length.max(a.end() - last.start);
-            }
-            _ => out.push(a),
+        if !out.last_mut().is_some_and(|last| last.absorb(&a)) {
+            out.push(a);
         }
     }
     out
+}
+
+/// Adds a page's areas to the coalesced areas of the pages before it. Those end at or before the page's start, so
+/// only their last area and the page's first can merge: coalescing them all again at each page would be
+/// quadratic in the pages.
+pub fn append_page(found: &mut Vec<Area>, page: Vec<Area>) {
+    let page = coalesce(page);
+    let merged = match (found.last_mut(), page.first()) {
+        (Some(last), Some(first)) => last.absorb(first),
+        _ => false,
+    };
+    found.extend_from_slice(&page[usize::from(merged)..]);
 }
 
 /// Every area changed on a disk, paged to its end.
@@ -191,7 +209,7 @@ pub async fn changed_areas(
             detail,
         })?;
         found.pages += 1;
-        found.areas = coalesce(found.areas.drain(..).chain(page.areas));
+        append_page(&mut found.areas, page.areas);
     }
     Ok(found)
 }
@@ -341,6 +359,42 @@ mod tests {
             coalesce([area(0, 10), area(10, 5), area(20, 5), area(22, 10)]),
             vec![area(0, 15), area(20, 12)]
         );
+    }
+
+    #[test]
+    fn only_the_boundary_merges_when_a_page_is_added() {
+        let found = || vec![area(0, 10), area(20, 10)];
+        let appended = |page: Vec<Area>| {
+            let mut areas = found();
+            append_page(&mut areas, page);
+            areas
+        };
+        let touching = vec![area(30, 5), area(35, 5), area(50, 5)];
+        assert_eq!(
+            appended(touching.clone()),
+            vec![area(0, 10), area(20, 20), area(50, 5)]
+        );
+        let overlapping = vec![area(25, 10), area(50, 5)];
+        assert_eq!(
+            appended(overlapping.clone()),
+            vec![area(0, 10), area(20, 15), area(50, 5)]
+        );
+        let separate = vec![area(31, 4), area(35, 5)];
+        assert_eq!(
+            appended(separate.clone()),
+            vec![area(0, 10), area(20, 10), area(31, 9)]
+        );
+        assert_eq!(appended(vec![]), found());
+        // The same as coalescing everything again, which is what paging did before.
+        for page in [touching, overlapping, separate, vec![]] {
+            assert_eq!(
+                appended(page.clone()),
+                coalesce(found().into_iter().chain(page))
+            );
+        }
+        let mut areas = vec![];
+        append_page(&mut areas, vec![area(0, 5), area(5, 5)]);
+        assert_eq!(areas, vec![area(0, 10)], "the first page");
     }
 
     #[test]
