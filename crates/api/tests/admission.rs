@@ -622,6 +622,20 @@ fn invalid_cases() -> Vec<Invalid> {
             "spec.conversion.format qcow2 is a staging format",
         ),
         create(
+            "warm through staging",
+            with(m(), "/spec/warm", json!({})),
+            "spec.warm writes the volumes directly, round after round: remove spec.staging",
+        ),
+        create(
+            "warm rounds more often than a minute",
+            with(
+                with(m(), "/spec/staging", Value::Null),
+                "/spec/warm",
+                json!({"precopyIntervalSeconds": 30}),
+            ),
+            "spec.warm.precopyIntervalSeconds: Invalid value",
+        ),
+        create(
             "retry budget high",
             with(m(), "/spec/retry/budget", json!(11)),
             "should be less than or equal to 10",
@@ -638,8 +652,8 @@ fn invalid_cases() -> Vec<Invalid> {
         ),
         create(
             "unknown top-level spec field",
-            with(m(), "/spec/warm", json!(true)),
-            ".spec.warm: field not declared in schema",
+            with(m(), "/spec/turbo", json!(true)),
+            ".spec.turbo: field not declared in schema",
         ),
         create(
             "unknown device model",
@@ -691,6 +705,26 @@ fn invalid_cases() -> Vec<Invalid> {
             with(m(), "/spec/staging", Value::Null),
             m(),
             "spec.staging cannot be added or removed",
+        ),
+        update(
+            "warm cannot be added",
+            with(m(), "/spec/staging", Value::Null),
+            with(with(m(), "/spec/staging", Value::Null), "/spec/warm", json!({})),
+            "spec.warm cannot be added or removed",
+        ),
+        update(
+            "a cutover cannot be taken back",
+            with(
+                with(m(), "/spec/staging", Value::Null),
+                "/spec/warm",
+                json!({"cutover": true}),
+            ),
+            with(
+                with(m(), "/spec/staging", Value::Null),
+                "/spec/warm",
+                json!({"cutover": false}),
+            ),
+            "spec.warm.cutover cannot go back to false once set",
         ),
         update(
             "staging cannot be removed",
@@ -985,6 +1019,16 @@ async fn valid_manifests_are_accepted_with_their_defaults() {
             with(migration(), "/metadata/name", json!("direct")),
             "/spec/staging",
             Value::Null,
+        ),
+        with(
+            with(
+                with(migration(), "/metadata/name", json!("warm")),
+                "/spec/staging",
+                Value::Null,
+            ),
+            "/spec/warm",
+            json!({"precopyIntervalSeconds": 600, "cutoverAt": "2027-01-09T22:00:00Z",
+                   "enableChangeTracking": true}),
         ),
         with(
             with(migration(), "/metadata/name", json!("staging-private-ca")),

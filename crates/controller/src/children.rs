@@ -105,6 +105,16 @@ pub fn recopy_job(vmm: &VirtualMachineMigration, recopy: i32) -> String {
     child_name(&vmm.name_any(), &format!("recopy-{recopy}"))
 }
 
+/// A warm migration's precopy round `round`, attempt `attempt`: `<name>-precopy-<round>-<attempt>`.
+pub fn precopy_job(vmm: &VirtualMachineMigration, round: i32, attempt: i32) -> String {
+    child_name(&vmm.name_any(), &format!("precopy-{round}-{attempt}"))
+}
+
+/// What every snapshot a warm migration takes on its source is named from: `ferry-<migration uid>-`.
+pub fn snapshot_prefix(vmm: &VirtualMachineMigration) -> String {
+    format!("ferry-{}-", uid(vmm))
+}
+
 /// The Job that is the first consumer of volumes that wait for one, whatever the attempt: `<name>-bind`.
 pub fn bind_job(vmm: &VirtualMachineMigration) -> String {
     child_name(&vmm.name_any(), "bind")

@@ -16,7 +16,7 @@ use crate::delta::{ChangedDisk, write_areas};
 use crate::direct::{ReadBack, write_disk};
 use crate::error::{Error, Result};
 use crate::progress::Progress;
-use crate::spec::{ConvertSpec, DiskSpec};
+use crate::spec::{ConvertSpec, DiskSpec, VolumeSpec};
 
 /// A reason is cut to this many characters, so a round's report fits in a termination message.
 pub const REASON_CHARS: usize = 120;
@@ -47,7 +47,8 @@ pub struct RoundDisk {
     pub areas: u64,
     pub bytes_read: u64,
     pub bytes_written: u64,
-    /// Whole: the disk's sha256. Delta: the sha256 of its areas' bytes, one after the other.
+    /// Whole, or any copy at cutover: the sha256 of the volume's bytes as read back, which at cutover is what the
+    /// VM boots from. A precopy's delta: the sha256 of its areas' bytes, one after the other.
     pub sha256: String,
     pub read_back: ReadBack,
 }
@@ -196,6 +197,11 @@ impl RoundSource<'_> {
                                 progress,
                             )
                             .await?;
+                            let (sha256, read_back) = match snapshot {
+                                Some(_) => (written.areas_sha256, written.read_back),
+                                // The cutover's last copy: what the VM will boot from is hashed whole.
+                                None => whole_volume(volume, found.capacity_bytes as u64).await?,
+                            };
                             return Ok(RoundDisk {
                                 index: disk.index,
                                 kind: RoundKind::Delta,
@@ -204,8 +210,8 @@ impl RoundSource<'_> {
                                 areas: written.areas as u64,
                                 bytes_read: written.bytes_read,
                                 bytes_written: written.bytes_written,
-                                sha256: written.areas_sha256,
-                                read_back: written.read_back,
+                                sha256,
+                                read_back,
                             });
                         }
                         Err(e) => match cbt::refusal(&e) {
@@ -240,6 +246,12 @@ impl RoundSource<'_> {
             read_back: written.read_back,
         })
     }
+}
+
+/// The sha256 of a volume's first `size` bytes, read back past the page cache.
+async fn whole_volume(volume: &VolumeSpec, size: u64) -> Result<(String, ReadBack)> {
+    let path = volume.path.clone();
+    crate::direct::blocking(move || crate::read_back::read_back(&path, size)).await
 }
 
 /// Why `since` cannot lead to the disk's change ID `now`, when the IDs themselves show it (another tracking

@@ -156,6 +156,8 @@ reasons! {
         SecretKeyMissing,
         SecretNotFound,
         SnapshotsPresent,
+        ChangeTrackingOff,
+        TooManyDisksForWarm,
         SourceListingStale,
         SourceNotDiscovered,
         SourceIdentityChanged,

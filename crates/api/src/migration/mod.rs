@@ -2,6 +2,8 @@
 
 pub(crate) mod spec;
 mod status;
+mod warm;
 
 pub use spec::*;
 pub use status::*;
+pub use warm::*;

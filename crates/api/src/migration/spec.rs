@@ -21,6 +21,12 @@ pub(crate) const QCOW2_NEEDS_STAGING: (&str, &str) = (
     "spec.conversion.format qcow2 is a staging format: set spec.staging, or leave the format raw to write the volumes directly",
 );
 
+/// See [`AGENT_NEEDS_A_START`].
+pub(crate) const WARM_IS_DIRECT: (&str, &str) = (
+    "!has(self.spec.warm) || !has(self.spec.staging)",
+    "spec.warm writes the volumes directly, round after round: remove spec.staging",
+);
+
 /// Migrates one VM. `source` and `target` cannot change once set; `cancel` can only go from false to true.
 #[derive(CustomResource, KubeSchema, Deserialize, Serialize, Clone, Debug, PartialEq)]
 #[kube(
@@ -42,7 +48,10 @@ pub(crate) const QCOW2_NEEDS_STAGING: (&str, &str) = (
     validation = Rule::new(AGENT_NEEDS_A_START.0).message(AGENT_NEEDS_A_START.1),
     validation = Rule::new(QCOW2_NEEDS_STAGING.0).message(QCOW2_NEEDS_STAGING.1),
     validation = Rule::new("has(self.spec.staging) == has(oldSelf.spec.staging)")
-        .message("spec.staging cannot be added or removed once a migration exists: create a new migration instead")
+        .message("spec.staging cannot be added or removed once a migration exists: create a new migration instead"),
+    validation = Rule::new(WARM_IS_DIRECT.0).message(WARM_IS_DIRECT.1),
+    validation = Rule::new("has(self.spec.warm) == has(oldSelf.spec.warm)")
+        .message("spec.warm cannot be added or removed once a migration exists: create a new migration instead")
 )]
 #[serde(rename_all = "camelCase")]
 pub struct VirtualMachineMigrationSpec {
@@ -74,6 +83,10 @@ pub struct VirtualMachineMigrationSpec {
     #[schemars(range(min = 0))]
     #[x_kube(validation = Rule::new("self >= oldSelf").message("spec.recopy can only grow"))]
     pub recopy: i32,
+    /// Copy while the source runs, then cut over with a short downtime (see [`crate::WarmSpec`]). Unset: the
+    /// source is powered off first and copied whole. It cannot be added or removed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub warm: Option<crate::WarmSpec>,
 }
 
 fn is_zero(n: &i32) -> bool {

@@ -16,6 +16,8 @@ pub enum Phase {
     Validating,
     /// Blank volumes for the disks, before the source is touched (the direct path only).
     Allocating,
+    /// A warm migration copies while the source runs, one round per `warm.precopyIntervalSeconds`, until cutover.
+    Precopying,
     /// Source power per policy.
     Preparing,
     Converting,
@@ -178,6 +180,9 @@ pub struct VirtualMachineMigrationStatus {
     /// the source is powered off or read, cleared once its disks are copied or the migration has cleaned up.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub host_slot: Option<HostSlot>,
+    /// A warm migration's rounds and the snapshot it holds on the source.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub warm: Option<crate::WarmStatus>,
 }
 
 /// A grant of disk reads on one ESXi host.
@@ -356,6 +361,9 @@ pub struct SourceVmStatus {
     /// Snapshots of the VM; its disks are then read through their chains.
     #[serde(default)]
     pub snapshots: i32,
+    /// Changed Block Tracking is on (`config.changeTrackingEnabled`), as a warm migration needs.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub change_tracking: bool,
     #[serde(default)]
     pub disks: Vec<SourceDisk>,
     #[serde(default)]

@@ -74,6 +74,9 @@ pub fn render(vmm: &VirtualMachineMigration, events: &[Event], now: Timestamp) -
     checkpoints(&mut out, &status);
     conditions(&mut out, &status, now);
     disks(&mut out, &status);
+    if let Some(warm) = &vmm.spec.warm {
+        super::warm::render(&mut out, warm, status.warm.as_ref(), now);
+    }
     retries(&mut out, &vmm.spec, &status);
     what_went_wrong(&mut out, vmm, &status);
     recent_events(&mut out, events, now);
@@ -568,6 +571,8 @@ pub fn next_step(reason: &str, class: ErrorClass, phase: Option<Phase>, name: &s
             | Reason::ConfigMapExists
             | Reason::SecretExists,
         ) => "delete or rename the object in the way".into(),
+        Some(Reason::ChangeTrackingOff) => "set spec.warm.enableChangeTracking: true to let Ferry turn Changed Block Tracking on (and off again at the end), or turn it on in vSphere and create a new migration".into(),
+        Some(Reason::TooManyDisksForWarm) => "migrate the VM cold: a new migration without spec.warm".into(),
         Some(Reason::SourceDiskLocked) => "this vCenter does not serve a running VM's disks, even under a snapshot: migrate the VM cold (without spec.warm), which copies after power-off".into(),
         Some(Reason::SourceIdentityChanged) => "check the Provider's spec.url and the VM in vSphere; delete this migration and create a new one for the VM you mean".into(),
         Some(Reason::VolumeNotBound) => "look at the DataVolume's claim (kubectl describe pvc): a ResourceQuota, no capacity, or a StorageClass nobody provisions keeps it Pending".into(),

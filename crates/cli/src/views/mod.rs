@@ -4,6 +4,7 @@
 pub mod describe;
 pub mod get;
 pub mod plan;
+mod warm;
 pub mod watch;
 
 use std::path::PathBuf;

@@ -207,7 +207,7 @@ pub fn resource(group: &str, version: &str, kind: &str) -> kube::core::ApiResour
 }
 
 /// A session to the lab's vcsim and the managed object of `vm`.
-async fn source_vm(vm: &str) -> (ferry_vsphere::Session, ferry_vsphere::MoRef) {
+pub async fn source_vm(vm: &str) -> (ferry_vsphere::Session, ferry_vsphere::MoRef) {
     let vcsim = lab().await.state().vcsim.clone().unwrap();
     let session =
         ferry_vsphere::Session::connect(vcsim.connect_config(Duration::from_secs(30)).unwrap())

@@ -37,8 +37,8 @@ const WRITERS: &[&str] = &["adapt", "rewrite"];
 
 const ADAPTATION: JobAttempt = JobAttempt {
     phase: Phase::Adapting,
-    job: children::adapt_job,
-    replaced: |vmm, n| vec![children::adapt_job(vmm, n)],
+    job: |vmm, _, n| children::adapt_job(vmm, n),
+    replaced: |vmm, _, n| vec![children::adapt_job(vmm, n)],
     writers: WRITERS,
     running: |job, n| {
         Next::wait(
@@ -61,8 +61,8 @@ const ADAPTATION: JobAttempt = JobAttempt {
 
 /// Its failures are charged to the adaptation's budget, like the attempt that made it necessary.
 const REWRITE: JobAttempt = JobAttempt {
-    job: children::rewrite_job,
-    replaced: |vmm, n| vec![children::adapt_job(vmm, n), children::rewrite_job(vmm, n)],
+    job: |vmm, _, n| children::rewrite_job(vmm, n),
+    replaced: |vmm, _, n| vec![children::adapt_job(vmm, n), children::rewrite_job(vmm, n)],
     running: |job, n| {
         Next::wait(
             "RewritingVolumes",
@@ -80,7 +80,7 @@ const REWRITE: JobAttempt = JobAttempt {
 
 /// One Job per `spec.recopy` asked for, whatever the attempt; its failures are charged like a rewrite's.
 const RECOPY: JobAttempt = JobAttempt {
-    job: |vmm, _| children::recopy_job(vmm, vmm.spec.recopy),
+    job: |vmm, _, _| children::recopy_job(vmm, vmm.spec.recopy),
     running: |job, n| {
         Next::wait(
             "CopyingSourceAgain",

@@ -16,8 +16,8 @@ use crate::{build, children};
 
 const CONVERSION: JobAttempt = JobAttempt {
     phase: Phase::Converting,
-    job: children::convert_job,
-    replaced: |vmm, n| vec![children::convert_job(vmm, n)],
+    job: |vmm, _, n| children::convert_job(vmm, n),
+    replaced: |vmm, _, n| vec![children::convert_job(vmm, n)],
     // It writes only to staging, under a name of its own attempt.
     writers: &[],
     // The same words while it starts and runs: its pod starting is no news worth a status write.

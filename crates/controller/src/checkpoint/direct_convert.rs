@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use ferry_api::{Phase, Reason};
 use ferry_datapath::report::{JobReport, WrittenSummary};
+use ferry_datapath::spec::RoundSpec;
 
 use super::step::{Next, Step};
 use super::support::jobs::{self, Attempt, JobAttempt};
@@ -22,8 +23,8 @@ const WAIT: Duration = Duration::from_secs(60);
 
 const WRITING: JobAttempt = JobAttempt {
     phase: Phase::Converting,
-    job: children::convert_job,
-    replaced: |vmm, n| vec![children::convert_job(vmm, n)],
+    job: |vmm, _, n| children::convert_job(vmm, n),
+    replaced: |vmm, _, n| vec![children::convert_job(vmm, n)],
     // A deleted Job's pods go later (background deletion); two writers on one volume would interleave.
     writers: &["convert"],
     // The same words while it starts and runs: its pod starting is no news worth a status write.
@@ -50,7 +51,10 @@ pub async fn run(step: &mut Step<'_>) -> Result<Next> {
                 }
                 Ensured::Persist(next) => return Ok(next),
             }
-            conversion::create_job(step, n).await?;
+            match final_sync(step) {
+                Some(round) => conversion::create_round_job(step, &name, round).await?,
+                None => conversion::create_job(step, n).await?,
+            }
             Ok((WRITING.running)(&name, n))
         }
         Attempt::Succeeded {
@@ -60,6 +64,15 @@ pub async fn run(step: &mut Step<'_>) -> Result<Next> {
             credentials::take_back(step.ctx, step.vmm).await?;
             record(step, &name, summary)
         }
+        Attempt::Succeeded {
+            name,
+            report: JobReport::Round(summary),
+        } => {
+            credentials::take_back(step.ctx, step.vmm).await?;
+            // Copied for the last time: the source's tracking goes back to how it was.
+            super::support::warm_source::restore(step).await?;
+            super::warm_cutover::record(step, &name, summary)
+        }
         // A Job of another release, or another route's: nothing it says is about these volumes.
         Attempt::Succeeded { name, .. } => Err(Failure::bounded(
             Reason::JobResultUnreadable,
@@ -67,6 +80,20 @@ pub async fn run(step: &mut Step<'_>) -> Result<Next> {
         )),
         Attempt::Wait(next) => Ok(next),
     }
+}
+
+/// A warm migration's last copy, once the source is off: each disk's changes since its last precopy round (the
+/// volumes hold that round). None for a cold migration, or a warm one with no round copied.
+fn final_sync(step: &Step<'_>) -> Option<RoundSpec> {
+    let warm = step.status.warm.as_ref()?;
+    if step.vmm.spec.warm.is_none() || warm.rounds_done == 0 || warm.refused.is_some() {
+        return None;
+    }
+    Some(RoundSpec {
+        vm_moref: step.status.source.as_ref()?.moref.clone(),
+        snapshot: None,
+        since: warm.change_ids.clone(),
+    })
 }
 
 fn record(step: &mut Step<'_>, job: &str, summary: WrittenSummary) -> Result<Next> {

@@ -98,6 +98,7 @@ pub fn source_status(info: &VmInfo, vcenter_uuid: Option<String>) -> SourceVmSta
         firmware: Some(info.firmware),
         secure_boot: info.efi_secure_boot.unwrap_or(false),
         vtpm: info.vtpm,
+        change_tracking: info.change_tracking,
         boot_order: info.boot_order.clone(),
         datacenter: Some(info.datacenter.clone()),
         host: info.host.as_ref().map(|h| h.name.clone()),

@@ -13,10 +13,12 @@ mod direct_import;
 pub(crate) mod discover;
 mod guest;
 mod import;
+mod precopy;
 mod prepare;
 mod start;
 mod validate;
 mod vm;
+mod warm_cutover;
 
 mod step;
 /// What the checkpoints share (Jobs, DataVolumes, the source, lent credentials, cleanup); none is a checkpoint,
@@ -49,7 +51,7 @@ pub struct Checkpoint {
 
 /// The itinerary: every migration runs the rows of its route in this order, and is `Succeeded` after the last.
 /// A phase that two routes share keeps one meaning: its condition is the same on both.
-pub const CHECKPOINTS: [Checkpoint; 12] = [
+pub const CHECKPOINTS: [Checkpoint; 13] = [
     Checkpoint {
         phase: Phase::Discovering,
         runs: Runs::Always,
@@ -70,6 +72,14 @@ pub const CHECKPOINTS: [Checkpoint; 12] = [
         condition: None,
         reads_source: false,
         run: |step| Box::pin(allocate::run(step)),
+    },
+    Checkpoint {
+        phase: Phase::Precopying,
+        runs: Runs::Warm,
+        condition: None,
+        // Each round holds its slot only while it reads, and frees it itself.
+        reads_source: false,
+        run: |step| Box::pin(precopy::run(step)),
     },
     Checkpoint {
         phase: Phase::Preparing,
@@ -147,6 +157,8 @@ mod route {
         pub staged: bool,
         /// `conversion.guestAdaptation: VirtV2v`.
         pub adapted: bool,
+        /// `spec.warm`: precopy rounds while the source runs, before it is powered off (direct only).
+        pub warm: bool,
     }
 
     /// Which migrations run a row.
@@ -156,22 +168,31 @@ mod route {
         Staged,
         Direct,
         Adapted,
+        Warm,
     }
 
     impl Route {
         pub const DIRECT: Route = Route {
             staged: false,
             adapted: false,
+            warm: false,
         };
         pub const STAGED: Route = Route {
             staged: true,
             adapted: false,
+            warm: false,
+        };
+        pub const WARM: Route = Route {
+            staged: false,
+            adapted: false,
+            warm: true,
         };
 
         pub fn of(vmm: &VirtualMachineMigration) -> Self {
             Route {
                 staged: crate::staging::staged(vmm),
                 adapted: vmm.spec.conversion.guest_adaptation == GuestAdaptation::VirtV2v,
+                warm: vmm.spec.warm.is_some() && !crate::staging::staged(vmm),
             }
         }
 
@@ -191,6 +212,7 @@ mod route {
                 Runs::Staged => route.staged,
                 Runs::Direct => !route.staged,
                 Runs::Adapted => route.adapted,
+                Runs::Warm => route.warm,
             }
         }
     }
@@ -273,7 +295,7 @@ mod tests {
     #[test]
     fn each_route_runs_its_rows_once_in_the_order_of_all_phases() {
         let all: Vec<Phase> = phases().collect();
-        let routes = [Route::STAGED, Route::DIRECT];
+        let routes = [Route::STAGED, Route::DIRECT, Route::WARM];
         for route in routes.into_iter().chain(routes.map(Route::adapted)) {
             let mut phase = CHECKPOINTS[0].phase;
             let mut walked = vec![phase];
@@ -294,6 +316,9 @@ mod tests {
             );
         }
         assert_eq!(after(Route::DIRECT, Phase::Validating), Phase::Allocating);
+        assert_eq!(after(Route::DIRECT, Phase::Allocating), Phase::Preparing);
+        assert_eq!(after(Route::WARM, Phase::Allocating), Phase::Precopying);
+        assert_eq!(after(Route::WARM, Phase::Precopying), Phase::Preparing);
         assert_eq!(after(Route::STAGED, Phase::Validating), Phase::Preparing);
         assert!(find(Route::STAGED, Phase::Allocating).is_none());
         assert_eq!(after(Route::DIRECT, Phase::Importing), Phase::CreatingVm);
@@ -323,6 +348,7 @@ mod tests {
                 Phase::Discovering,
                 Phase::Validating,
                 Phase::Allocating,
+                Phase::Precopying,
                 Phase::Preparing,
                 Phase::Converting,
                 Phase::Importing,

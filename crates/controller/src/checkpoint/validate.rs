@@ -224,6 +224,7 @@ pub fn check_source(vmm: &VirtualMachineMigration, source: &SourceVmStatus) -> R
             ),
         ));
     }
+    check_warm(vmm, source)?;
     for disk in &source.disks {
         let backing = disk.backing.as_deref().unwrap_or_default();
         if !backing.is_empty() && !FLAT_BACKINGS.contains(&backing) {
@@ -259,6 +260,37 @@ pub fn check_source(vmm: &VirtualMachineMigration, source: &SourceVmStatus) -> R
                 too_large_message(&format!("disk {}", disk.file), capacity),
             ));
         }
+    }
+    Ok(())
+}
+
+/// A warm migration needs Changed Block Tracking on the source (or leave to turn it on), and its rounds' reports
+/// must fit a termination message.
+fn check_warm(vmm: &VirtualMachineMigration, source: &SourceVmStatus) -> Result<()> {
+    let Some(warm) = &vmm.spec.warm else {
+        return Ok(());
+    };
+    let most = ferry_datapath::report::MAX_ROUND_DISKS;
+    if source.disks.len() > most {
+        return Err(Failure::permanent(
+            Reason::TooManyDisksForWarm,
+            format!(
+                "{} has {} disks; a warm round reports at most {most}: migrate it cold (a new migration without \
+                 spec.warm)",
+                source.name,
+                source.disks.len()
+            ),
+        ));
+    }
+    if !source.change_tracking && !warm.enable_change_tracking {
+        return Err(Failure::fixable(
+            Reason::ChangeTrackingOff,
+            format!(
+                "{} has Changed Block Tracking off, which warm migration needs: set spec.warm.enableChangeTracking \
+                 to let Ferry turn it on (and off again at the end), and the migration resumes",
+                source.name
+            ),
+        ));
     }
     Ok(())
 }

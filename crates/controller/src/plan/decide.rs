@@ -88,6 +88,8 @@ pub fn migration(plan: &MigrationPlan, planned: &PlannedVm) -> VirtualMachineMig
             guest_check: spec.guest_check,
             cancel: false,
             recopy: 0,
+            // Plans migrate cold until they carry warm settings of their own.
+            warm: None,
         },
     );
     child.metadata.namespace = plan.namespace();

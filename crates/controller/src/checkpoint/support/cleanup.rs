@@ -1,8 +1,9 @@
 //! Cleanup after a cancel, a delete or a failure. Desired: nothing labelled with the migration's UID left (VM,
-//! DataVolumes, Jobs), no staged image (with `spec.staging`), and the source powered on again if `restorePowerState` asks and Ferry
-//! powered it off. Observed: those objects by label, the staged objects by name, the source's power. Action:
-//! delete what is there; power on only once the target VM and its instance are gone (never both running).
-//! Recorded: power.restored.
+//! DataVolumes, Jobs), no staged image (with `spec.staging`), no snapshot of a warm migration left on the source
+//! (nor the tracking Ferry turned on), and the source powered on again if `restorePowerState` asks and Ferry
+//! powered it off. Observed: those objects by label, the staged objects by name, the source's snapshots by name
+//! and its power. Action: delete what is there; power on only once the target VM and its instance are gone
+//! (never both running). Recorded: power.restored.
 
 use std::time::Duration;
 
@@ -47,6 +48,10 @@ pub async fn cleanup(step: &mut Step<'_>) -> Result<bool> {
     super::credentials::take_back(step.ctx, step.vmm).await?;
     remove_staged(step).await?;
     if remaining > 0 {
+        return Ok(false);
+    }
+    // Before power: the snapshots go while the source is as it was left.
+    if !super::warm_source::restore(step).await? {
         return Ok(false);
     }
     restore_power(step).await

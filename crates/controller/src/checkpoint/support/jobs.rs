@@ -23,10 +23,10 @@ use crate::{children, owned, status};
 pub struct JobAttempt {
     /// The budget a failed attempt is charged to.
     pub phase: Phase,
-    /// Attempt `n`'s Job.
-    pub job: fn(&VirtualMachineMigration, i32) -> String,
+    /// Attempt `n`'s Job (the status names the round of a Job that runs once per round).
+    pub job: fn(&VirtualMachineMigration, &Status, i32) -> String,
     /// The Jobs of attempt `n` that make room for attempt `n + 1`.
-    pub replaced: fn(&VirtualMachineMigration, i32) -> Vec<String>,
+    pub replaced: fn(&VirtualMachineMigration, &Status, i32) -> Vec<String>,
     /// The steps (pod labels) of Jobs whose pods must have ended before a new Job starts: two writers on one
     /// volume would interleave. None when the Job writes no volume.
     pub writers: &'static [&'static str],
@@ -65,12 +65,12 @@ const WAIT: Duration = Duration::from_secs(60);
 /// record its result, which are the checkpoint's.
 pub async fn attempt(step: &mut Step<'_>, kind: &JobAttempt) -> Result<Attempt> {
     let n = status::budget_used(step.status, kind.phase) + 1;
-    let name = (kind.job)(step.vmm, n);
+    let name = (kind.job)(step.vmm, step.status, n);
     Ok(match observe(step.ctx, step.vmm, &name).await? {
         JobState::Absent => {
             if n > 1 {
                 // The failed attempt's Jobs were charged already; they make room for this one.
-                for earlier in (kind.replaced)(step.vmm, n - 1) {
+                for earlier in (kind.replaced)(step.vmm, step.status, n - 1) {
                     delete(step.ctx, step.vmm, &earlier).await?;
                 }
             }

@@ -1,0 +1,637 @@
+//! Precopying, on a warm migration. Desired: the disks' volumes follow the running source round after round, until
+//! the cutover is asked for and at least one round is copied. Observed: the one snapshot Ferry holds (by its
+//! recorded task and moref, or by name after a crash before they were recorded), the round's Job and its report.
+//! Action, one per pass, each recorded before the next acts on it: turn Changed Block Tracking on when allowed;
+//! take a disk slot on the host and name the round's snapshot; create it; run Job
+//! `<name>-precopy-<round>-<attempt>` reading the snapshot's frozen base; remove the snapshot (Forklift's order:
+//! the change IDs are on record before the snapshot goes, and only one exists at a time). Recorded: each round's
+//! bytes, areas and times, each disk's change ID, the next round's time. A vCenter that will not serve a running
+//! VM's base (SourceDiskLocked) refuses warm mode, not the migration: it waits for the cutover and copies cold.
+
+use std::time::Duration;
+
+use ferry_api::{
+    ChangeTrackingChange, Phase, Reason, WarmRound, WarmSnapshot, WarmSpec, WarmStatus,
+};
+use ferry_datapath::report::{JobReport, RoundSummary};
+use ferry_datapath::round::RoundKind;
+use ferry_datapath::spec::RoundSpec;
+use ferry_vsphere::power::TaskState;
+use ferry_vsphere::{MoRef, Session, cbt, power, snapshot};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+use super::step::{Next, Step};
+use super::support::jobs::{self, Attempt, JobAttempt};
+use super::support::{conversion, credentials, host_slot, one_per_vm, source};
+use crate::children;
+use crate::error::{Failure, Result};
+use crate::status;
+
+const POLL: Duration = Duration::from_secs(2);
+/// Long enough to stay quiet: the Job's own changes wake the migration up.
+const WAIT: Duration = Duration::from_secs(60);
+const TASK_TIMEOUT: Duration = Duration::from_secs(600);
+
+/// What a pass of Precopying does, from the spec and what is recorded. Pure.
+#[derive(Debug, PartialEq)]
+pub enum Precopy {
+    /// Ferry may turn tracking on and the source has it off: record that it will, first.
+    RecordTrackingChange,
+    TurnTrackingOn,
+    /// A round is due: take a slot on the host, then name its snapshot.
+    NameSnapshot {
+        round: i32,
+    },
+    /// Named, neither created nor being created as far as the record shows.
+    CreateSnapshot,
+    FollowCreate(String),
+    CopyRound,
+    RemoveSnapshot(Option<String>),
+    FollowRemove(String),
+    Cutover,
+    /// Until the next round, or the cutover.
+    Idle(Time),
+    /// Warm mode was refused: the cutover copies every disk whole.
+    AwaitCutover,
+}
+
+pub fn decide(spec: &WarmSpec, warm: &WarmStatus, tracking_on: bool, now: &Time) -> Precopy {
+    if spec.enable_change_tracking && !tracking_on && warm.refused.is_none() {
+        match warm.change_tracking_enabled {
+            None => return Precopy::RecordTrackingChange,
+            Some(ChangeTrackingChange::Enabling) => return Precopy::TurnTrackingOn,
+            Some(_) => {}
+        }
+    }
+    if let Some(snapshot) = &warm.snapshot {
+        return match (&snapshot.task, &snapshot.moref, snapshot.removing) {
+            (Some(task), _, true) => Precopy::FollowRemove(task.clone()),
+            (None, moref, true) => Precopy::RemoveSnapshot(moref.clone()),
+            (Some(task), None, false) => Precopy::FollowCreate(task.clone()),
+            (None, None, false) => Precopy::CreateSnapshot,
+            (_, Some(_), false) => Precopy::CopyRound,
+        };
+    }
+    let due = spec.cutover_due(now);
+    if warm.refused.is_some() {
+        return if due {
+            Precopy::Cutover
+        } else {
+            Precopy::AwaitCutover
+        };
+    }
+    if due && warm.rounds_done >= 1 {
+        return Precopy::Cutover;
+    }
+    match &warm.next_round_at {
+        Some(at) if at.0 > now.0 && !due => Precopy::Idle(at.clone()),
+        _ => Precopy::NameSnapshot {
+            round: warm.rounds_done + 1,
+        },
+    }
+}
+
+const PRECOPY: JobAttempt = JobAttempt {
+    phase: Phase::Precopying,
+    job: |vmm, status, n| children::precopy_job(vmm, round_in_flight(status), n),
+    replaced: |vmm, status, n| vec![children::precopy_job(vmm, round_in_flight(status), n)],
+    // It writes the volumes, as the cutover's copy will.
+    writers: &["convert"],
+    running: |job, n| {
+        Next::wait(
+            "Precopying",
+            format!("Job {job} (attempt {n}) copies the running source's disks from its snapshot"),
+            WAIT,
+        )
+    },
+    failed: JobAttempt::only_charged,
+    fixable_in_place: &[],
+    restarting: "PrecopyRestarting",
+    retrying: "PrecopyRetrying",
+};
+
+fn round_in_flight(status: &ferry_api::VirtualMachineMigrationStatus) -> i32 {
+    let warm = status.warm.as_ref();
+    warm.and_then(|w| w.snapshot.as_ref())
+        .map(|s| s.round)
+        .unwrap_or_else(|| warm.map_or(0, |w| w.rounds_done) + 1)
+}
+
+pub async fn run(step: &mut Step<'_>) -> Result<Next> {
+    let spec = step.vmm.spec.warm.clone().unwrap_or_default();
+    let recorded = source::recorded(step.status)?;
+    let disks = step.status.disks.len();
+    let warm = step.status.warm.get_or_insert_with(WarmStatus::default);
+    if warm.change_ids.len() != disks {
+        warm.change_ids = vec![None; disks];
+    }
+    let decision = decide(&spec, warm, recorded.change_tracking, &step.now);
+    match decision {
+        Precopy::RecordTrackingChange => {
+            warm.change_tracking_enabled = Some(ChangeTrackingChange::Enabling);
+            Ok(Next::persist(
+                "EnablingChangeTracking",
+                "turning Changed Block Tracking on, as spec.warm.enableChangeTracking allows (it is turned off \
+                 again when the migration ends)",
+            ))
+        }
+        Precopy::TurnTrackingOn => {
+            let (session, vm) = checked_session(step).await?;
+            cbt::set_change_tracking(&session, &vm, true, TASK_TIMEOUT).await?;
+            warm_mut(step).change_tracking_enabled = Some(ChangeTrackingChange::Enabled);
+            Ok(Next::persist(
+                "ChangeTrackingEnabled",
+                format!("Changed Block Tracking is on for {vm}; it starts at the first snapshot"),
+            ))
+        }
+        Precopy::NameSnapshot { round } => name_snapshot(step, round).await,
+        Precopy::CreateSnapshot => create_snapshot(step).await,
+        Precopy::FollowCreate(task) => follow_create(step, task).await,
+        Precopy::CopyRound => copy_round(step).await,
+        Precopy::RemoveSnapshot(moref) => remove_snapshot(step, moref).await,
+        Precopy::FollowRemove(task) => follow_remove(step, task).await,
+        Precopy::Cutover => {
+            let warm = warm_mut(step);
+            Ok(Next::advance(
+                "CutoverStarted",
+                match &warm.refused {
+                    Some(_) => "cutover: the source is powered off and copied whole (warm mode was refused)".into(),
+                    None => format!(
+                        "cutover after {} precopy round(s): the source is powered off and what changed since is \
+                         copied",
+                        warm.rounds_done
+                    ),
+                },
+            ))
+        }
+        Precopy::Idle(at) => {
+            let seconds = at.0.duration_since(step.now.0).as_secs_f64().max(1.0);
+            Ok(Next::wait(
+                "Precopying",
+                format!(
+                    "{} round(s) copied; the next starts in {}s (or set spec.warm.cutover)",
+                    warm_mut(step).rounds_done,
+                    seconds.ceil()
+                ),
+                Duration::from_secs_f64(seconds.min(3600.0)),
+            ))
+        }
+        Precopy::AwaitCutover => Ok(Next::wait(
+            "WarmRefused",
+            format!(
+                "{}; the migration waits for the cutover (spec.warm.cutover or cutoverAt), then powers the source \
+                 off and copies it whole",
+                warm_mut(step).refused.clone().unwrap_or_default()
+            ),
+            Duration::from_secs(3600),
+        )),
+    }
+}
+
+fn warm_mut<'a>(step: &'a mut Step<'_>) -> &'a mut WarmStatus {
+    step.status.warm.get_or_insert_with(WarmStatus::default)
+}
+
+async fn checked_session(step: &Step<'_>) -> Result<(Session, MoRef)> {
+    let provider = source::provider(step.ctx, step.vmm).await?;
+    let session = source::session_for(step.ctx, &provider).await?;
+    let vm = source::checked_source_vm(&session, step.status).await?;
+    Ok((session, vm))
+}
+
+/// Each round holds a disk slot on the source's host from before its snapshot until it is copied.
+async fn name_snapshot(step: &mut Step<'_>, round: i32) -> Result<Next> {
+    if let Some(wait) = one_per_vm::wait_for_another(step, &source::recorded(step.status)?) {
+        return Ok(wait);
+    }
+    let provider = source::provider(step.ctx, step.vmm).await?;
+    if let Some(next) = host_slot::acquire(step, &provider).await {
+        return Ok(next);
+    }
+    let name = format!("{}{round}", children::snapshot_prefix(step.vmm));
+    warm_mut(step).snapshot = Some(WarmSnapshot {
+        round,
+        name: name.clone(),
+        ..Default::default()
+    });
+    Ok(Next::persist(
+        "PrecopyRoundStarted",
+        format!("round {round}: taking snapshot {name} of the running source"),
+    ))
+}
+
+async fn create_snapshot(step: &mut Step<'_>) -> Result<Next> {
+    let (session, vm) = checked_session(step).await?;
+    let name = recorded_snapshot(step)?.name;
+    // A crash between the call and its record left it made: take it, do not make another.
+    if let Some(found) = snapshot::named(&session, &vm, &name)
+        .await?
+        .into_iter()
+        .next()
+    {
+        let moref = found.snapshot.value;
+        set_snapshot(step, |s| s.moref = Some(moref.clone()));
+        return Ok(Next::persist(
+            "SnapshotCreated",
+            format!("snapshot {name} is {moref}"),
+        ));
+    }
+    let description = format!(
+        "Ferry's warm migration {}/{}: removed after its round",
+        step.vmm.metadata.namespace.as_deref().unwrap_or_default(),
+        step.vmm.metadata.name.as_deref().unwrap_or_default()
+    );
+    let task = snapshot::start_create(&session, &vm, &name, &description).await?;
+    set_snapshot(step, |s| s.task = Some(task.value.clone()));
+    Ok(Next::persist(
+        "CreatingSnapshot",
+        format!("creating snapshot {name} (task {})", task.value),
+    ))
+}
+
+async fn follow_create(step: &mut Step<'_>, task: String) -> Result<Next> {
+    let (session, _) = checked_session(step).await?;
+    match power::task_state(&session, &MoRef::new("Task", task.clone())).await? {
+        TaskState::Running { progress } => Ok(Next::wait(
+            "CreatingSnapshot",
+            format!("snapshot task {task} running ({}%)", progress.unwrap_or(0)),
+            POLL,
+        )),
+        TaskState::Succeeded {
+            result: Some(moref),
+        } => {
+            set_snapshot(step, |s| {
+                s.task = None;
+                s.moref = Some(moref.value.clone());
+            });
+            Ok(Next::persist(
+                "SnapshotCreated",
+                format!("snapshot {} created", moref.value),
+            ))
+        }
+        // Looked up by name on the next pass.
+        TaskState::Succeeded { result: None } => {
+            set_snapshot(step, |s| s.task = None);
+            Ok(Next::persist(
+                "CreatingSnapshot",
+                format!("snapshot task {task} named no snapshot: looking it up by name"),
+            ))
+        }
+        TaskState::Failed { fault, message } => {
+            // Nothing was made: the next attempt names it afresh.
+            set_snapshot(step, |s| s.task = None);
+            Err(Failure::from(ferry_vsphere::Error::TaskFailed {
+                task,
+                fault,
+                message,
+            }))
+        }
+    }
+}
+
+async fn copy_round(step: &mut Step<'_>) -> Result<Next> {
+    let taken = recorded_snapshot(step)?;
+    let attempt = match jobs::attempt(step, &PRECOPY).await {
+        Err(failure) if failure.reason == Reason::SourceDiskLocked => {
+            return Ok(refuse_warm(step, failure.message));
+        }
+        other => other?,
+    };
+    match attempt {
+        Attempt::Start { name, .. } => {
+            let round = RoundSpec {
+                vm_moref: source::recorded(step.status)?.moref,
+                snapshot: taken.moref.clone(),
+                since: warm_mut(step).change_ids.clone(),
+            };
+            conversion::create_round_job(step, &name, round).await?;
+            Ok(Next::wait(
+                "Precopying",
+                format!(
+                    "round {}: Job {name} copies the disks from snapshot {}",
+                    taken.round, taken.name
+                ),
+                WAIT,
+            ))
+        }
+        Attempt::Succeeded {
+            name,
+            report: JobReport::Round(summary),
+        } => {
+            credentials::take_back(step.ctx, step.vmm).await?;
+            record_round(step, &name, &taken, summary)
+        }
+        Attempt::Succeeded { name, .. } => Err(Failure::bounded(
+            Reason::JobResultUnreadable,
+            format!("Job {name} reported no warm round"),
+        )),
+        Attempt::Wait(next) => Ok(next),
+    }
+}
+
+/// The vCenter will not serve the running VM's frozen base: no round can be copied while it runs.
+fn refuse_warm(step: &mut Step<'_>, why: String) -> Next {
+    step.status.host_slot = None;
+    let warm = warm_mut(step);
+    warm.refused = Some(why.clone());
+    if let Some(s) = &mut warm.snapshot {
+        s.removing = true;
+    }
+    Next::persist(
+        "WarmRefused",
+        format!(
+            "warm mode refused: {why}; the snapshot is removed and the source copied cold at cutover"
+        ),
+    )
+}
+
+fn record_round(
+    step: &mut Step<'_>,
+    job: &str,
+    taken: &WarmSnapshot,
+    summary: RoundSummary,
+) -> Result<Next> {
+    let disks = step.status.disks.len();
+    if summary.disks.len() != disks {
+        return Err(Failure::bounded(
+            Reason::DiskNotConverted,
+            format!(
+                "Job {job} copied {} disk(s), the VM has {disks}",
+                summary.disks.len()
+            ),
+        ));
+    }
+    let mut round = WarmRound {
+        round: taken.round,
+        // The round's reads began once its slot was granted.
+        started: step
+            .status
+            .host_slot
+            .as_ref()
+            .map(|slot| Time(slot.granted.0)),
+        finished: Some(step.now.clone()),
+        ..Default::default()
+    };
+    let warm = warm_mut(step);
+    for disk in &summary.disks {
+        let slot = warm.change_ids.get_mut(disk.index as usize);
+        if let Some(slot) = slot {
+            *slot = disk.change_id.clone();
+        }
+        round.areas += disk.areas as i64;
+        round.bytes_read += disk.bytes_read as i64;
+        round.bytes_written += disk.bytes_written as i64;
+        if disk.kind != RoundKind::Delta {
+            round.full_disks += 1;
+        }
+        if let Some(reason) = &disk.reason {
+            round.reasons.push(format!("disk {}: {reason}", disk.index));
+        }
+    }
+    let message = format!(
+        "round {}: {} bytes read ({} changed areas, {} disk(s) whole){}",
+        round.round,
+        round.bytes_read,
+        round.areas,
+        round.full_disks,
+        match round.reasons.is_empty() {
+            true => String::new(),
+            false => format!("; copied whole again: {}", round.reasons.join("; ")),
+        }
+    );
+    warm.push_round(round);
+    if let Some(s) = &mut warm.snapshot {
+        s.removing = true;
+    }
+    step.ctx
+        .metrics
+        .bytes_moved(summary.disks.iter().map(|d| d.bytes_read).sum());
+    // The slot's reads are done; the snapshot's removal does not read the disks.
+    step.status.host_slot = None;
+    Ok(Next::persist("PrecopyRoundCopied", message))
+}
+
+async fn remove_snapshot(step: &mut Step<'_>, moref: Option<String>) -> Result<Next> {
+    let (session, vm) = checked_session(step).await?;
+    let taken = recorded_snapshot(step)?;
+    // This round's Jobs are done with: the next round's have names of their own.
+    let job = children::precopy_job(
+        step.vmm,
+        taken.round,
+        status::budget_used(step.status, Phase::Precopying) + 1,
+    );
+    jobs::delete(step.ctx, step.vmm, &job).await?;
+    // Every snapshot of this round's name: one made by a create that raced a crash too.
+    let mut found: Vec<MoRef> = snapshot::named(&session, &vm, &taken.name)
+        .await?
+        .into_iter()
+        .map(|n| n.snapshot)
+        .collect();
+    if let Some(moref) = moref.filter(|m| !found.iter().any(|f| &f.value == m)) {
+        found.push(MoRef::new("VirtualMachineSnapshot", moref));
+    }
+    for snapshot in &found {
+        if let Some(task) = snapshot::start_remove(&session, snapshot).await? {
+            set_snapshot(step, |s| s.task = Some(task.value.clone()));
+            return Ok(Next::persist(
+                "RemovingSnapshot",
+                format!("removing snapshot {} (task {})", taken.name, task.value),
+            ));
+        }
+    }
+    Ok(snapshot_gone(step, &taken))
+}
+
+async fn follow_remove(step: &mut Step<'_>, task: String) -> Result<Next> {
+    let (session, _) = checked_session(step).await?;
+    let taken = recorded_snapshot(step)?;
+    match power::task_state(&session, &MoRef::new("Task", task.clone())).await? {
+        TaskState::Running { progress } => Ok(Next::wait(
+            "RemovingSnapshot",
+            format!(
+                "removing snapshot {} ({}%)",
+                taken.name,
+                progress.unwrap_or(0)
+            ),
+            POLL,
+        )),
+        // Looked for again by name: another of the same name may remain.
+        TaskState::Succeeded { .. } => {
+            set_snapshot(step, |s| {
+                s.task = None;
+                s.moref = None;
+            });
+            Ok(Next::persist(
+                "RemovingSnapshot",
+                format!("snapshot {} removed", taken.name),
+            ))
+        }
+        TaskState::Failed { fault, message } => {
+            set_snapshot(step, |s| s.task = None);
+            Err(Failure::from(ferry_vsphere::Error::TaskFailed {
+                task,
+                fault,
+                message,
+            }))
+        }
+    }
+}
+
+/// No snapshot of the round remains: the next round is due after the interval.
+fn snapshot_gone(step: &mut Step<'_>, taken: &WarmSnapshot) -> Next {
+    let interval = step
+        .vmm
+        .spec
+        .warm
+        .as_ref()
+        .map_or(3600, |w| w.precopy_interval_seconds)
+        .max(1);
+    let next = step.now.0 + std::time::Duration::from_secs(interval as u64);
+    let warm = warm_mut(step);
+    warm.snapshot = None;
+    warm.next_round_at = Some(Time(next));
+    Next::persist(
+        "PrecopyRoundDone",
+        format!(
+            "snapshot {} removed; the next round starts in {interval}s unless the cutover comes first",
+            taken.name
+        ),
+    )
+}
+
+fn recorded_snapshot(step: &mut Step<'_>) -> Result<WarmSnapshot> {
+    warm_mut(step).snapshot.clone().ok_or_else(|| {
+        Failure::bounded(
+            Reason::InvalidConversionSpec,
+            "no precopy snapshot on record",
+        )
+    })
+}
+
+fn set_snapshot(step: &mut Step<'_>, edit: impl FnOnce(&mut WarmSnapshot)) {
+    if let Some(s) = &mut warm_mut(step).snapshot {
+        edit(s);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(seconds: i64) -> Time {
+        Time(k8s_openapi::jiff::Timestamp::from_second(1_800_000_000 + seconds).unwrap())
+    }
+
+    fn snapshot(task: Option<&str>, moref: Option<&str>, removing: bool) -> WarmSnapshot {
+        WarmSnapshot {
+            round: 1,
+            name: "ferry-u-1".into(),
+            task: task.map(Into::into),
+            moref: moref.map(Into::into),
+            removing,
+        }
+    }
+
+    #[test]
+    fn a_round_walks_name_create_copy_remove_each_on_record_first() {
+        let spec = WarmSpec::default();
+        let mut warm = WarmStatus::default();
+        assert_eq!(
+            decide(&spec, &warm, true, &at(0)),
+            Precopy::NameSnapshot { round: 1 }
+        );
+        warm.snapshot = Some(snapshot(None, None, false));
+        assert_eq!(decide(&spec, &warm, true, &at(0)), Precopy::CreateSnapshot);
+        warm.snapshot = Some(snapshot(Some("task-1"), None, false));
+        assert_eq!(
+            decide(&spec, &warm, true, &at(0)),
+            Precopy::FollowCreate("task-1".into())
+        );
+        warm.snapshot = Some(snapshot(None, Some("snapshot-3"), false));
+        assert_eq!(decide(&spec, &warm, true, &at(0)), Precopy::CopyRound);
+        warm.snapshot = Some(snapshot(None, Some("snapshot-3"), true));
+        assert_eq!(
+            decide(&spec, &warm, true, &at(0)),
+            Precopy::RemoveSnapshot(Some("snapshot-3".into()))
+        );
+        warm.snapshot = Some(snapshot(Some("task-2"), Some("snapshot-3"), true));
+        assert_eq!(
+            decide(&spec, &warm, true, &at(0)),
+            Precopy::FollowRemove("task-2".into())
+        );
+    }
+
+    #[test]
+    fn rounds_follow_the_interval_until_the_cutover_after_one_round_at_least() {
+        let mut spec = WarmSpec::default();
+        let mut warm = WarmStatus {
+            rounds_done: 1,
+            next_round_at: Some(at(3600)),
+            ..Default::default()
+        };
+        assert_eq!(decide(&spec, &warm, true, &at(10)), Precopy::Idle(at(3600)));
+        assert_eq!(
+            decide(&spec, &warm, true, &at(3600)),
+            Precopy::NameSnapshot { round: 2 }
+        );
+        spec.cutover_at = Some(at(100));
+        assert_eq!(decide(&spec, &warm, true, &at(99)), Precopy::Idle(at(3600)));
+        assert_eq!(decide(&spec, &warm, true, &at(100)), Precopy::Cutover);
+        // Asked before any round: the first round is copied first.
+        warm.rounds_done = 0;
+        assert_eq!(
+            decide(&spec, &warm, true, &at(100)),
+            Precopy::NameSnapshot { round: 1 }
+        );
+        // A round in flight finishes before the cutover.
+        warm.rounds_done = 1;
+        warm.snapshot = Some(snapshot(None, Some("snapshot-3"), false));
+        assert_eq!(decide(&spec, &warm, true, &at(100)), Precopy::CopyRound);
+    }
+
+    #[test]
+    fn tracking_is_turned_on_only_when_allowed_and_recorded_first() {
+        let mut spec = WarmSpec::default();
+        let mut warm = WarmStatus::default();
+        assert_eq!(
+            decide(&spec, &warm, false, &at(0)),
+            Precopy::NameSnapshot { round: 1 }
+        );
+        spec.enable_change_tracking = true;
+        assert_eq!(
+            decide(&spec, &warm, false, &at(0)),
+            Precopy::RecordTrackingChange
+        );
+        warm.change_tracking_enabled = Some(ChangeTrackingChange::Enabling);
+        assert_eq!(decide(&spec, &warm, false, &at(0)), Precopy::TurnTrackingOn);
+        warm.change_tracking_enabled = Some(ChangeTrackingChange::Enabled);
+        assert_eq!(
+            decide(&spec, &warm, false, &at(0)),
+            Precopy::NameSnapshot { round: 1 }
+        );
+        // Already on in vSphere: nothing to change, nothing to restore.
+        warm.change_tracking_enabled = None;
+        assert_eq!(
+            decide(&spec, &warm, true, &at(0)),
+            Precopy::NameSnapshot { round: 1 }
+        );
+    }
+
+    #[test]
+    fn a_refused_warm_mode_removes_its_snapshot_then_waits_for_the_cutover() {
+        let mut spec = WarmSpec::default();
+        let mut warm = WarmStatus {
+            refused: Some("locked".into()),
+            snapshot: Some(snapshot(None, Some("snapshot-3"), true)),
+            ..Default::default()
+        };
+        assert_eq!(
+            decide(&spec, &warm, true, &at(0)),
+            Precopy::RemoveSnapshot(Some("snapshot-3".into()))
+        );
+        warm.snapshot = None;
+        assert_eq!(decide(&spec, &warm, true, &at(0)), Precopy::AwaitCutover);
+        spec.cutover = true;
+        assert_eq!(decide(&spec, &warm, true, &at(0)), Precopy::Cutover);
+    }
+}
