@@ -8,7 +8,7 @@ use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::migration::spec::{AGENT_NEEDS_A_START, QCOW2_NEEDS_STAGING};
+use crate::migration::spec::{AGENT_NEEDS_A_START, QCOW2_NEEDS_STAGING, WARM_IS_DIRECT};
 use crate::{
     ConversionSpec, GuestCheckSpec, Phase, PowerOffSpec, PowerState, ProviderReference, RetrySpec,
     StagingSpec, TargetSpec, VmSelector,
@@ -38,7 +38,10 @@ use crate::{
     validation = Rule::new(QCOW2_NEEDS_STAGING.0).message(QCOW2_NEEDS_STAGING.1),
     validation = Rule::new(AGENT_NEEDS_A_START.0).message(AGENT_NEEDS_A_START.1),
     validation = Rule::new("size(self.spec.vms) > 0 || has(self.spec.selector)")
-        .message("a plan needs VMs: list them in spec.vms, or choose them with spec.selector")
+        .message("a plan needs VMs: list them in spec.vms, or choose them with spec.selector"),
+    validation = Rule::new(WARM_IS_DIRECT.0).message(WARM_IS_DIRECT.1),
+    validation = Rule::new("has(self.spec.warm) == has(oldSelf.spec.warm)")
+        .message("spec.warm cannot be added or removed once a plan exists: create a new plan instead")
 )]
 #[serde(rename_all = "camelCase")]
 #[x_kube(
@@ -86,6 +89,11 @@ pub struct MigrationPlanSpec {
     #[serde(default)]
     #[x_kube(validation = Rule::new("self || !oldSelf").message("spec.cancel cannot go back to false once a plan was cancelled"))]
     pub cancel: bool,
+    /// Every VM migrated warm (see [`crate::WarmSpec`]). `cutover` and `cutoverAt` reach every migration of the
+    /// plan, also those created later: a migration that starts after the cutover was asked for cuts over after its
+    /// first round. It cannot be added or removed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub warm: Option<crate::WarmSpec>,
 }
 
 fn default_max_in_flight() -> i32 {

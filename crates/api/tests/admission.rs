@@ -709,7 +709,11 @@ fn invalid_cases() -> Vec<Invalid> {
         update(
             "warm cannot be added",
             with(m(), "/spec/staging", Value::Null),
-            with(with(m(), "/spec/staging", Value::Null), "/spec/warm", json!({})),
+            with(
+                with(m(), "/spec/staging", Value::Null),
+                "/spec/warm",
+                json!({}),
+            ),
             "spec.warm cannot be added or removed",
         ),
         update(
@@ -881,6 +885,31 @@ fn invalid_cases() -> Vec<Invalid> {
             plan(),
             with(plan(), "/spec/selector", json!({"namePattern": "db-*"})),
             "spec.selector is resolved once, when the plan starts, and cannot change",
+        ),
+        create(
+            "a warm plan through staging",
+            with(
+                with(
+                    plan(),
+                    "/spec/staging",
+                    json!({"url": "s3://bucket/prefix", "secretRef": {"name": "staging-creds"}}),
+                ),
+                "/spec/warm",
+                json!({}),
+            ),
+            "spec.warm writes the volumes directly, round after round: remove spec.staging",
+        ),
+        update(
+            "a plan cannot turn warm",
+            plan(),
+            with(plan(), "/spec/warm", json!({"cutover": true})),
+            "spec.warm cannot be added or removed once a plan exists",
+        ),
+        update(
+            "a plan's cutover cannot be taken back",
+            with(plan(), "/spec/warm", json!({"cutover": true})),
+            with(plan(), "/spec/warm", json!({"cutover": false})),
+            "spec.warm.cutover cannot go back to false once set",
         ),
         create(
             "a plan VM found two ways",

@@ -9,12 +9,15 @@ use std::time::{Duration, Instant};
 
 use ferry_api::{ChangeTrackingChange, Phase, VirtualMachineMigration, WarmStatus};
 use ferry_lab::lab::VcsimRealism;
-use ferry_lab::vsphere::lab_hands::LabHands;
+use ferry_lab::vsphere::lab_hands::{FolderLock, LabHands};
 use ferry_testkit::{TestLab, migration};
 use kube::api::{Patch, PatchParams};
 use support::*;
 
 const MIB: u64 = 1 << 20;
+
+/// The vCenter's file lock is the whole lab's: a test that sets it runs alone.
+static FILE_LOCK: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
 
 async fn cbt_lab() -> &'static TestLab {
     let realism = VcsimRealism {
@@ -97,6 +100,7 @@ async fn change_tracking_on(vm: &str) -> bool {
 
 #[tokio::test]
 async fn rounds_follow_the_running_guest_and_the_cutover_copies_only_the_last_changes() {
+    let _shared = FILE_LOCK.read().await;
     let lab = cbt_lab().await;
     let (client, ns) = setup("warm").await;
     const VM: &str = "ferry-warm";
@@ -220,6 +224,7 @@ async fn rounds_follow_the_running_guest_and_the_cutover_copies_only_the_last_ch
 
 #[tokio::test]
 async fn a_cancel_in_the_middle_of_a_round_removes_its_snapshot_and_restores_tracking() {
+    let _shared = FILE_LOCK.read().await;
     let lab = cbt_lab().await;
     let (client, ns) = setup("warm-cancel").await;
     const VM: &str = "ferry-warm-cancel";
@@ -299,6 +304,80 @@ async fn a_source_without_change_tracking_waits_for_leave_to_turn_it_on() {
         ferry_snapshots(VM).await.is_empty(),
         "nothing done to the source"
     );
+    assert!(!change_tracking_on(VM).await);
+}
+
+#[tokio::test]
+async fn a_vcenter_that_locks_a_running_vms_base_refuses_warm_mode_and_the_cutover_copies_cold() {
+    let _alone = FILE_LOCK.write().await;
+    let lab = cbt_lab().await;
+    let hands = hands(lab);
+    hands.lock_files(FolderLock::Base).await.unwrap();
+    // The lock is the whole lab's: lifted however the test ends.
+    let run = tokio::spawn(locked_base_refuses_warm_mode(lab));
+    let ended = run.await;
+    hands.lock_files(FolderLock::Off).await.unwrap();
+    if let Err(e) = ended {
+        std::panic::resume_unwind(e.into_panic());
+    }
+}
+
+async fn locked_base_refuses_warm_mode(lab: &'static TestLab) {
+    let (client, ns) = setup("warm-locked").await;
+    const VM: &str = "ferry-warm-locked";
+    seed_vm(&lab.dir().join(VM), VM, &[4, 8]).await;
+    let hands = hands(lab);
+    let name = "warm-locked";
+    migration::apply(
+        &client,
+        ns.name(),
+        warm_migration(lab, ns.name(), name, VM, 3600),
+    )
+    .await
+    .unwrap();
+    let refused = wait_for_warm(
+        &client,
+        ns.name(),
+        name,
+        Duration::from_secs(300),
+        "refusal",
+        |w| w.refused.is_some() && w.snapshot.is_none(),
+    )
+    .await;
+    let status = refused.status.unwrap();
+    assert_eq!(
+        status.phase,
+        Some(Phase::Precopying),
+        "not a failed migration"
+    );
+    let why = status.warm.unwrap().refused.unwrap();
+    assert!(why.contains("500"), "the vCenter's answer is named: {why}");
+    assert!(ferry_snapshots(VM).await.is_empty());
+    assert_eq!(source_power(VM).await, ferry_api::PowerState::PoweredOn);
+
+    let cutover = serde_json::json!({"spec": {"warm": {"cutover": true}}});
+    migrations(&client, ns.name())
+        .patch(name, &PatchParams::default(), &Patch::Merge(&cutover))
+        .await
+        .unwrap();
+    let done = wait_for_phase(
+        &client,
+        ns.name(),
+        name,
+        Phase::Succeeded,
+        Duration::from_secs(600),
+    )
+    .await;
+    let status = done.status.unwrap();
+    assert!(
+        status.warm.as_ref().unwrap().final_copy.is_none(),
+        "copied cold: {status:?}"
+    );
+    for disk in &status.disks {
+        let key = status.source.as_ref().unwrap().disks[disk.index as usize].key;
+        let guest = hands.disk(VM, Some(key)).await.unwrap();
+        assert_eq!(disk.sha256.as_deref(), Some(guest.sha256.as_str()));
+    }
     assert!(!change_tracking_on(VM).await);
 }
 

@@ -2,8 +2,11 @@
 //! conversion will use: a wrong `dcPath`, a missing file or a disk Ferry cannot read shows here, before any
 //! power change, instead of in the conversion after the VM was powered off.
 
+use std::time::Duration;
+
 use crate::datastore::{DatastorePath, Download};
 use crate::error::{Error, Result};
+use crate::file_lock::{Readability, probe_read};
 use crate::session::Session;
 use crate::vmdk::{Descriptor, Refusal};
 
@@ -15,12 +18,15 @@ const DESCRIPTOR_LIMIT: usize = 64 * 1024;
 pub enum DiskCheck {
     /// One raw file of `bytes` bytes, readable through `/folder`.
     Readable { extent: DatastorePath, bytes: u64 },
+    /// One raw file a running VM holds (vCenter answers a server error for it), so its length is the
+    /// descriptor's: the copy reads it after power-off, or a snapshot's frozen base.
+    Held { extent: DatastorePath, bytes: u64 },
     /// A disk Ferry must not copy, and why.
     Refused(Refusal),
 }
 
 /// Reads `disk_file`'s descriptor, judges it, and for a flat disk opens its extent to see that it is there and
-/// as long as the descriptor says.
+/// as long as the descriptor says, unless a running VM holds it.
 pub async fn check_disk(session: &Session, datacenter: &str, disk_file: &str) -> Result<DiskCheck> {
     let path = datastore_path(disk_file)?;
     let descriptor = read_descriptor(session, datacenter, &path).await?;
@@ -30,6 +36,13 @@ pub async fn check_disk(session: &Session, datacenter: &str, disk_file: &str) ->
     let extent = descriptor.flat_extent(disk_file)?;
     let extent_path = path.sibling(&extent.file);
     let expected = extent.sectors * 512;
+    let probe = probe_read(session, datacenter, &extent_path, 1, Duration::ZERO).await?;
+    if let Readability::Locked { .. } = probe {
+        return Ok(DiskCheck::Held {
+            extent: extent_path,
+            bytes: expected,
+        });
+    }
     let download = Download::open(session, datacenter, &extent_path, 0).await?;
     if let Some(found) = download.total()
         && found != expected

@@ -62,6 +62,8 @@ pub async fn run(step: &mut Step<'_>) -> Result<Next> {
             report: JobReport::Written(summary),
         } => {
             credentials::take_back(step.ctx, step.vmm).await?;
+            // A warm migration copied cold (warm mode refused) leaves the source's tracking as it found it too.
+            super::support::warm_source::restore(step).await?;
             record(step, &name, summary)
         }
         Attempt::Succeeded {

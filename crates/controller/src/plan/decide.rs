@@ -19,6 +19,8 @@ pub struct Decision {
     pub create: Vec<VirtualMachineMigration>,
     /// Migrations to cancel (by name).
     pub cancel: Vec<String>,
+    /// Migrations to bring to the plan's cutover (by name), with it: `spec.warm.cutover` and `cutoverAt`.
+    pub cutover: Vec<(String, serde_json::Value)>,
     pub status: MigrationPlanStatus,
 }
 
@@ -88,8 +90,7 @@ pub fn migration(plan: &MigrationPlan, planned: &PlannedVm) -> VirtualMachineMig
             guest_check: spec.guest_check,
             cancel: false,
             recopy: 0,
-            // Plans migrate cold until they carry warm settings of their own.
-            warm: None,
+            warm: spec.warm.clone(),
         },
     );
     child.metadata.namespace = plan.namespace();
@@ -139,6 +140,10 @@ pub fn decide(
             if live {
                 decision.cancel.push(name.clone());
             }
+        } else if let Some(patch) = observed.get(name).and_then(|m| cutover_patch(plan, m))
+            && !ended(name)
+        {
+            decision.cutover.push((name.clone(), patch));
         } else if !exists(name) && running < limit {
             decision.create.push(migration(plan, planned));
             created.insert(name.clone());
@@ -149,6 +154,26 @@ pub fn decide(
         exists(name) || created.contains(name)
     });
     decision
+}
+
+/// The merge patch that gives `migration` the plan's cutover, when it lacks it. A cutover only moves forward: a
+/// migration's `cutover` never goes back, and a `cutoverAt` the plan dropped stays.
+fn cutover_patch(
+    plan: &MigrationPlan,
+    migration: &VirtualMachineMigration,
+) -> Option<serde_json::Value> {
+    let (wanted, has) = (plan.spec.warm.as_ref()?, migration.spec.warm.as_ref()?);
+    let mut warm = serde_json::Map::new();
+    if wanted.cutover && !has.cutover {
+        warm.insert("cutover".into(), true.into());
+    }
+    if wanted.cutover_at.is_some() && wanted.cutover_at != has.cutover_at {
+        warm.insert(
+            "cutoverAt".into(),
+            serde_json::to_value(&wanted.cutover_at).ok()?,
+        );
+    }
+    (!warm.is_empty()).then(|| serde_json::json!({"spec": {"warm": warm}}))
 }
 
 /// The status of a plan whose start time has not come: nothing else changes.
@@ -417,6 +442,57 @@ mod tests {
         assert_eq!(
             (d.status.succeeded, d.status.cancelled, d.status.pending),
             (1, 1, 1)
+        );
+    }
+
+    #[test]
+    fn a_warm_plans_cutover_reaches_each_running_migration_once() {
+        let mut p = plan(
+            json!([{"name": "a"}, {"name": "b"}, {"name": "c"}]),
+            2,
+            false,
+        );
+        p.spec.warm = Some(ferry_api::WarmSpec::default());
+        let warm = |name, phase, cutover| {
+            let mut m = child(name, Some(phase));
+            m.spec.warm = Some(ferry_api::WarmSpec {
+                cutover,
+                ..Default::default()
+            });
+            m
+        };
+        let (a, b) = (
+            warm("wave-a", Phase::Precopying, false),
+            warm("wave-b", Phase::Succeeded, false),
+        );
+        let observed = BTreeMap::from([("wave-a".to_string(), &a), ("wave-b".to_string(), &b)]);
+        let d = decide(&p, &observed, now());
+        assert!(d.cutover.is_empty(), "no cutover asked for yet");
+        assert_eq!(names(&d), ["wave-c"]);
+        assert_eq!(
+            d.create[0].spec.warm, p.spec.warm,
+            "children are warm as their plan"
+        );
+
+        p.spec.warm.as_mut().unwrap().cutover = true;
+        let d = decide(&p, &observed, now());
+        assert_eq!(
+            d.cutover.len(),
+            1,
+            "only the one still running: {:?}",
+            d.cutover
+        );
+        assert_eq!(d.cutover[0].0, "wave-a");
+        assert_eq!(d.cutover[0].1, json!({"spec": {"warm": {"cutover": true}}}));
+        assert!(
+            d.create[0].spec.warm.as_ref().unwrap().cutover,
+            "and those created after"
+        );
+        let a = warm("wave-a", Phase::Preparing, true);
+        let observed = BTreeMap::from([("wave-a".to_string(), &a), ("wave-b".to_string(), &b)]);
+        assert!(
+            decide(&p, &observed, now()).cutover.is_empty(),
+            "passed on once"
         );
     }
 

@@ -123,6 +123,11 @@ pub async fn reconcile(plan: Arc<MigrationPlan>, plans: Arc<PlanContext>) -> Res
             .await?;
         tracing::info!(plan = %key, migration = %name, "cancelled");
     }
+    for (name, patch) in &decision.cutover {
+        api.patch(name, &PatchParams::default(), &Patch::Merge(patch))
+            .await?;
+        tracing::info!(plan = %key, migration = %name, "cutover passed on");
+    }
     write_status(ctx, &mut plan, &decision.status).await?;
     ctx.succeeded(&key);
     Ok(match decision.status.phase {
