@@ -180,7 +180,7 @@ async fn measure(work: &Path, vcsim: &StandaloneVcsim, options: &Options) -> Res
 
 /// This round's guest writes: `changed_percent` of the disk in whole 64 KiB blocks, spread as asked, shifted by
 /// the round so that rounds change different blocks.
-fn guest_changes(options: &Options, round: u8) -> Vec<(u64, u64)> {
+pub(crate) fn guest_changes(options: &Options, round: u8) -> Vec<(u64, u64)> {
     let blocks = options.size / BLOCK;
     let changed =
         ((blocks as f64 * options.changed_percent / 100.0).round() as u64).clamp(1, blocks);

@@ -4,6 +4,7 @@ mod controlplane;
 pub mod datapath;
 mod delta;
 mod migrate;
+mod warm;
 
 use anyhow::{Result, bail};
 use clap::{Args, Subcommand, ValueEnum};
@@ -54,6 +55,13 @@ enum BenchCommand {
         /// Each path's migration must succeed within this many seconds.
         #[arg(long, default_value_t = 3600)]
         timeout: u64,
+        /// Instead: the same disk migrated cold, then warm (a first round while the source runs, the guest
+        /// changing `--changed-percent` of the disk, then the cutover), and each one's downtime.
+        #[arg(long)]
+        warm: bool,
+        /// With `--warm`: the share of the disk the guest changes before the cutover, in percent.
+        #[arg(long, default_value_t = 2.0)]
+        changed_percent: f64,
     },
     /// N single-disk migrations of 1 MiB VMs in the lab, first as a straight-line script with no controller
     /// (the floor), then through Ferry's controller: wall times and their ratio, the controller's CPU and peak
@@ -110,10 +118,27 @@ fn warn_if_debug_build() {
 
 pub async fn run(args: BenchArgs) -> Result<()> {
     match args.command {
-        BenchCommand::Migrate { size, timeout } => {
+        BenchCommand::Migrate {
+            size,
+            timeout,
+            warm,
+            changed_percent,
+        } => {
             warn_if_debug_build();
             if size < 2 << 20 {
                 bail!("the disk must be at least 2 MiB");
+            }
+            if warm {
+                if !(0.0..=100.0).contains(&changed_percent) {
+                    bail!("--changed-percent is a share of the disk: 0 to 100");
+                }
+                let options = warm::Options {
+                    size,
+                    changed_percent,
+                    timeout: std::time::Duration::from_secs(timeout),
+                };
+                print!("{}", warm::run(&options).await?);
+                return Ok(());
             }
             let options = migrate::Options {
                 size,

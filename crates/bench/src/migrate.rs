@@ -209,7 +209,11 @@ pub async fn run(options: &Options) -> Result<Report> {
 }
 
 /// A flat VMDK of `size` bytes: `data` bytes of incompressible data, then zeros (holes in the extent).
-fn half_data_disk(dir: &Path, size: u64, data: u64) -> Result<ferry_lab::disks::FlatVmdk> {
+pub(crate) fn half_data_disk(
+    dir: &Path,
+    size: u64,
+    data: u64,
+) -> Result<ferry_lab::disks::FlatVmdk> {
     std::fs::create_dir_all(dir)?;
     let raw = dir.join("bench.raw");
     ferry_lab::disks::write_pattern(&raw, data, 4)?;
@@ -222,7 +226,7 @@ fn half_data_disk(dir: &Path, size: u64, data: u64) -> Result<ferry_lab::disks::
 }
 
 /// The disk linked into the first `count` of vcsim's VMs in place of their own, and each VM powered on.
-async fn attach_to_vms(
+pub(crate) async fn attach_to_vms(
     session: &Session,
     disk: &ferry_lab::disks::FlatVmdk,
     count: usize,

@@ -49,7 +49,11 @@ impl ChaosLab {
             vcsim_vms: ferry_lab::lab::DEFAULT_VCSIM_VMS,
             boot_guests: true,
             // As `ferry lab up`: sessions that idle out, the datacenter in a folder, `/folder` behind sessions.
-            vcsim_realism: ferry_lab::lab::VcsimRealism::production_like(),
+            // With Changed Block Tracking, for the warm workload.
+            vcsim_realism: ferry_lab::lab::VcsimRealism {
+                cbt: true,
+                ..ferry_lab::lab::VcsimRealism::production_like()
+            },
             compress_staging: false,
             real_node: None,
             real_kubevirt: false,
@@ -275,6 +279,10 @@ fn migration_manifest(state: &LabState, workload: &Workload, ns: &str) -> serde_
     }
     if workload.bad_spec {
         manifest["spec"]["staging"]["secretRef"]["name"] = json!(MISSPELLED_SECRET);
+    }
+    if workload.warm {
+        manifest["spec"]["warm"] =
+            json!({"precopyIntervalSeconds": 60, "cutover": true, "enableChangeTracking": true});
     }
     manifest
 }

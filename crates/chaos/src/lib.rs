@@ -220,6 +220,7 @@ async fn worker(
             &job.reference,
             &record,
             job.trial.expect(),
+            job.workload.warm,
         ));
         let (name, trial) = (&job.workload.name, &job.trial);
         let done = {

@@ -44,6 +44,14 @@ const VAGUE_REASONS: [&str; 6] = ["", "Error", "Failed", "Unknown", "InternalErr
 /// The only changes Ferry may ask of vSphere: the source's power.
 const POWER_METHODS: [&str; 3] = ["PowerOnVM_Task", "PowerOffVM_Task", "ShutdownGuest"];
 
+/// And of a warm migration's source: its snapshots, and Changed Block Tracking when allowed to turn it on. That
+/// it left neither behind is judged apart ([`warm_source_left`]).
+const WARM_METHODS: [&str; 3] = [
+    "CreateSnapshot_Task",
+    "RemoveSnapshot_Task",
+    "ReconfigVM_Task",
+];
+
 /// Whether a SOAP method changes something (every `*_Task`, and the guest operations without a task).
 pub fn changes_something(method: &str) -> bool {
     method.ends_with("_Task")
@@ -54,7 +62,7 @@ pub fn changes_something(method: &str) -> bool {
 }
 
 /// The oracles that compare a perturbed run with the fault-free one.
-pub fn compare(reference: &Record, run: &Record, expect: Expect) -> Vec<String> {
+pub fn compare(reference: &Record, run: &Record, expect: Expect, warm: bool) -> Vec<String> {
     let mut v = vec![];
     let failed_clean = expect == Expect::SameOrFailedClean && run.end == "Failed";
     if failed_clean {
@@ -126,18 +134,28 @@ pub fn compare(reference: &Record, run: &Record, expect: Expect) -> Vec<String> 
             format!("{:?}", reference.vsphere_changes),
         );
     }
-    v.extend(never_beyond_power(run));
+    v.extend(never_beyond_power(run, warm));
     v
 }
 
-/// Ferry never changes the source beyond its power state.
-pub fn never_beyond_power(run: &Record) -> Option<String> {
-    let other: Vec<&String> = run
-        .vsphere_changes
-        .keys()
-        .filter(|m| !POWER_METHODS.contains(&m.as_str()))
-        .collect();
+/// Ferry never changes the source beyond its power state (and, migrating warm, its own snapshots and tracking).
+pub fn never_beyond_power(run: &Record, warm: bool) -> Option<String> {
+    let allowed = |m: &str| POWER_METHODS.contains(&m) || (warm && WARM_METHODS.contains(&m));
+    let other: Vec<&String> = run.vsphere_changes.keys().filter(|m| !allowed(m)).collect();
     (!other.is_empty()).then(|| format!("asked vSphere for {other:?}, beyond the source's power"))
+}
+
+/// What a warm migration left on its source: snapshots of its own (`ferry-` names) and tracking it turned on
+/// (the lab's sources start with it off).
+pub fn warm_source_left(snapshots: &[String], tracking_on: bool) -> Vec<String> {
+    let mut v = vec![];
+    if !snapshots.is_empty() {
+        v.push(format!("left snapshot(s) {snapshots:?} on the source"));
+    }
+    if tracking_on {
+        v.push("left Changed Block Tracking on, which it turned on".into());
+    }
+    v
 }
 
 /// No host ever had more than `limit` migrations reading from it at once: `reads` are each migration's host and
@@ -223,10 +241,10 @@ mod tests {
         let reference = record("Succeeded", 2);
         let mut retried = record("Succeeded", 3);
         retried.budget_used = 1;
-        assert!(compare(&reference, &retried, Expect::OneJobRetried).is_empty());
-        assert_eq!(compare(&reference, &retried, Expect::Same).len(), 3);
+        assert!(compare(&reference, &retried, Expect::OneJobRetried, false).is_empty());
+        assert_eq!(compare(&reference, &retried, Expect::Same, false).len(), 3);
         let twice = record("Succeeded", 4);
-        assert!(!compare(&reference, &twice, Expect::OneJobRetried).is_empty());
+        assert!(!compare(&reference, &twice, Expect::OneJobRetried, false).is_empty());
     }
 
     #[test]
@@ -235,14 +253,14 @@ mod tests {
         let mut failed = record("Failed", 1);
         failed.reason = "VSphereObjectNotFound".into();
         failed.objects = [("Job".to_string(), 0)].into();
-        assert!(compare(&reference, &failed, Expect::SameOrFailedClean).is_empty());
+        assert!(compare(&reference, &failed, Expect::SameOrFailedClean, false).is_empty());
         failed.labelled_left = 1;
         failed.reason = "Failed".into();
         assert_eq!(
-            compare(&reference, &failed, Expect::SameOrFailedClean).len(),
+            compare(&reference, &failed, Expect::SameOrFailedClean, false).len(),
             2
         );
-        assert!(!compare(&reference, &failed, Expect::Same).is_empty());
+        assert!(!compare(&reference, &failed, Expect::Same, false).is_empty());
     }
 
     #[test]
@@ -268,10 +286,10 @@ mod tests {
         failed.reason = "VSphereObjectNotFound".into();
         failed.objects = [("VirtualMachine".to_string(), 1)].into();
         failed.released = 1;
-        assert!(compare(&reference, &failed, Expect::SameOrFailedClean).is_empty());
+        assert!(compare(&reference, &failed, Expect::SameOrFailedClean, false).is_empty());
         failed.objects.insert("Job".into(), 1);
         assert_eq!(
-            compare(&reference, &failed, Expect::SameOrFailedClean).len(),
+            compare(&reference, &failed, Expect::SameOrFailedClean, false).len(),
             1
         );
     }
@@ -279,9 +297,18 @@ mod tests {
     #[test]
     fn only_power_changes_are_allowed_in_vsphere() {
         let mut run = record("Succeeded", 2);
-        assert!(never_beyond_power(&run).is_none());
+        assert!(never_beyond_power(&run, false).is_none());
         run.vsphere_changes.insert("ReconfigVM_Task".into(), 1);
-        assert!(never_beyond_power(&run).is_some());
+        assert!(never_beyond_power(&run, false).is_some());
+        run.vsphere_changes.insert("CreateSnapshot_Task".into(), 1);
+        assert!(
+            never_beyond_power(&run, true).is_none(),
+            "a warm migration's own"
+        );
+        run.vsphere_changes.insert("Destroy_Task".into(), 1);
+        assert!(never_beyond_power(&run, true).is_some());
+        assert!(warm_source_left(&[], false).is_empty());
+        assert_eq!(warm_source_left(&["ferry-u-1".into()], true).len(), 2);
         assert!(changes_something("Destroy_Task") && !changes_something("RetrieveProperties"));
     }
 

@@ -313,6 +313,18 @@ impl Run {
                 record.labelled_left, record.end
             ));
         }
+        if self.workload.warm && record.end != "Timeout" {
+            for source in self.sources.values() {
+                let snapshots =
+                    ferry_vsphere::snapshot::named(&self.session, source, "ferry-").await?;
+                let names: Vec<String> = snapshots.into_iter().map(|n| n.name).collect();
+                let tracking =
+                    ferry_vsphere::cbt::change_tracking_enabled(&self.session, source).await?;
+                record
+                    .violations
+                    .extend(oracles::warm_source_left(&names, tracking));
+            }
+        }
         let migrations = self.api.list(&ListParams::default()).await?.items;
         if migrations.iter().any(|m| !m.finalizers().is_empty()) {
             record

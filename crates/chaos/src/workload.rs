@@ -5,8 +5,8 @@ use ferry_api::Phase;
 use ferry_controller::surface::CHECKPOINTS;
 
 /// What `all` runs: the workloads on the demo VMs, seconds per trial.
-pub const WORKLOADS: [&str; 7] = [
-    "happy-1", "happy-3", "staged-3", "cancel", "delete", "bad-spec", "plan",
+pub const WORKLOADS: [&str; 8] = [
+    "happy-1", "happy-3", "staged-3", "cancel", "delete", "bad-spec", "plan", "warm",
 ];
 /// Asked for by name only: minutes per trial.
 pub const REAL_GUEST_WORKLOADS: [&str; 1] = ["linux"];
@@ -30,6 +30,9 @@ pub struct Workload {
     pub staged: bool,
     /// A `MigrationPlan` of these VMs instead of one migration, under a per-host limit of [`PLAN_HOST_LIMIT`].
     pub plan: Option<&'static [&'static str]>,
+    /// Warm (`spec.warm`, Ferry allowed to turn Changed Block Tracking on, the cutover asked for from the start):
+    /// one precopy round from a snapshot, then the cutover's copy of what changed.
+    pub warm: bool,
 }
 
 /// The plan workload's VMs: both on host DC0_H0, so the one that comes second waits for a host slot.
@@ -42,7 +45,7 @@ pub const PLAN_HOST_LIMIT: i32 = 1;
 pub const MISSPELLED_SECRET: &str = "staging-credentails";
 
 impl Workload {
-    /// `happy-1`, `happy-3`, `staged-3` (happy-3 through staging), `cancel[@Checkpoint]` (default Importing), `delete[@Checkpoint]` (default
+    /// `happy-1`, `happy-3`, `staged-3` (happy-3 through staging), `warm` (happy-1, warm), `cancel[@Checkpoint]` (default Importing), `delete[@Checkpoint]` (default
     /// CreatingVM), `bad-spec`, or `linux` (the Debian BIOS VM, whose guest agent must answer: a 1 GiB disk and a
     /// real boot per trial, so minutes each), or `plan` (a MigrationPlan of [`PLAN_VMS`], one disk at a time per host).
     pub fn parse(name: &str) -> Result<Self> {
@@ -67,6 +70,7 @@ impl Workload {
             bad_spec,
             staged: false,
             plan: None,
+            warm: false,
         };
         Ok(match base {
             "happy-1" if at.is_none() => workload("DC0_H0_VM0", None, false),
@@ -76,6 +80,10 @@ impl Workload {
                 workload(ferry_lab::vsphere::linux_vms::LINUX_BIOS_VM, None, false)
             }
             "bad-spec" if at.is_none() => workload("DC0_C0_RP0_VM0", None, false).with_bad_spec(),
+            "warm" if at.is_none() => Workload {
+                warm: true,
+                ..workload("DC0_H0_VM0", None, false)
+            },
             "plan" if at.is_none() => Workload {
                 plan: Some(&PLAN_VMS),
                 ..workload(PLAN_VMS[0], None, false)
@@ -146,5 +154,6 @@ mod tests {
         assert_eq!(Workload::parse("linux").unwrap().vm, "ferry-linux-bios");
         assert_eq!(Workload::parse("plan").unwrap().plan, Some(&PLAN_VMS[..]));
         assert!(Workload::parse("plan@Converting").is_err());
+        assert!(Workload::parse("warm").unwrap().warm);
     }
 }

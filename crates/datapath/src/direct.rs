@@ -8,7 +8,7 @@ use std::path::Path;
 
 use bytes::Bytes;
 use ferry_vsphere::Session;
-use ferry_vsphere::datastore::{Download, flat_disk};
+use ferry_vsphere::datastore::{Download, FlatDisk, flat_disk};
 use futures::{StreamExt, TryStreamExt};
 use serde::{Deserialize, Serialize};
 
@@ -43,21 +43,48 @@ pub struct WrittenDisk {
 
 /// Writes every disk of `spec` into its volume, `spec.parallel` at a time.
 pub async fn write_all(spec: &ConvertSpec, progress: &Progress) -> Result<Vec<WrittenDisk>> {
+    with_source(spec, async |session| {
+        let writes = spec
+            .disks
+            .iter()
+            .map(|disk| write_disk(session, spec, disk, progress));
+        each_disk(spec.parallel, writes, |w| w.index).await
+    })
+    .await
+}
+
+/// Runs `work` in a session on the source the spec names, once it is shown to be that VM, kept alive while
+/// `work` runs and logged out after, whatever `work` ends with.
+pub(crate) async fn with_source<T>(
+    spec: &ConvertSpec,
+    work: impl AsyncFnOnce(&Session) -> Result<T>,
+) -> Result<T> {
     let session = crate::convert::connect(spec).await?;
-    crate::source_check::confirm(&session, spec).await?;
     let keepalive = spec
         .transfer
         .keepalive()
         .map(|every| session.keep_alive_every(every));
-    let mut written: Vec<WrittenDisk> = futures::stream::iter(spec.disks.iter())
-        .map(|disk| write_disk(&session, spec, disk, progress))
-        .buffer_unordered(spec.parallel.max(1))
-        .try_collect()
-        .await?;
+    let result = match crate::source_check::confirm(&session, spec).await {
+        Ok(()) => work(&session).await,
+        Err(e) => Err(e),
+    };
     drop(keepalive);
     session.logout().await;
-    written.sort_by_key(|w| w.index);
-    Ok(written)
+    result
+}
+
+/// Runs one future per disk, `parallel` at a time, and gives their results in the disks' order.
+pub(crate) async fn each_disk<T>(
+    parallel: usize,
+    work: impl Iterator<Item = impl Future<Output = Result<T>>>,
+    index: fn(&T) -> u32,
+) -> Result<Vec<T>> {
+    let mut done: Vec<T> = futures::stream::iter(work)
+        .buffer_unordered(parallel.max(1))
+        .try_collect()
+        .await?;
+    done.sort_by_key(index);
+    Ok(done)
 }
 
 pub(crate) async fn write_disk(
@@ -66,11 +93,22 @@ pub(crate) async fn write_disk(
     disk: &DiskSpec,
     progress: &Progress,
 ) -> Result<WrittenDisk> {
+    let flat = flat_disk(session, &spec.source.datacenter, &disk.file).await?;
+    write_flat(session, spec, disk, &flat, progress).await
+}
+
+/// [`write_disk`] of a disk whose flat extent is resolved already.
+pub(crate) async fn write_flat(
+    session: &Session,
+    spec: &ConvertSpec,
+    disk: &DiskSpec,
+    flat: &FlatDisk,
+    progress: &Progress,
+) -> Result<WrittenDisk> {
     let volume = spec
         .volume(disk.index)
         .ok_or_else(|| Error::Spec(format!("disk {} has no volume", disk.index)))?
         .clone();
-    let flat = flat_disk(session, &spec.source.datacenter, &disk.file).await?;
     if flat.size == 0 && disk.capacity_bytes > 0 {
         return Err(Error::EmptyDisk {
             index: disk.index,

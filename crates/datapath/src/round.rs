@@ -5,15 +5,14 @@
 
 use ferry_types::PowerState;
 use ferry_vsphere::cbt::{self, ChangeId, QueryRefusal};
-use ferry_vsphere::datastore::flat_disk;
+use ferry_vsphere::datastore::{FlatDisk, flat_disk};
 use ferry_vsphere::file_lock::{Readability, probe_read};
 use ferry_vsphere::inventory::{self, DiskInfo};
 use ferry_vsphere::{MoRef, Session, power};
-use futures::{StreamExt, TryStreamExt};
 use serde::{Deserialize, Serialize};
 
 use crate::delta::{ChangedDisk, write_areas};
-use crate::direct::{ReadBack, write_disk};
+use crate::direct::{ReadBack, write_flat};
 use crate::error::{Error, Result};
 use crate::progress::Progress;
 use crate::spec::{ConvertSpec, DiskSpec, VolumeSpec};
@@ -66,48 +65,46 @@ pub async fn run_round(spec: &ConvertSpec, progress: &Progress) -> Result<Vec<Ro
             spec.disks.len()
         )));
     }
-    let session = crate::convert::connect(spec).await?;
-    crate::source_check::confirm(&session, spec).await?;
-    let keepalive = spec
-        .transfer
-        .keepalive()
-        .map(|every| session.keep_alive_every(every));
-    let vm = MoRef::new("VirtualMachine", round.vm_moref.clone());
-    let snapshot = round
-        .snapshot
-        .as_ref()
-        .map(|s| MoRef::new("VirtualMachineSnapshot", s.clone()));
-    let disks = round_disks(&session, &vm, snapshot.as_ref()).await?;
-    if snapshot.is_some() {
+    crate::direct::with_source(spec, async |session| {
+        let vm = MoRef::new("VirtualMachine", round.vm_moref.clone());
+        let snapshot = round
+            .snapshot
+            .as_ref()
+            .map(|s| MoRef::new("VirtualMachineSnapshot", s.clone()));
+        let disks = round_disks(session, &vm, snapshot.as_ref()).await?;
+        // Each disk's descriptor is read once a round.
+        let mut flats = Vec::with_capacity(spec.disks.len());
         for disk in &spec.disks {
-            readable(&session, &spec.source.datacenter, &disk.file).await?;
+            let flat = flat_disk(session, &spec.source.datacenter, &disk.file).await?;
+            if snapshot.is_some() {
+                readable(session, &spec.source.datacenter, &flat).await?;
+            }
+            flats.push(flat);
         }
-    }
-    let source = RoundSource {
-        session: &session,
-        spec,
-        vm,
-        snapshot,
-        progress,
-    };
-    let mut copied: Vec<RoundDisk> = futures::stream::iter(spec.disks.iter().zip(&round.since))
-        .map(|(disk, since)| {
-            let found = disks.iter().find(|d| d.file == disk.file);
-            source.copy_disk(disk, found, since.as_deref())
-        })
-        .buffer_unordered(spec.parallel.max(1))
-        .try_collect()
-        .await?;
-    drop(keepalive);
-    session.logout().await;
-    copied.sort_by_key(|d| d.index);
-    Ok(copied)
+        let source = RoundSource {
+            session,
+            spec,
+            vm,
+            snapshot,
+            progress,
+        };
+        let copies =
+            spec.disks
+                .iter()
+                .zip(&round.since)
+                .zip(&flats)
+                .map(|((disk, since), flat)| {
+                    let found = disks.iter().find(|d| d.file == disk.file);
+                    source.copy_disk(disk, flat, found, since.as_deref())
+                });
+        crate::direct::each_disk(spec.parallel, copies, |d| d.index).await
+    })
+    .await
 }
 
-/// Fails with [`Error::SourceDiskLocked`] when the base behind `descriptor` stays unreadable: vCenter answers
+/// Fails with [`Error::SourceDiskLocked`] when the base `flat` stays unreadable: vCenter answers
 /// HTTP 500 for a file a running VM holds, which a download would retry for minutes as a passing fault.
-async fn readable(session: &Session, datacenter: &str, descriptor: &str) -> Result<()> {
-    let flat = flat_disk(session, datacenter, descriptor).await?;
+async fn readable(session: &Session, datacenter: &str, flat: &FlatDisk) -> Result<()> {
     match probe_read(session, datacenter, &flat.extent, 3, PROBE_PAUSE).await? {
         Readability::Readable => Ok(()),
         Readability::Locked { status, detail } => Err(Error::SourceDiskLocked {
@@ -155,6 +152,7 @@ impl RoundSource<'_> {
     async fn copy_disk(
         &self,
         disk: &DiskSpec,
+        flat: &FlatDisk,
         found: Option<&DiskInfo>,
         since: Option<&str>,
     ) -> Result<RoundDisk> {
@@ -178,11 +176,9 @@ impl RoundSource<'_> {
                         .await
                     {
                         Ok(changed) => {
-                            let flat =
-                                flat_disk(session, &spec.source.datacenter, &disk.file).await?;
                             let changed = ChangedDisk {
                                 index: disk.index,
-                                extent: flat.extent,
+                                extent: flat.extent.clone(),
                                 size: flat.size,
                                 areas: changed.areas,
                             };
@@ -229,7 +225,7 @@ impl RoundSource<'_> {
         if let Some(why) = &reason {
             tracing::warn!(disk = disk.index, "copying the whole disk again: {why}");
         }
-        let written = write_disk(session, spec, disk, progress).await?;
+        let written = write_flat(session, spec, disk, flat, progress).await?;
         Ok(RoundDisk {
             index: disk.index,
             kind: if reason.is_some() {

@@ -57,6 +57,22 @@ pub async fn start_remove(session: &Session, snapshot: &MoRef) -> Result<Option<
     }
 }
 
+/// Whether `snapshot` still exists: a read, so that a removal whose record was lost is not asked again.
+pub async fn exists(session: &Session, snapshot: &MoRef) -> Result<bool> {
+    match props::retrieve(
+        session,
+        "VirtualMachineSnapshot",
+        std::slice::from_ref(snapshot),
+        &["vm"],
+    )
+    .await
+    {
+        Ok(found) => Ok(!found.is_empty()),
+        Err(e) if e.fault() == Some("ManagedObjectNotFound") => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
 /// One snapshot in a VM's tree.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Named {

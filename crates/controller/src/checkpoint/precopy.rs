@@ -137,7 +137,10 @@ pub async fn run(step: &mut Step<'_>) -> Result<Next> {
         }
         Precopy::TurnTrackingOn => {
             let (session, vm) = checked_session(step).await?;
-            cbt::set_change_tracking(&session, &vm, true, TASK_TIMEOUT).await?;
+            // Asked before a crash that kept it off the record: not asked again.
+            if !cbt::change_tracking_enabled(&session, &vm).await? {
+                cbt::set_change_tracking(&session, &vm, true, TASK_TIMEOUT).await?;
+            }
             warm_mut(step).change_tracking_enabled = Some(ChangeTrackingChange::Enabled);
             Ok(Next::persist(
                 "ChangeTrackingEnabled",
@@ -427,8 +430,12 @@ async fn remove_snapshot(step: &mut Step<'_>, moref: Option<String>) -> Result<N
         .into_iter()
         .map(|n| n.snapshot)
         .collect();
+    // Renamed since, it is still ours; one gone is not asked for again (that would be a change vSphere logs).
     if let Some(moref) = moref.filter(|m| !found.iter().any(|f| &f.value == m)) {
-        found.push(MoRef::new("VirtualMachineSnapshot", moref));
+        let recorded = MoRef::new("VirtualMachineSnapshot", moref);
+        if snapshot::exists(&session, &recorded).await? {
+            found.push(recorded);
+        }
     }
     for snapshot in &found {
         if let Some(task) = snapshot::start_remove(&session, snapshot).await? {

@@ -32,7 +32,9 @@ pub async fn restore(step: &mut Step<'_>) -> Result<bool> {
         return Ok(ours.len() == 1 && !turned_on && finish(step));
     }
     if turned_on {
-        cbt::set_change_tracking(&session, &vm, false, TASK_TIMEOUT).await?;
+        if cbt::change_tracking_enabled(&session, &vm).await? {
+            cbt::set_change_tracking(&session, &vm, false, TASK_TIMEOUT).await?;
+        }
         if let Some(warm) = &mut step.status.warm {
             warm.change_tracking_enabled = Some(ChangeTrackingChange::Restored);
         }
