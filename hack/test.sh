@@ -16,7 +16,7 @@ lanes=${FERRY_TEST_LANES:-2}
 # guest check's settle), so on a busy machine it is the guest that must not starve.
 emulated=(linux_guest windows_guest)
 # The slowest first, so the long ones do not start last; binaries not named here follow in cargo's order.
-slowest=(chaos migrate_lifecycle migrate migrate_through_faults bench_controlplane migrate_direct
+slowest=(chaos migrate_lifecycle migrate migrate_through_faults bench_controlplane migrate_direct migrate_warm
   staging_resume lab_up kubevirt migrate_many_disks datapath_convert bench_migrate node_agent preflight_storage)
 # Started once the others are done, while the emulation lane still runs; at normal priority, since each boots
 # guests too: by then the other core is free. kubevirt_conformance boots few, and would only lengthen the lane.
