@@ -119,6 +119,7 @@ async fn measure(work: &Path, vcsim: &StandaloneVcsim, options: &Options) -> Res
             vm_moref: vm.value.clone(),
             snapshot: Some(snapshot.value.clone()),
             since: vec![since],
+            hash_source: false,
         }),
     };
     let quiet = Progress::new(true);

@@ -1,8 +1,8 @@
-//! Warm migration end to end, against the lab's vCenter with Changed Block Tracking (`-cbt`): rounds copied from
-//! snapshots while the source's guest writes, a cutover that copies only what changed since, the volumes equal to
-//! the guest's disks at power-off, and nothing Ferry did to the source left behind (snapshots, tracking), also
-//! after a cancel in the middle of a round.
-
+//! Warm migration end to end, against the lab's vCenter with Changed Block Tracking (`-cbt`): three rounds copied
+//! from snapshots while the source's guest writes known patterns between them, a cutover that copies only what
+//! changed since (and reads the powered-off source whole once, to prove each volume), the volumes equal to the
+//! guest's disks at power-off, and nothing Ferry did to the source left behind (snapshots, tracking), also after a
+//! cancel in the middle of a round; a source without tracking, and a vCenter that locks a running VM's base.
 mod support;
 
 use std::time::{Duration, Instant};
@@ -99,7 +99,7 @@ async fn change_tracking_on(vm: &str) -> bool {
 }
 
 #[tokio::test]
-async fn rounds_follow_the_running_guest_and_the_cutover_copies_only_the_last_changes() {
+async fn three_rounds_follow_the_running_guest_and_the_cutover_copies_only_the_last_changes() {
     let _shared = FILE_LOCK.read().await;
     let lab = cbt_lab().await;
     let (client, ns) = setup("warm").await;
@@ -160,7 +160,26 @@ async fn rounds_follow_the_running_guest_and_the_cutover_copies_only_the_last_ch
         "only the changes, not the 16 MiB disk: {round:?}"
     );
 
-    guest_writes(&hands, VM, data_disk, 3, 25).await;
+    guest_writes(&hands, VM, data_disk, 3, 30).await;
+    let third = wait_for_warm(
+        &client,
+        ns.name(),
+        name,
+        Duration::from_secs(240),
+        "round 3",
+        |w| w.rounds_done >= 3 && w.snapshot.is_none(),
+    )
+    .await;
+    let warm = third.status.unwrap().warm.unwrap();
+    assert_eq!(
+        warm.rounds.len(),
+        3,
+        "each round is in the status: {warm:?}"
+    );
+    assert_eq!((warm.rounds[2].full_disks, warm.rounds[2].round), (0, 3));
+    assert!(warm.rounds[2].areas >= 1, "{warm:?}");
+
+    guest_writes(&hands, VM, data_disk, 4, 25).await;
     let cutover = serde_json::json!({"spec": {"warm": {"cutover": true}}});
     migrations(&client, ns.name())
         .patch(name, &PatchParams::default(), &Patch::Merge(&cutover))
@@ -181,10 +200,13 @@ async fn rounds_follow_the_running_guest_and_the_cutover_copies_only_the_last_ch
         last.full_disks, 0,
         "the cutover copied only changes: {last:?}"
     );
+    // By default (cutoverCheck Source) the powered-off source is read whole once more, to prove each volume.
+    let whole: i64 = status.disks.iter().map(|d| d.capacity_bytes).sum();
     assert!(
-        (last.bytes_read as u64) < 4 * MIB,
-        "the downtime's copy is the last changes: {last:?}"
+        last.bytes_read >= whole && last.bytes_read < whole + 4 * MIB as i64,
+        "the last changes and one whole read of the source: {last:?}"
     );
+    assert_eq!(warm.rounds.len(), 3);
     let phases: Vec<Phase> = status.checkpoints.iter().map(|c| c.phase).collect();
     assert!(
         phases

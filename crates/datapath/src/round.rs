@@ -5,7 +5,7 @@
 
 use ferry_types::PowerState;
 use ferry_vsphere::cbt::{self, ChangeId, QueryRefusal};
-use ferry_vsphere::datastore::{FlatDisk, flat_disk};
+use ferry_vsphere::datastore::{Download, FlatDisk, flat_disk};
 use ferry_vsphere::file_lock::{Readability, probe_read};
 use ferry_vsphere::inventory::{self, DiskInfo};
 use ferry_vsphere::{MoRef, Session, power};
@@ -83,6 +83,7 @@ pub async fn run_round(spec: &ConvertSpec, progress: &Progress) -> Result<Vec<Ro
         }
         let source = RoundSource {
             session,
+            hash_source: round.hash_source,
             spec,
             vm,
             snapshot,
@@ -121,6 +122,8 @@ const PROBE_PAUSE: std::time::Duration = std::time::Duration::from_secs(2);
 /// What every disk of a round is read from.
 struct RoundSource<'a> {
     session: &'a Session,
+    /// See [`crate::spec::RoundSpec::hash_source`].
+    hash_source: bool,
     spec: &'a ConvertSpec,
     vm: MoRef,
     snapshot: Option<MoRef>,
@@ -193,10 +196,30 @@ impl RoundSource<'_> {
                                 progress,
                             )
                             .await?;
+                            let mut bytes_read = written.bytes_read;
                             let (sha256, read_back) = match snapshot {
                                 Some(_) => (written.areas_sha256, written.read_back),
                                 // The cutover's last copy: what the VM will boot from is hashed whole.
-                                None => whole_volume(volume, found.capacity_bytes as u64).await?,
+                                None => {
+                                    let size = found.capacity_bytes as u64;
+                                    let (sha256, read_back) = whole_volume(volume, size).await?;
+                                    if self.hash_source {
+                                        let source = whole_source(session, spec, flat).await?;
+                                        bytes_read += flat.size;
+                                        if source != sha256 {
+                                            return Err(Error::ChecksumMismatch {
+                                                what: format!(
+                                                    "disk {} after the cutover's copy, against the powered-off \
+                                                     source",
+                                                    disk.index
+                                                ),
+                                                expected: source,
+                                                actual: sha256,
+                                            });
+                                        }
+                                    }
+                                    (sha256, read_back)
+                                }
                             };
                             return Ok(RoundDisk {
                                 index: disk.index,
@@ -204,7 +227,7 @@ impl RoundSource<'_> {
                                 reason: None,
                                 change_id,
                                 areas: written.areas as u64,
-                                bytes_read: written.bytes_read,
+                                bytes_read,
                                 bytes_written: written.bytes_written,
                                 sha256,
                                 read_back,
@@ -242,6 +265,25 @@ impl RoundSource<'_> {
             read_back: written.read_back,
         })
     }
+}
+
+/// The sha256 of the source disk's flat extent, read whole.
+async fn whole_source(session: &Session, spec: &ConvertSpec, flat: &FlatDisk) -> Result<String> {
+    // Hashed on a thread of its own, beside the reads.
+    let hash = crate::hash::Hasher::start();
+    let mut download = Download::open(session, &spec.source.datacenter, &flat.extent, 0).await?;
+    while let Some(chunk) = download.next_chunk().await? {
+        hash.update(chunk);
+    }
+    if download.offset() != flat.size {
+        return Err(Error::Spec(format!(
+            "{} ended at {} of {} bytes",
+            flat.extent,
+            download.offset(),
+            flat.size
+        )));
+    }
+    Ok(hash.finish())
 }
 
 /// The sha256 of a volume's first `size` bytes, read back past the page cache.

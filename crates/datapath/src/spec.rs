@@ -47,6 +47,10 @@ pub struct RoundSpec {
     /// whole.
     #[serde(default)]
     pub since: Vec<Option<String>>,
+    /// At cutover: each disk copied by its changed areas is also read whole from the source, and its sha256
+    /// compared with the volume's.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub hash_source: bool,
 }
 
 fn default_parallel() -> usize {

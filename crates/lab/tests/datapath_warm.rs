@@ -182,6 +182,8 @@ impl Warm {
                 vm_moref: self.vm.value.clone(),
                 snapshot: snapshot.map(|s| s.value.clone()),
                 since: vec![since],
+                // The cutover's copy is proven against the whole powered-off source, as by default.
+                hash_source: snapshot.is_none(),
             }),
         }
     }
@@ -320,7 +322,16 @@ async fn the_jobs_rounds_copy_whole_then_deltas_then_whole_again_after_a_reset()
         (last.kind, last.change_id.as_deref()),
         (RoundKind::Delta, None)
     );
-    assert_eq!(warm.volume_sha256(), warm.guest().await.sha256);
+    let guest = warm.guest().await.sha256;
+    assert_eq!(warm.volume_sha256(), guest);
+    assert_eq!(
+        last.sha256, guest,
+        "the cutover reports the whole volume's hash"
+    );
+    assert!(
+        last.bytes_read >= DISK,
+        "the source was read whole to prove the volume: {last:?}"
+    );
 }
 
 /// A host that will not serve a running VM's disks, even under a snapshot: the round says so at once, instead of

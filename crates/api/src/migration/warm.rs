@@ -23,6 +23,12 @@ pub struct WarmSpec {
     /// Cut over at this time, as if `cutover` were set then.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cutover_at: Option<Time>,
+    /// How the cutover proves the volumes. `Source` (the default) reads each powered-off source disk whole and
+    /// compares its sha256 with its volume's: proof of the whole disk, at the cost of one whole read of every disk
+    /// during the downtime. `ChangedAreas` is cheaper: each round's areas were read back against the bytes read,
+    /// and each volume is hashed whole, but the source is not read again.
+    #[serde(default)]
+    pub cutover_check: CutoverCheck,
     /// Let Ferry turn Changed Block Tracking on when the source has it off: a change to the source's
     /// configuration, undone when the migration ends. Off (the default), a source without it is refused.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
@@ -39,9 +45,18 @@ impl Default for WarmSpec {
             precopy_interval_seconds: default_precopy_interval(),
             cutover: false,
             cutover_at: None,
+            cutover_check: CutoverCheck::default(),
             enable_change_tracking: false,
         }
     }
+}
+
+/// See [`WarmSpec::cutover_check`].
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum CutoverCheck {
+    #[default]
+    Source,
+    ChangedAreas,
 }
 
 impl WarmSpec {

@@ -1,7 +1,7 @@
 //! The warm part of `ferry describe`: when rounds run and the cutover comes, each round's copy, and what the
 //! downtime will be spent on.
 
-use ferry_api::{ChangeTrackingChange, WarmRound, WarmSpec, WarmStatus};
+use ferry_api::{ChangeTrackingChange, CutoverCheck, WarmRound, WarmSpec, WarmStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 
@@ -21,6 +21,15 @@ pub fn render(out: &mut String, spec: &WarmSpec, warm: Option<&WarmStatus>, now:
         "  every {}s until the cutover, {cutover}\n",
         spec.precopy_interval_seconds
     ));
+    out.push_str(match spec.cutover_check {
+        CutoverCheck::Source => {
+            "  the cutover proves each volume against the whole powered-off source (one more read of every disk)\n"
+        }
+        CutoverCheck::ChangedAreas => {
+            "  the cutover proves only the changed areas it copies (cutoverCheck ChangedAreas; the source is not read \
+             whole again)\n"
+        }
+    });
     if let Some(why) = &warm.refused {
         out.push_str(&format!(
             "  warm mode refused: {why}; the cutover copies the source whole after power-off\n"
@@ -175,6 +184,10 @@ mod tests {
         };
         render(&mut out, &cut, Some(&done), at(900).0);
         assert!(out.contains("asked for"), "{out}");
+        assert!(
+            out.contains("against the whole powered-off source"),
+            "{out}"
+        );
         assert!(out.contains("  cutover"), "{out}");
         assert!(out.contains("downtime copy: 2.0 MiB in 4.0s"), "{out}");
         assert!(!out.contains("next round"), "{out}");

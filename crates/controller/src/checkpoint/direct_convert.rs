@@ -91,10 +91,12 @@ fn final_sync(step: &Step<'_>) -> Option<RoundSpec> {
     if step.vmm.spec.warm.is_none() || warm.rounds_done == 0 || warm.refused.is_some() {
         return None;
     }
+    let check = step.vmm.spec.warm.as_ref()?.cutover_check;
     Some(RoundSpec {
         vm_moref: step.status.source.as_ref()?.moref.clone(),
         snapshot: None,
         since: warm.change_ids.clone(),
+        hash_source: check == ferry_api::CutoverCheck::Source,
     })
 }
 

@@ -306,6 +306,8 @@ async fn copy_round(step: &mut Step<'_>) -> Result<Next> {
                 vm_moref: source::recorded(step.status)?.moref,
                 snapshot: taken.moref.clone(),
                 since: warm_mut(step).change_ids.clone(),
+                // The source runs on: only the frozen base's areas are proven, each round.
+                hash_source: false,
             };
             conversion::create_round_job(step, &name, round).await?;
             Ok(Next::wait(
