@@ -330,7 +330,7 @@ async fn a_source_without_change_tracking_waits_for_leave_to_turn_it_on() {
 }
 
 #[tokio::test]
-async fn a_vcenter_that_locks_a_running_vms_base_refuses_warm_mode_and_the_cutover_copies_cold() {
+async fn a_vcenter_that_locks_a_running_vms_base_refuses_warm_mode_until_a_cold_copy_is_allowed() {
     let _alone = FILE_LOCK.write().await;
     let lab = cbt_lab().await;
     let hands = hands(lab);
@@ -357,27 +357,32 @@ async fn locked_base_refuses_warm_mode(lab: &'static TestLab) {
     )
     .await
     .unwrap();
-    let refused = wait_for_warm(
+    let refused = wait_for_phase(
         &client,
         ns.name(),
         name,
+        Phase::ManualInterventionRequired,
         Duration::from_secs(300),
-        "refusal",
-        |w| w.refused.is_some() && w.snapshot.is_none(),
     )
     .await;
     let status = refused.status.unwrap();
     assert_eq!(
-        status.phase,
-        Some(Phase::Precopying),
-        "not a failed migration"
+        status.reason.as_deref(),
+        Some("SourceDiskLocked"),
+        "{status:?}"
+    );
+    let message = status.message.clone().unwrap_or_default();
+    assert!(
+        message.contains("fallBackToCold"),
+        "what to do is said: {message}"
     );
     let why = status.warm.unwrap().refused.unwrap();
     assert!(why.contains("500"), "the vCenter's answer is named: {why}");
     assert!(ferry_snapshots(VM).await.is_empty());
     assert_eq!(source_power(VM).await, ferry_api::PowerState::PoweredOn);
 
-    let cutover = serde_json::json!({"spec": {"warm": {"cutover": true}}});
+    // A person allows the cold copy, and asks for the cutover.
+    let cutover = serde_json::json!({"spec": {"warm": {"fallBackToCold": true, "cutover": true}}});
     migrations(&client, ns.name())
         .patch(name, &PatchParams::default(), &Patch::Merge(&cutover))
         .await

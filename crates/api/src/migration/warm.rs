@@ -29,6 +29,11 @@ pub struct WarmSpec {
     /// and each volume is hashed whole, but the source is not read again.
     #[serde(default)]
     pub cutover_check: CutoverCheck,
+    /// When the vCenter will not serve a running VM's disks (warm mode refused), copy the source cold at the
+    /// cutover: powered off, every byte. Off (the default), the migration waits for a person to allow that (or
+    /// cancel) once the refusal is known.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub fall_back_to_cold: bool,
     /// Let Ferry turn Changed Block Tracking on when the source has it off: a change to the source's
     /// configuration, undone when the migration ends. Off (the default), a source without it is refused.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
@@ -46,6 +51,7 @@ impl Default for WarmSpec {
             cutover: false,
             cutover_at: None,
             cutover_check: CutoverCheck::default(),
+            fall_back_to_cold: false,
             enable_change_tracking: false,
         }
     }

@@ -573,7 +573,7 @@ pub fn next_step(reason: &str, class: ErrorClass, phase: Option<Phase>, name: &s
         ) => "delete or rename the object in the way".into(),
         Some(Reason::ChangeTrackingOff) => "set spec.warm.enableChangeTracking: true to let Ferry turn Changed Block Tracking on (and off again at the end), or turn it on in vSphere and create a new migration".into(),
         Some(Reason::TooManyDisksForWarm) => "migrate the VM cold: a new migration without spec.warm".into(),
-        Some(Reason::SourceDiskLocked) => "this vCenter does not serve a running VM's disks, even under a snapshot: migrate the VM cold (without spec.warm), which copies after power-off".into(),
+        Some(Reason::SourceDiskLocked) => "this vCenter does not serve a running VM's disks, even under a snapshot: set spec.warm.fallBackToCold to copy it cold at the cutover (after power-off), or cancel".into(),
         Some(Reason::SourceIdentityChanged) => "check the Provider's spec.url and the VM in vSphere; delete this migration and create a new one for the VM you mean".into(),
         Some(Reason::VolumeNotBound) => "look at the DataVolume's claim (kubectl describe pvc): a ResourceQuota, no capacity, or a StorageClass nobody provisions keeps it Pending".into(),
         Some(Reason::JobDeadlineExceeded) => "look at why the Job's pod made no progress (kubectl describe pod: image pull, scheduling, a stalled source); the attempt is retried".into(),

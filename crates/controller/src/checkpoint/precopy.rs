@@ -6,7 +6,8 @@
 //! `<name>-precopy-<round>-<attempt>` reading the snapshot's frozen base; remove the snapshot (Forklift's order:
 //! the change IDs are on record before the snapshot goes, and only one exists at a time). Recorded: each round's
 //! bytes, areas and times, each disk's change ID, the next round's time. A vCenter that will not serve a running
-//! VM's base (SourceDiskLocked) refuses warm mode, not the migration: it waits for the cutover and copies cold.
+//! VM's base (SourceDiskLocked) refuses warm mode: the migration waits for a person to allow a cold copy
+//! (`fallBackToCold`), then for the cutover, and copies cold.
 
 use std::time::Duration;
 
@@ -53,6 +54,8 @@ pub enum Precopy {
     Idle(Time),
     /// Warm mode was refused: the cutover copies every disk whole.
     AwaitCutover,
+    /// Warm mode was refused, and nobody allowed a cold copy yet.
+    AwaitColdAllowed,
 }
 
 pub fn decide(spec: &WarmSpec, warm: &WarmStatus, tracking_on: bool, now: &Time) -> Precopy {
@@ -74,6 +77,9 @@ pub fn decide(spec: &WarmSpec, warm: &WarmStatus, tracking_on: bool, now: &Time)
     }
     let due = spec.cutover_due(now);
     if warm.refused.is_some() {
+        if !spec.fall_back_to_cold {
+            return Precopy::AwaitColdAllowed;
+        }
         return if due {
             Precopy::Cutover
         } else {
@@ -179,6 +185,14 @@ pub async fn run(step: &mut Step<'_>) -> Result<Next> {
                 Duration::from_secs_f64(seconds.min(3600.0)),
             ))
         }
+        Precopy::AwaitColdAllowed => Err(Failure::fixable(
+            Reason::SourceDiskLocked,
+            format!(
+                "warm mode refused: {}; nothing was changed on the source (its snapshot is removed). Set \
+                 spec.warm.fallBackToCold to copy it cold at the cutover (powered off, every byte), or cancel",
+                warm_mut(step).refused.clone().unwrap_or_default()
+            ),
+        )),
         Precopy::AwaitCutover => Ok(Next::wait(
             "WarmRefused",
             format!(
@@ -628,7 +642,10 @@ mod tests {
 
     #[test]
     fn a_refused_warm_mode_removes_its_snapshot_then_waits_for_the_cutover() {
-        let mut spec = WarmSpec::default();
+        let mut spec = WarmSpec {
+            fall_back_to_cold: true,
+            ..Default::default()
+        };
         let mut warm = WarmStatus {
             refused: Some("locked".into()),
             snapshot: Some(snapshot(None, Some("snapshot-3"), true)),
@@ -642,5 +659,11 @@ mod tests {
         assert_eq!(decide(&spec, &warm, true, &at(0)), Precopy::AwaitCutover);
         spec.cutover = true;
         assert_eq!(decide(&spec, &warm, true, &at(0)), Precopy::Cutover);
+        spec.fall_back_to_cold = false;
+        assert_eq!(
+            decide(&spec, &warm, true, &at(0)),
+            Precopy::AwaitColdAllowed,
+            "a cold copy only when a person allowed it"
+        );
     }
 }
