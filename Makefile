@@ -10,11 +10,13 @@ demo:
 	@tools=$$(hack/setup.sh) && cargo build --quiet --bin ferry && \
 	FERRY_TOOLS_BIN=$$tools ./target/debug/ferry lab demo --dir $(LAB_DIR)
 
-## test: formatting, lints, then every unit and integration test against real components, a few test binaries
-## at a time (hack/test.sh), then the vSphere parsers' fuzz targets for 30 s each (hack/fuzz.sh).
+## test: formatting, lints, the Helm chart (lint, deploy/ rendered from it, the alert rules through promtool:
+## hack/chart.sh), then every unit and integration test against real components, a few test binaries at a time
+## (hack/test.sh), then the vSphere parsers' fuzz targets for 30 s each (hack/fuzz.sh).
 test: lint
 	@date +'==> %T lint done; the tools, then the tests'
 	@tools=$$(hack/setup.sh) && (cd tools/vcsim && GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS=-trimpath go test ./...) && \
+	FERRY_TOOLS_BIN=$$tools hack/chart.sh --check && \
 	FERRY_TOOLS_BIN=$$tools hack/test.sh --features ferry/chaos
 	@date +'==> %T the fuzz targets, 30 s each'
 	hack/fuzz.sh 30

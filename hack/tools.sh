@@ -44,6 +44,16 @@ build_minio() { (cd "$root/tools/minio" && go build -ldflags "-s -w" -o "$1/mini
 build_kubevirt_admission() {
   (cd "$root/tools/kubevirt-admission" && go build -ldflags "-s -w" -o "$1/kubevirt-admission" .)
 }
+# Helm, which installs Ferry's chart (charts/ferry) and lints it; promtool, Prometheus' own checker and unit-test
+# runner for the alert rules the chart ships.
+build_helm() {
+  (cd "$root/tools/helm" && go build -ldflags "-s -w -X helm.sh/helm/v4/internal/version.version=v4.3.2" \
+    -o "$1/helm" helm.sh/helm/v4/cmd/helm)
+}
+build_promtool() {
+  (cd "$root/tools/promtool" && go build -tags remove_all_sd -ldflags "-s -w" -o "$1/promtool" \
+    github.com/prometheus/prometheus/cmd/promtool)
+}
 build_cdi_admission() { (cd "$root/tools/cdi-admission" && go build -ldflags "-s -w" -o "$1/cdi-admission" .); }
 # CDI's controller and importer from CDI's own module (without cgo: a stand-in for the proxy-refused libnbd), and
 # the installer that renders them from CDI's operator factories; for a real node, which runs them as pods.
@@ -94,7 +104,7 @@ flock 9
 # The lab's tools; with --node, those of a real node instead (built only when a real node is asked for).
 case ${1:-} in
   --node) tools=(node-kube containerd cdi kubevirt) ;;
-  "") tools=(etcd vcsim minio kube kubevirt-admission cdi-admission) ;;
+  "") tools=(etcd vcsim minio kube kubevirt-admission cdi-admission helm promtool) ;;
   *) echo "usage: hack/tools.sh [--node]" >&2; exit 2 ;;
 esac
 bin="$cache/bin-$(for tool in "${tools[@]}"; do key "$tool"; done | sha256sum | cut -c1-16)"

@@ -28,12 +28,15 @@ pub fn to_yaml() -> Result<String, serde_saphyr::ser::Error> {
 #[cfg(test)]
 mod tests {
     #[test]
-    fn deploy_crds_match_the_code() {
-        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../deploy/crds/ferry.yaml");
-        let committed = std::fs::read_to_string(path).unwrap_or_default();
-        assert!(
-            committed == super::to_yaml().unwrap(),
-            "deploy/crds/ferry.yaml is out of date: run `cargo run -q --bin ferry -- crds > deploy/crds/ferry.yaml`"
-        );
+    fn deploy_and_chart_crds_match_the_code() {
+        let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../..");
+        let generated = super::to_yaml().unwrap();
+        for file in ["deploy/crds/ferry.yaml", "charts/ferry/crds/ferry.yaml"] {
+            let committed = std::fs::read_to_string(format!("{root}/{file}")).unwrap_or_default();
+            assert!(
+                committed == generated,
+                "{file} is out of date: run `cargo run -q --bin ferry -- crds | tee deploy/crds/ferry.yaml > charts/ferry/crds/ferry.yaml`"
+            );
+        }
     }
 }

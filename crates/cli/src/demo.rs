@@ -27,6 +27,7 @@ pub async fn run(
     as_plan: bool,
     windows: bool,
     node: crate::lab::NodeArg,
+    install: crate::lab::InstallKind,
 ) -> Result<()> {
     let started = Instant::now();
     let vms = match (vms.is_empty(), windows) {
@@ -38,11 +39,12 @@ pub async fn run(
         "starting the lab in {} (the first run builds the Debian guest images: minutes) ...",
         dir.display()
     );
+    let real = crate::lab::node_kind(&dir, node) == crate::lab::NodeKind::Real;
     let state = ferry_lab::up(&crate::lab::options_for(dir, node)?)
         .await?
         .into_state();
-    if node.kind == crate::lab::NodeKind::Real {
-        install_from_deploy(&state).await?;
+    if real {
+        install_ferry(&state, install).await?;
     }
     println!(
         "lab ready after {:.1}s: kube-apiserver {}, vcsim {}, ferry controller {}",
@@ -406,14 +408,23 @@ async fn console_marker(client: &kube::Client, vm: &str) -> Option<String> {
     None
 }
 
-/// Ferry on a real node, installed as a user installs it: deploy/ applied unchanged, both replicas Ready and one
-/// leading before any migration is created.
-async fn install_from_deploy(state: &ferry_lab::LabState) -> Result<()> {
+/// Ferry on a real node, installed as a user installs it: the chart with Helm, or deploy/ applied unchanged; both
+/// replicas Ready and one leading before any migration is created.
+async fn install_ferry(state: &ferry_lab::LabState, how: crate::lab::InstallKind) -> Result<()> {
     use ferry_lab::real_node::install;
     let started = Instant::now();
-    let deploy = std::path::Path::new(install::DEPLOY_DIR);
-    println!("installing Ferry from {} ...", deploy.display());
-    install::apply_deploy(state, deploy)?;
+    match how {
+        crate::lab::InstallKind::Helm => {
+            let chart = std::path::Path::new(install::CHART_DIR);
+            println!("installing Ferry with Helm from {} ...", chart.display());
+            install::helm_install(state, chart)?;
+        }
+        crate::lab::InstallKind::Manifests => {
+            let deploy = std::path::Path::new(install::DEPLOY_DIR);
+            println!("installing Ferry from {} ...", deploy.display());
+            install::apply_deploy(state, deploy)?;
+        }
+    }
     let rollout = install::wait_rollout(&state.client().await?).await?;
     println!(
         "ferry installed in {:.1}s: {}/{} replicas available, {} leads",

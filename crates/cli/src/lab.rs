@@ -39,10 +39,14 @@ enum LabCommand {
         /// checked in each adapted volume and what no lab can check.
         #[arg(long, conflicts_with = "plan")]
         windows: bool,
-        /// With `real`, Ferry is installed from deploy/ (its Deployment, the image built here) instead of running
-        /// as a process, and its Jobs run as containers.
+        /// With `real`, Ferry is installed (its Deployment, the image built here) instead of running as a
+        /// process, and its Jobs run as containers.
         #[command(flatten)]
         node: NodeArg,
+        /// On a real node, how Ferry is installed: `helm` (charts/ferry with its defaults) or `manifests`
+        /// (`kubectl apply` of deploy/, the chart rendered).
+        #[arg(long, value_enum, default_value_t = InstallKind::Helm)]
+        install: InstallKind,
     },
     /// Say whether the lab runs, and where.
     Status(DirArg),
@@ -72,14 +76,22 @@ enum LabCommand {
     },
 }
 
+/// How the demo installs Ferry on a real node.
+#[derive(clap::ValueEnum, Clone, Copy, PartialEq, Eq, Debug)]
+pub enum InstallKind {
+    Helm,
+    Manifests,
+}
+
 /// Which node runs the lab's pods.
 #[derive(Args, Clone, Copy)]
 pub struct NodeArg {
-    /// `agent`: Ferry's node agent runs each pod's command as a process (the default; no root needed).
-    /// `real`: a kubelet, containerd and runc run pods as containers on a CNI bridge (root, runc; one per machine;
-    /// builds its tools with `hack/tools.sh --node` on first use).
-    #[arg(long = "node", value_enum, default_value_t = NodeKind::Agent)]
-    pub kind: NodeKind,
+    /// `agent`: Ferry's node agent runs each pod's command as a process (the default for a new lab; no root
+    /// needed). `real`: a kubelet, containerd and runc run pods as containers on a CNI bridge (root, runc; one per
+    /// machine; builds its tools with `hack/tools.sh --node` on first use). Unset, a lab already running in the
+    /// directory keeps the node it runs with.
+    #[arg(long = "node", value_enum)]
+    pub kind: Option<NodeKind>,
     /// With `--node real`: `real` runs KubeVirt v1.9.0's own virt-controller, virt-handler and virt-launcher
     /// (software emulation; the default); `standin` the lab's KubeVirt stand-in, which starts QEMU itself.
     #[arg(long = "kubevirt", value_enum, default_value_t = KubevirtKind::Real)]
@@ -113,7 +125,8 @@ pub async fn run(args: LabArgs) -> Result<()> {
             plan,
             windows,
             node,
-        } => crate::demo::run(dir.dir, vms, plan, windows, node).await,
+            install,
+        } => crate::demo::run(dir.dir, vms, plan, windows, node, install).await,
         #[cfg(feature = "chaos")]
         LabCommand::Chaos(args) => ferry_chaos::run(args).await,
         LabCommand::Up {
@@ -197,9 +210,24 @@ pub fn options(dir: PathBuf) -> Result<LabOptions> {
 
 /// The lab's options with the node `kind`: a real node's lab runs no controller process (Ferry is installed
 /// from deploy/ onto it instead).
+/// The node a lab in `dir` runs with: the one asked for, else the running lab's, else the node agent.
+pub fn node_kind(dir: &std::path::Path, node: NodeArg) -> NodeKind {
+    node.kind.unwrap_or_else(|| {
+        let running = dir
+            .canonicalize()
+            .ok()
+            .and_then(|d| LabState::load(&d).ok().flatten());
+        match running {
+            Some(lab) if lab.all_alive() && lab.real_node.is_some() => NodeKind::Real,
+            _ => NodeKind::Agent,
+        }
+    })
+}
+
 pub fn options_for(dir: PathBuf, node: NodeArg) -> Result<LabOptions> {
+    let real = node_kind(&dir, node) == NodeKind::Real;
     let mut options = options(dir)?;
-    if node.kind == NodeKind::Real {
+    if real {
         // Refused before the node's tools are built (minutes, the first time).
         let dir = options.dir.canonicalize().unwrap_or(options.dir.clone());
         if let Some(why) = ferry_lab::real_node::host_refusal(&dir) {

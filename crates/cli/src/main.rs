@@ -62,6 +62,31 @@ enum Command {
     Inventory(inventory::InventoryArgs),
     /// Write MigrationPlans from a Provider's inventory.
     Plan(plan_create::PlanArgs),
+    /// Print a shell completion script: `source <(ferry completion bash)`, or save it where your shell loads
+    /// completions from (`ferry completion zsh > "${fpath[1]}/_ferry"`).
+    Completion {
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+}
+
+/// The name `ferry` runs under: as a kubectl plugin (`kubectl-ferry` on PATH, run as `kubectl ferry ...`), its help
+/// and errors name the command a user typed.
+fn command_name(argv0: Option<&std::ffi::OsStr>) -> &'static str {
+    let file = argv0.map(std::path::Path::new).and_then(|p| p.file_name());
+    match file.and_then(|f| f.to_str()) {
+        Some("kubectl-ferry") => "kubectl ferry",
+        _ => "ferry",
+    }
+}
+
+fn parse() -> Cli {
+    use clap::{CommandFactory, FromArgMatches};
+    let argv0 = std::env::args_os().next();
+    let matches = Cli::command()
+        .bin_name(command_name(argv0.as_deref()))
+        .get_matches();
+    Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit())
 }
 
 /// A command left out of this build: its arguments are taken whole so that any use of it gets the one clear error.
@@ -82,7 +107,7 @@ fn not_built_in(command: &str) -> anyhow::Result<()> {
 }
 
 fn main() -> std::process::ExitCode {
-    let cli = Cli::parse();
+    let cli = parse();
     // The controller waits on the API server far more than it computes (under a tenth of a core for 1,000
     // migrations): one thread serves it, without the wake-ups across threads of a work-stealing pool, which cost
     // about a tenth of its CPU in parking and switching (perf, `ferry bench controlplane`).
@@ -138,9 +163,34 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         #[cfg(not(feature = "lab"))]
         Command::Bench(_) => not_built_in("bench"),
         Command::Rbac(args) => rbac::run(args),
+        Command::Completion { shell } => {
+            use clap::CommandFactory;
+            clap_complete::generate(shell, &mut Cli::command(), "ferry", &mut std::io::stdout());
+            Ok(())
+        }
         Command::Crds => {
             print!("{}", ferry_api::crds::to_yaml()?);
             Ok(())
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn run_as_a_kubectl_plugin_it_is_named_as_typed() {
+        let name = |p: &str| command_name(Some(std::ffi::OsStr::new(p)));
+        assert_eq!(name("/usr/local/bin/kubectl-ferry"), "kubectl ferry");
+        assert_eq!(name("kubectl-ferry"), "kubectl ferry");
+        assert_eq!(name("/usr/local/bin/ferry"), "ferry");
+        assert_eq!(command_name(None), "ferry");
+    }
+
+    #[test]
+    fn the_command_line_is_consistent() {
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
     }
 }

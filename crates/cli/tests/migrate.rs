@@ -109,6 +109,7 @@ async fn migrate_and_hand_over(vm: &str, name: &str, disks: usize, quiet_check: 
             metrics.contains("ferry_reconcile_duration_seconds_count"),
             "{metrics}"
         );
+        the_charts_alerts_and_dashboard_name_only_exported_series(&metrics);
         let logs = controller.logs();
         let key = format!("\"migration\":\"{}/{name}\"", ns.name());
         assert!(
@@ -997,4 +998,55 @@ async fn shared_maps_place_a_vm_and_a_network_or_datastore_they_miss_waits_befor
         .delete(&class, &DeleteParams::default())
         .await
         .unwrap();
+}
+
+/// Every `ferry_*` series the chart's alert rules, their promtool tests and the Grafana dashboard name is one this
+/// controller exports (a `# TYPE` family, or a histogram's `_bucket`, `_sum` or `_count`).
+fn the_charts_alerts_and_dashboard_name_only_exported_series(metrics: &str) {
+    let mut exported = std::collections::BTreeSet::new();
+    for line in metrics.lines() {
+        let mut words = line.split_whitespace();
+        if let (Some("#"), Some("TYPE"), Some(name), Some(kind)) =
+            (words.next(), words.next(), words.next(), words.next())
+        {
+            exported.insert(name.to_string());
+            if kind == "histogram" {
+                for suffix in ["_bucket", "_sum", "_count"] {
+                    exported.insert(format!("{name}{suffix}"));
+                }
+            }
+        }
+    }
+    let chart = concat!(env!("CARGO_MANIFEST_DIR"), "/../../charts/ferry");
+    for file in [
+        "files/alerts.yaml",
+        "tests/alerts_test.yaml",
+        "files/dashboard.json",
+    ] {
+        let text = std::fs::read_to_string(format!("{chart}/{file}")).unwrap();
+        let named = series_named(&text);
+        assert!(!named.is_empty(), "{file} names no ferry_ series");
+        let unknown: Vec<&String> = named.iter().filter(|n| !exported.contains(*n)).collect();
+        assert!(
+            unknown.is_empty(),
+            "{file} names series the controller does not export: {unknown:?}; exported: {exported:?}"
+        );
+    }
+}
+
+/// The `ferry_…` names in a text (a metric name runs on in letters, digits and underscores).
+fn series_named(text: &str) -> std::collections::BTreeSet<String> {
+    let is_name = |c: char| c.is_ascii_alphanumeric() || c == '_';
+    let mut names = std::collections::BTreeSet::new();
+    let mut rest = text;
+    while let Some(at) = rest.find("ferry_") {
+        let before = rest[..at].chars().next_back();
+        let tail = &rest[at..];
+        let end = tail.find(|c: char| !is_name(c)).unwrap_or(tail.len());
+        if !before.is_some_and(is_name) {
+            names.insert(tail[..end].to_string());
+        }
+        rest = &tail[end..];
+    }
+    names
 }

@@ -1,5 +1,5 @@
 //! The acceptance test of the real node (kubelet, containerd, runc): `ferry lab demo --node real` installs Ferry
-//! from deploy/ unchanged and migrates the demo's VMs with its Jobs as containers, into volumes real CDI v1.65.0
+//! with Helm from charts/ferry and migrates the demo's VMs with its Jobs as containers, into volumes real CDI v1.65.0
 //! filled; real CDI's other paths succeed (a direct migration into the WaitForFirstConsumer class, staged raw and
 //! qcow2 imports from MinIO over https, the qcow2 one through CDI's scratch claim, direct and staged into Block
 //! volumes on loop devices); then a rolling update of the
@@ -110,13 +110,14 @@ async fn ferry_from_deploy_on_a_real_node_migrates_rolls_out_hands_over_and_leav
     let guard = LabGuard(dir.clone());
     let d = dir.display().to_string();
 
-    // The demo on a real node: Ferry installed from deploy/, its Jobs as containers.
+    // The demo on a real node: Ferry installed with Helm from charts/ferry, its Jobs as containers.
     let started = Instant::now();
     let demo = ferry(&["lab", "demo", "--dir", &d, "--node", "real"]);
     let out = text(&demo);
     println!("{out}");
     println!("real-node demo: {:.1}s", started.elapsed().as_secs_f64());
     assert!(demo.status.success(), "the demo failed:\n{out}");
+    assert!(out.contains("installing Ferry with Helm"), "{out}");
     assert!(out.contains("2/2 replicas available"), "{out}");
     for vm in ["DC0_H0_VM0", "DC0_H0_VM1", "ferry-linux-bios"] {
         assert!(out.contains(&format!("{vm} -> ")), "{vm}: {out}");

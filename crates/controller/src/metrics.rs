@@ -1,5 +1,7 @@
 //! Prometheus metrics in the text exposition format, kept in memory: reconciles, errors by class and reason,
-//! reconcile latency, phase transitions, bytes moved and migrations per phase.
+//! reconcile latency, phase transitions, bytes moved, migrations per phase and when the oldest of each entered it.
+//! The series alert rules and the dashboard (charts/ferry/files) name are checked against a lab controller's
+//! /metrics by crates/cli/tests/migrate.rs.
 
 use std::collections::BTreeMap;
 use std::fmt::Write;
@@ -29,7 +31,8 @@ struct Inner {
     errors: BTreeMap<(String, String), u64>,
     transitions: BTreeMap<String, u64>,
     bytes_moved: u64,
-    phases: BTreeMap<String, String>,
+    /// Each migration's phase now and when it entered it (Unix seconds, when recorded), by `namespace/name`.
+    phases: BTreeMap<String, (String, Option<f64>)>,
 }
 
 impl Metrics {
@@ -75,11 +78,11 @@ impl Metrics {
         self.lock().bytes_moved += bytes;
     }
 
-    /// The phase each migration is in now, by `namespace/name`; None when it is gone.
-    pub fn phase(&self, key: &str, phase: Option<&str>) {
+    /// The phase each migration is in now, by `namespace/name`, and when it entered it; None when it is gone.
+    pub fn phase(&self, key: &str, phase: Option<(&str, Option<f64>)>) {
         let mut m = self.lock();
         match phase {
-            Some(p) => m.phases.insert(key.into(), p.into()),
+            Some((p, entered)) => m.phases.insert(key.into(), (p.into(), entered)),
             None => m.phases.remove(key),
         };
     }
@@ -145,14 +148,33 @@ impl Metrics {
             "# TYPE ferry_bytes_moved_total counter\nferry_bytes_moved_total {}",
             m.bytes_moved
         );
-        let mut per_phase: BTreeMap<&str, u64> = BTreeMap::new();
-        for phase in m.phases.values() {
-            *per_phase.entry(phase).or_default() += 1;
+        // Per phase: how many, and when the one there longest entered it (a stuck migration's age is
+        // `time() - ...`, with one series per phase however many migrations run).
+        let mut per_phase: BTreeMap<&str, (u64, Option<f64>)> = BTreeMap::new();
+        for (phase, entered) in m.phases.values() {
+            let (n, oldest) = per_phase.entry(phase).or_default();
+            *n += 1;
+            if let Some(t) = entered {
+                *oldest = Some(oldest.map_or(*t, |o: f64| o.min(*t)));
+            }
         }
         let _ = writeln!(out, "# TYPE ferry_migrations gauge");
-        for (phase, n) in per_phase {
+        for (phase, (n, _)) in &per_phase {
             let phase = escaped(phase);
             let _ = writeln!(out, "ferry_migrations{{phase=\"{phase}\"}} {n}");
+        }
+        let _ = writeln!(
+            out,
+            "# TYPE ferry_migrations_oldest_phase_entered_timestamp_seconds gauge"
+        );
+        for (phase, (_, oldest)) in &per_phase {
+            if let Some(t) = oldest {
+                let phase = escaped(phase);
+                let _ = writeln!(
+                    out,
+                    "ferry_migrations_oldest_phase_entered_timestamp_seconds{{phase=\"{phase}\"}} {t:.3}"
+                );
+            }
         }
         out
     }
@@ -160,7 +182,7 @@ impl Metrics {
 
 /// A label value as the text format needs it: backslash, quote and newline escaped, so no value (a status
 /// reason anyone with status rights can write) can end its label or start a line of its own.
-fn escaped(value: &str) -> std::borrow::Cow<'_, str> {
+pub(crate) fn escaped(value: &str) -> std::borrow::Cow<'_, str> {
     if !value.contains(['\\', '"', '\n']) {
         return value.into();
     }
@@ -185,8 +207,8 @@ mod tests {
         let m = Metrics::default();
         m.reconciled(Duration::from_millis(20), "Importing/WaitingForImport");
         m.error("Transient", "Conflict");
-        m.phase("ns/a", Some("Converting"));
-        m.phase("ns/b", Some("Converting"));
+        m.phase("ns/a", Some(("Converting", None)));
+        m.phase("ns/b", Some(("Converting", None)));
         m.phase("ns/b", None);
         let text = m.render();
         assert!(text.contains("ferry_reconciles_total 1"), "{text}");
@@ -250,8 +272,32 @@ mod tests {
     #[test]
     fn a_migration_gone_leaves_no_series_of_its_own() {
         let m = Metrics::default();
-        m.phase("ns/a", Some("Converting"));
+        m.phase("ns/a", Some(("Converting", Some(10.0))));
         m.phase("ns/a", None);
         assert!(!m.render().contains("Converting"), "{}", m.render());
+    }
+
+    #[test]
+    fn each_phase_shows_when_its_oldest_migration_entered_it() {
+        let m = Metrics::default();
+        m.phase("ns/a", Some(("Converting", Some(200.5))));
+        m.phase("ns/b", Some(("Converting", Some(100.25))));
+        m.phase("ns/c", Some(("Importing", None)));
+        let text = m.render();
+        assert!(
+            text.contains("ferry_migrations{phase=\"Converting\"} 2"),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "ferry_migrations_oldest_phase_entered_timestamp_seconds{phase=\"Converting\"} 100.250"
+            ),
+            "{text}"
+        );
+        // No time recorded, no series: an absent age alerts on nothing rather than on the epoch.
+        assert!(
+            !text.contains("timestamp_seconds{phase=\"Importing\"}"),
+            "{text}"
+        );
     }
 }

@@ -429,7 +429,7 @@ async fn serve(listener: tokio::net::TcpListener, ctx: Arc<Context>, role: Arc<A
             let path = request.split_whitespace().nth(1).unwrap_or("/");
             let role = Role::from_u8(role.load(Ordering::Relaxed));
             let (code, body) = match (path, health(path, role)) {
-                ("/metrics", _) => ("200 OK", ctx.metrics.render() + &ctx.fairness.render()),
+                ("/metrics", _) => ("200 OK", metrics(&ctx, role)),
                 (_, Some((code, body))) => (code, body.to_string()),
                 (_, None) => ("404 Not Found", "not found\n".to_string()),
             };
@@ -440,6 +440,16 @@ async fn serve(listener: tokio::net::TcpListener, ctx: Arc<Context>, role: Arc<A
             let _ = stream.write_all(response.as_bytes()).await;
         });
     }
+}
+
+/// Every series this replica exports: the leader's reconciles, slots and hosts, and whether it leads (so an alert
+/// sees a fleet without a leader).
+fn metrics(ctx: &Context, role: Role) -> String {
+    let leading = u8::from(role == Role::Leading);
+    ctx.metrics.render()
+        + &ctx.fairness.render()
+        + &ctx.slots.render()
+        + &format!("# TYPE ferry_leader gauge\nferry_leader {leading}\n")
 }
 
 #[cfg(test)]

@@ -62,6 +62,60 @@ impl Slots {
     }
 }
 
+/// Per host (by name), the disks granted and the migrations waiting, from the cache: what /metrics shows, so a
+/// host whose slots stay full with a line behind them can page someone.
+pub fn host_usage(migrations: &[Arc<Vmm>]) -> std::collections::BTreeMap<String, (u32, u32)> {
+    let mut hosts = std::collections::BTreeMap::<String, (u32, u32)>::new();
+    for vmm in migrations {
+        let Some(status) = vmm.status.as_ref() else {
+            continue;
+        };
+        if matches!(status.phase, Some(p) if p.is_terminal()) {
+            continue;
+        }
+        if let Some(slot) = &status.host_slot {
+            let name = host_key(&slot.host, &slot.host_moref);
+            hosts.entry(name.to_string()).or_default().0 += slot.disks.max(0) as u32;
+        } else if in_line(vmm, status) {
+            let (name, moref) = source_host(status);
+            hosts
+                .entry(host_key(&name, &moref).to_string())
+                .or_default()
+                .1 += 1;
+        }
+    }
+    hosts
+}
+
+impl Slots {
+    /// The gauges of [`host_usage`], in the text exposition format; none before the cache holds a listing.
+    pub fn render(&self) -> String {
+        use std::fmt::Write;
+        let mut out = String::new();
+        let Some(store) = self.store.get() else {
+            return out;
+        };
+        let hosts = host_usage(&store.state());
+        let _ = writeln!(out, "# TYPE ferry_host_disks_reading gauge");
+        for (host, (reading, _)) in &hosts {
+            let _ = writeln!(
+                out,
+                "ferry_host_disks_reading{{host=\"{}\"}} {reading}",
+                crate::metrics::escaped(host)
+            );
+        }
+        let _ = writeln!(out, "# TYPE ferry_host_migrations_waiting gauge");
+        for (host, (_, waiting)) in &hosts {
+            let _ = writeln!(
+                out,
+                "ferry_host_migrations_waiting{{host=\"{}\"}} {waiting}",
+                crate::metrics::escaped(host)
+            );
+        }
+        out
+    }
+}
+
 /// One migration as the gate sees it. Pure data.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Contender {
@@ -496,6 +550,35 @@ mod tests {
                        "source": {"moref": "vm-1", "name": name, "host": "esx-1", "hostMoref": "host-1",
                                   "cpus": 1, "coresPerSocket": 1, "memoryMib": 64}}}))
         .unwrap()
+    }
+
+    #[test]
+    fn each_host_shows_its_disks_granted_and_its_waiters_and_the_finished_count_for_nothing() {
+        let mut holder = waiter("holder", "2026-01-01T00:00:00Z", "Copying");
+        holder.status.as_mut().unwrap().host_slot = Some(HostSlot {
+            host: "esx-1".into(),
+            host_moref: "host-1".into(),
+            disks: 2,
+            granted: MicroTime(k8s_openapi::jiff::Timestamp::UNIX_EPOCH),
+        });
+        let mut done = holder.clone();
+        done.status.as_mut().unwrap().phase = Some(Phase::Succeeded);
+        let mut cancelled = waiter("c", "2026-01-01T00:00:02Z", WAITING);
+        cancelled.spec.cancel = true;
+        let migrations = [
+            holder,
+            done,
+            waiter("w1", "2026-01-01T00:00:01Z", WAITING),
+            waiter("w2", "2026-01-01T00:00:01Z", WAITING),
+            cancelled,
+            waiter("elsewhere", "2026-01-01T00:00:01Z", "Copying"),
+        ]
+        .map(Arc::new);
+        let usage = host_usage(&migrations);
+        assert_eq!(
+            usage.into_iter().collect::<Vec<_>>(),
+            [("esx-1".to_string(), (2, 2))]
+        );
     }
 
     #[test]

@@ -86,7 +86,13 @@ impl<'a> Reconcile<'a> {
         let status = &self.edit.status;
         let phase = status.phase;
         let phase_name = phase.map(|p| format!("{p:?}"));
-        self.ctx.metrics.phase(&self.key, phase_name.as_deref());
+        let entered = status
+            .checkpoints
+            .iter()
+            .rfind(|c| Some(c.phase) == phase)
+            .map(|c| c.entered.0.as_millisecond() as f64 / 1000.0);
+        let now_in = phase_name.as_deref().map(|p| (p, entered));
+        self.ctx.metrics.phase(&self.key, now_in);
         let finished = matches!(phase, Some(Phase::Succeeded) | Some(Phase::Cancelled))
             || (phase == Some(Phase::Failed) && status.cleaned_up);
         if finished {

@@ -1,5 +1,5 @@
-//! Ferry installed on a real node as a user installs it: `kubectl apply` of `deploy/` (CRDs, RBAC, the
-//! Deployment), unchanged, running the image built here under the name the manifest gives.
+//! Ferry installed on a real node as a user installs it: with Helm from `charts/ferry`, or by `kubectl apply` of
+//! `deploy/` (the chart rendered), unchanged, running the image built here under the name both give.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -13,6 +13,10 @@ use crate::lab::LabState;
 
 /// The repository's `deploy/`, next to the source this binary was built from.
 pub const DEPLOY_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../deploy");
+/// The repository's chart, next to the source this binary was built from.
+pub const CHART_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../charts/ferry");
+/// The Helm release the lab installs.
+pub const RELEASE: &str = "ferry";
 pub const NAMESPACE: &str = "ferry-system";
 pub const DEPLOYMENT: &str = "ferry-controller";
 /// The leader's Lease (`ferry controller`'s default).
@@ -42,6 +46,49 @@ pub fn apply_deploy(state: &LabState, deploy: &Path) -> Result<()> {
             "",
         )?;
     }
+    Ok(())
+}
+
+/// `helm upgrade --install` of the chart with its defaults, as the README installs it. The namespace comes first,
+/// with the restricted Pod Security level: Helm keeps its release record there, so it must exist before the
+/// release (`--create-namespace` would make it without the label). Helm's own files stay in the lab's directory.
+pub fn helm_install(state: &LabState, chart: &Path) -> Result<()> {
+    let kubectl = |args: &[&str]| {
+        let mut command = Command::new(state.tools.join("kubectl"));
+        command
+            .arg(format!("--kubeconfig={}", state.kubeconfig.display()))
+            .args(args);
+        command
+    };
+    let namespace = format!(
+        "{{\"apiVersion\":\"v1\",\"kind\":\"Namespace\",\"metadata\":{{\"name\":\"{NAMESPACE}\",\
+         \"labels\":{{\"pod-security.kubernetes.io/enforce\":\"restricted\"}}}}}}"
+    );
+    let manifest = state.dir.join("ferry-namespace.json");
+    std::fs::write(&manifest, namespace)?;
+    super::run(
+        &mut kubectl(&[
+            "apply",
+            "--server-side",
+            "-f",
+            &manifest.display().to_string(),
+        ]),
+        &format!("creating namespace {NAMESPACE}"),
+        "",
+    )?;
+    let helm_home = state.dir.join("helm");
+    super::run(
+        Command::new(state.tools.join("helm"))
+            .args(["upgrade", "--install", RELEASE])
+            .arg(chart)
+            .args(["--namespace", NAMESPACE, "--timeout", "120s"])
+            .arg(format!("--kubeconfig={}", state.kubeconfig.display()))
+            .env("HELM_CONFIG_HOME", helm_home.join("config"))
+            .env("HELM_CACHE_HOME", helm_home.join("cache"))
+            .env("HELM_DATA_HOME", helm_home.join("data")),
+        &format!("helm upgrade --install {RELEASE} {}", chart.display()),
+        " (hack/setup.sh builds helm with the lab's tools)",
+    )?;
     Ok(())
 }
 
