@@ -65,22 +65,6 @@ async fn migrate(
     wait_for_phase(client, ns, name, Phase::Succeeded, Duration::from_secs(600)).await
 }
 
-/// The first `bytes` of `path`, hashed.
-fn sha256_prefix(path: &Path, bytes: u64) -> String {
-    use sha2::{Digest, Sha256};
-    use std::io::Read;
-    let (mut hash, mut buf) = (Sha256::new(), vec![0u8; MIB as usize]);
-    let mut from = std::fs::File::open(path).unwrap().take(bytes);
-    loop {
-        let n = from.read(&mut buf).unwrap();
-        if n == 0 {
-            break;
-        }
-        hash.update(&buf[..n]);
-    }
-    ferry_lab::disks::hex(&hash.finalize())
-}
-
 #[tokio::test]
 async fn three_disks_go_straight_into_filesystem_volumes_sparse_and_without_any_s3_secret() {
     let vm = "ferry-direct-fs";

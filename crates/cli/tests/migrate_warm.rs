@@ -180,11 +180,13 @@ async fn three_rounds_follow_the_running_guest_and_the_cutover_copies_only_the_l
     assert!(warm.rounds[2].areas >= 1, "{warm:?}");
 
     guest_writes(&hands, VM, data_disk, 4, 25).await;
-    let cutover = serde_json::json!({"spec": {"warm": {"cutover": true}}});
-    migrations(&client, ns.name())
-        .patch(name, &PatchParams::default(), &Patch::Merge(&cutover))
-        .await
-        .unwrap();
+    patch_warm(
+        &client,
+        ns.name(),
+        name,
+        serde_json::json!({"cutover": true}),
+    )
+    .await;
     let done = wait_for_phase(
         &client,
         ns.name(),
@@ -382,11 +384,13 @@ async fn locked_base_refuses_warm_mode(lab: &'static TestLab) {
     assert_eq!(source_power(VM).await, ferry_api::PowerState::PoweredOn);
 
     // A person allows the cold copy, and asks for the cutover.
-    let cutover = serde_json::json!({"spec": {"warm": {"fallBackToCold": true, "cutover": true}}});
-    migrations(&client, ns.name())
-        .patch(name, &PatchParams::default(), &Patch::Merge(&cutover))
-        .await
-        .unwrap();
+    patch_warm(
+        &client,
+        ns.name(),
+        name,
+        serde_json::json!({"fallBackToCold": true, "cutover": true}),
+    )
+    .await;
     let done = wait_for_phase(
         &client,
         ns.name(),
@@ -406,20 +410,4 @@ async fn locked_base_refuses_warm_mode(lab: &'static TestLab) {
         assert_eq!(disk.sha256.as_deref(), Some(guest.sha256.as_str()));
     }
     assert!(!change_tracking_on(VM).await);
-}
-
-/// The first `bytes` of `path`, hashed.
-fn sha256_prefix(path: &std::path::Path, bytes: u64) -> String {
-    use sha2::{Digest, Sha256};
-    use std::io::Read;
-    let (mut hash, mut buf) = (Sha256::new(), vec![0u8; MIB as usize]);
-    let mut from = std::fs::File::open(path).unwrap().take(bytes);
-    loop {
-        let n = from.read(&mut buf).unwrap();
-        if n == 0 {
-            break;
-        }
-        hash.update(&buf[..n]);
-    }
-    ferry_lab::disks::hex(&hash.finalize())
 }

@@ -240,17 +240,7 @@ pub fn refusal(e: &Error) -> Option<QueryRefusal> {
 /// Whether `vm` has Changed Block Tracking on (`config.changeTrackingEnabled`): whether a change is needed, read
 /// before one is asked for, so a change repeated after a crash is not asked twice.
 pub async fn change_tracking_enabled(session: &Session, vm: &MoRef) -> Result<bool> {
-    let found = props::retrieve(
-        session,
-        "VirtualMachine",
-        std::slice::from_ref(vm),
-        &["config.changeTrackingEnabled"],
-    )
-    .await?;
-    Ok(found
-        .first()
-        .and_then(|o| o.text("config.changeTrackingEnabled"))
-        == Some("true"))
+    props::vm_property_is(session, vm, "config.changeTrackingEnabled", "true").await
 }
 
 /// Turns Changed Block Tracking on or off (`ReconfigVM_Task`). It takes effect at the VM's next stun (power

@@ -149,17 +149,7 @@ pub async fn power_view(session: &Session, vm: &MoRef) -> Result<PowerView> {
 
 /// True when VMware Tools run in the guest, so that it can be asked to shut down.
 pub async fn tools_running(session: &Session, vm: &MoRef) -> Result<bool> {
-    let found = props::retrieve(
-        session,
-        "VirtualMachine",
-        std::slice::from_ref(vm),
-        &["guest.toolsRunningStatus"],
-    )
-    .await?;
-    Ok(found
-        .first()
-        .and_then(|o| o.text("guest.toolsRunningStatus"))
-        == Some("guestToolsRunning"))
+    props::vm_property_is(session, vm, "guest.toolsRunningStatus", "guestToolsRunning").await
 }
 
 /// Starts `PowerOffVM_Task`; returns the task to record and follow, or None when the VM is already off.

@@ -58,6 +58,17 @@ pub async fn retrieve(
     retrieve_spec(session, &spec).await
 }
 
+/// Whether VM `vm`'s property `path` reads `value`: one property read, false when the property is unset.
+pub async fn vm_property_is(
+    session: &Session,
+    vm: &MoRef,
+    path: &str,
+    value: &str,
+) -> Result<bool> {
+    let found = retrieve(session, "VirtualMachine", std::slice::from_ref(vm), &[path]).await?;
+    Ok(found.first().and_then(|o| o.text(path)) == Some(value))
+}
+
 /// Properties of every object of `type_` under the root folder, through a container view.
 pub async fn retrieve_all(
     session: &Session,

@@ -62,6 +62,19 @@ pub fn migrations(client: &Client, ns: &str) -> Api<VirtualMachineMigration> {
     Api::namespaced(client.clone(), ns)
 }
 
+/// Merges `warm` into the migration's `spec.warm`, as a person asking for the cutover would.
+pub async fn patch_warm(client: &Client, ns: &str, name: &str, warm: serde_json::Value) {
+    let patch = serde_json::json!({"spec": {"warm": warm}});
+    migrations(client, ns)
+        .patch(
+            name,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&patch),
+        )
+        .await
+        .unwrap();
+}
+
 /// Applies the lab's migration `name` of source VM `vm` in `ns`, then waits until it Succeeded.
 pub async fn migrate_until_succeeded(
     client: &Client,
@@ -415,4 +428,20 @@ pub async fn move_to_folder(vm: &str, folder: &str) {
         .await
         .unwrap();
     session.logout().await;
+}
+
+/// The first `bytes` of `path`, hashed.
+pub fn sha256_prefix(path: &Path, bytes: u64) -> String {
+    use sha2::{Digest, Sha256};
+    use std::io::Read;
+    let (mut hash, mut buf) = (Sha256::new(), vec![0u8; 1 << 20]);
+    let mut from = std::fs::File::open(path).unwrap().take(bytes);
+    loop {
+        let n = from.read(&mut buf).unwrap();
+        if n == 0 {
+            break;
+        }
+        hash.update(&buf[..n]);
+    }
+    ferry_lab::disks::hex(&hash.finalize())
 }

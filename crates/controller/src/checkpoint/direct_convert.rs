@@ -63,7 +63,7 @@ pub async fn run(step: &mut Step<'_>) -> Result<Next> {
         } => {
             credentials::take_back(step.ctx, step.vmm).await?;
             // A warm migration copied cold (warm mode refused) leaves the source's tracking as it found it too.
-            super::support::warm_source::restore(step).await?;
+            super::support::warm_source::restore_tracking(step).await?;
             record(step, &name, summary)
         }
         Attempt::Succeeded {
@@ -72,7 +72,7 @@ pub async fn run(step: &mut Step<'_>) -> Result<Next> {
         } => {
             credentials::take_back(step.ctx, step.vmm).await?;
             // Copied for the last time: the source's tracking goes back to how it was.
-            super::support::warm_source::restore(step).await?;
+            super::support::warm_source::restore_tracking(step).await?;
             super::warm_cutover::record(step, &name, summary)
         }
         // A Job of another release, or another route's: nothing it says is about these volumes.

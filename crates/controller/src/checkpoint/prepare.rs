@@ -7,10 +7,10 @@
 use std::time::Duration;
 
 use ferry_api::{PowerOffMode, PowerState, PowerStatus, Reason};
-use ferry_vsphere::MoRef;
-use ferry_vsphere::power::{self, TaskState};
+use ferry_vsphere::power;
 
 use super::step::{Next, Step};
+use super::support::vsphere_task::{self, Followed};
 use crate::error::{Failure, Result};
 
 const POLL: Duration = Duration::from_secs(2);
@@ -91,14 +91,11 @@ pub async fn run(step: &mut Step<'_>) -> Result<Next> {
             Next::advance("SourcePoweredOff", "the source is powered off")
         }
         PowerStep::FollowTask(task) => {
-            match power::task_state(&session, &MoRef::new("Task", task.clone())).await? {
-                TaskState::Running { progress } => Next::wait(
-                    "PoweringOff",
-                    format!("power-off task {task} running ({}%)", progress.unwrap_or(0)),
-                    POLL,
-                ),
+            let running = |progress| format!("power-off task {task} running ({progress}%)");
+            match vsphere_task::follow(&session, &task, "PoweringOff", running).await? {
+                Followed::Running(wait) => wait,
                 // The task's success is the evidence: the source is off now.
-                TaskState::Succeeded { .. } => {
+                Followed::Succeeded(_) => {
                     recorded.task = None;
                     recorded.current = Some(PowerState::PoweredOff);
                     Next::advance(
@@ -106,18 +103,16 @@ pub async fn run(step: &mut Step<'_>) -> Result<Next> {
                         format!("power-off task {task} finished: the source is powered off"),
                     )
                 }
-                TaskState::Failed { fault, message } if fault == "InvalidPowerState" => {
+                Followed::Failed(ferry_vsphere::Error::TaskFailed { fault, message, .. })
+                    if fault == "InvalidPowerState" =>
+                {
                     recorded.task = None;
                     Next::persist("PoweringOff", message)
                 }
-                TaskState::Failed { fault, message } => {
+                Followed::Failed(error) => {
                     recorded.task = None;
                     step.status.power = Some(recorded);
-                    return Err(Failure::from(ferry_vsphere::Error::TaskFailed {
-                        task,
-                        fault,
-                        message,
-                    }));
+                    return Err(Failure::from(error));
                 }
             }
         }

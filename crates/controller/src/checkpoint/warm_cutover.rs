@@ -3,22 +3,12 @@
 
 use ferry_api::{Reason, WarmRound, WarmStatus};
 use ferry_datapath::report::RoundSummary;
-use ferry_datapath::round::RoundKind;
 
 use super::step::{Next, Step};
+use super::support::warm_round;
 use crate::error::{Failure, Result};
 
 pub fn record(step: &mut Step<'_>, job: &str, summary: RoundSummary) -> Result<Next> {
-    let disks = step.status.disks.len();
-    if summary.disks.len() != disks {
-        return Err(Failure::bounded(
-            Reason::DiskNotConverted,
-            format!(
-                "Job {job} copied {} disk(s), the VM has {disks}",
-                summary.disks.len()
-            ),
-        ));
-    }
     let started = step
         .status
         .checkpoints
@@ -26,12 +16,17 @@ pub fn record(step: &mut Step<'_>, job: &str, summary: RoundSummary) -> Result<N
         .rev()
         .find(|c| c.phase == ferry_api::Phase::Converting)
         .map(|c| k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(c.entered.0));
-    let mut copy = WarmRound {
-        round: 0,
-        started,
-        finished: Some(step.now.clone()),
-        ..Default::default()
-    };
+    let copy = warm_round::tally(
+        WarmRound {
+            round: 0,
+            started,
+            finished: Some(step.now.clone()),
+            ..Default::default()
+        },
+        job,
+        &summary,
+        step.status.disks.len(),
+    )?;
     for found in &summary.disks {
         let Some(disk) = step
             .status
@@ -50,15 +45,6 @@ pub fn record(step: &mut Step<'_>, job: &str, summary: RoundSummary) -> Result<N
         // At cutover every disk's sha256 is its volume's, read back whole.
         disk.sha256 = Some(found.sha256.clone());
         disk.bytes_moved = disk.capacity_bytes;
-        copy.areas += found.areas as i64;
-        copy.bytes_read += found.bytes_read as i64;
-        copy.bytes_written += found.bytes_written as i64;
-        if found.kind != RoundKind::Delta {
-            copy.full_disks += 1;
-        }
-        if let Some(reason) = &found.reason {
-            copy.reasons.push(format!("disk {}: {reason}", found.index));
-        }
     }
     let read = copy.bytes_read;
     let message = format!(

@@ -3,8 +3,8 @@
 
 use std::time::Duration;
 
-use ferry_api::ChangeTrackingChange;
-use ferry_vsphere::{cbt, snapshot};
+use ferry_api::{ChangeTrackingChange, WarmStatus};
+use ferry_vsphere::{MoRef, Session, cbt, snapshot};
 
 use super::source;
 use crate::checkpoint::step::Step;
@@ -13,15 +13,13 @@ use crate::error::Result;
 
 const TASK_TIMEOUT: Duration = Duration::from_secs(600);
 
-/// One pass; true once no snapshot of the migration remains and tracking is as it was.
+/// One pass of cleanup (cancel, failure, deletion); true once no snapshot of the migration remains and tracking is
+/// as it was.
 pub async fn restore(step: &mut Step<'_>) -> Result<bool> {
     let Some(warm) = &step.status.warm else {
         return Ok(true);
     };
-    let turned_on = matches!(
-        warm.change_tracking_enabled,
-        Some(ChangeTrackingChange::Enabling | ChangeTrackingChange::Enabled)
-    );
+    let turned_on = tracking_turned_on(warm);
     let session = source::session(step.ctx, step.vmm).await?;
     let vm = source::checked_source_vm(&session, step.status).await?;
     let ours = snapshot::named(&session, &vm, &children::snapshot_prefix(step.vmm)).await?;
@@ -32,14 +30,37 @@ pub async fn restore(step: &mut Step<'_>) -> Result<bool> {
         return Ok(ours.len() == 1 && !turned_on && finish(step));
     }
     if turned_on {
-        if cbt::change_tracking_enabled(&session, &vm).await? {
-            cbt::set_change_tracking(&session, &vm, false, TASK_TIMEOUT).await?;
-        }
-        if let Some(warm) = &mut step.status.warm {
-            warm.change_tracking_enabled = Some(ChangeTrackingChange::Restored);
-        }
+        turn_tracking_off(step, &session, &vm).await?;
     }
     Ok(finish(step))
+}
+
+/// After the cutover's copy: Precopying removed every snapshot before it, so only tracking is left as it was
+/// found, without reading the snapshot tree again.
+pub async fn restore_tracking(step: &mut Step<'_>) -> Result<()> {
+    if !step.status.warm.as_ref().is_some_and(tracking_turned_on) {
+        return Ok(());
+    }
+    let session = source::session(step.ctx, step.vmm).await?;
+    let vm = source::checked_source_vm(&session, step.status).await?;
+    turn_tracking_off(step, &session, &vm).await
+}
+
+fn tracking_turned_on(warm: &WarmStatus) -> bool {
+    matches!(
+        warm.change_tracking_enabled,
+        Some(ChangeTrackingChange::Enabling | ChangeTrackingChange::Enabled)
+    )
+}
+
+async fn turn_tracking_off(step: &mut Step<'_>, session: &Session, vm: &MoRef) -> Result<()> {
+    if cbt::change_tracking_enabled(session, vm).await? {
+        cbt::set_change_tracking(session, vm, false, TASK_TIMEOUT).await?;
+    }
+    if let Some(warm) = &mut step.status.warm {
+        warm.change_tracking_enabled = Some(ChangeTrackingChange::Restored);
+    }
+    Ok(())
 }
 
 /// Forgets the snapshot on record: none remains.

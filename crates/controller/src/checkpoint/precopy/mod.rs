@@ -7,7 +7,7 @@
 //! the change IDs are on record before the snapshot goes, and only one exists at a time). Recorded: each round's
 //! bytes, areas and times, each disk's change ID, the next round's time. A vCenter that will not serve a running
 //! VM's base (SourceDiskLocked) refuses warm mode: the migration waits for a person to allow a cold copy
-//! (`fallBackToCold`), then for the cutover, and copies cold.
+//! (`fallBackToCold`), then for the cutover, and copies cold. The snapshot's own steps are in [`snapshot`].
 
 use std::time::Duration;
 
@@ -15,20 +15,18 @@ use ferry_api::{
     ChangeTrackingChange, Phase, Reason, WarmRound, WarmSnapshot, WarmSpec, WarmStatus,
 };
 use ferry_datapath::report::{JobReport, RoundSummary};
-use ferry_datapath::round::RoundKind;
 use ferry_datapath::spec::RoundSpec;
-use ferry_vsphere::power::TaskState;
-use ferry_vsphere::{MoRef, Session, cbt, power, snapshot};
+use ferry_vsphere::{MoRef, Session, cbt};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use super::step::{Next, Step};
 use super::support::jobs::{self, Attempt, JobAttempt};
-use super::support::{conversion, credentials, host_slot, one_per_vm, source};
+use super::support::{conversion, credentials, host_slot, one_per_vm, source, warm_round};
 use crate::children;
 use crate::error::{Failure, Result};
-use crate::status;
 
-const POLL: Duration = Duration::from_secs(2);
+mod snapshot;
+
 /// Long enough to stay quiet: the Job's own changes wake the migration up.
 const WAIT: Duration = Duration::from_secs(60);
 const TASK_TIMEOUT: Duration = Duration::from_secs(600);
@@ -154,11 +152,11 @@ pub async fn run(step: &mut Step<'_>) -> Result<Next> {
             ))
         }
         Precopy::NameSnapshot { round } => name_snapshot(step, round).await,
-        Precopy::CreateSnapshot => create_snapshot(step).await,
-        Precopy::FollowCreate(task) => follow_create(step, task).await,
+        Precopy::CreateSnapshot => snapshot::create(step).await,
+        Precopy::FollowCreate(task) => snapshot::follow_create(step, task).await,
         Precopy::CopyRound => copy_round(step).await,
-        Precopy::RemoveSnapshot(moref) => remove_snapshot(step, moref).await,
-        Precopy::FollowRemove(task) => follow_remove(step, task).await,
+        Precopy::RemoveSnapshot(moref) => snapshot::remove(step, moref).await,
+        Precopy::FollowRemove(task) => snapshot::follow_remove(step, task).await,
         Precopy::Cutover => {
             let warm = warm_mut(step);
             Ok(Next::advance(
@@ -237,75 +235,6 @@ async fn name_snapshot(step: &mut Step<'_>, round: i32) -> Result<Next> {
     ))
 }
 
-async fn create_snapshot(step: &mut Step<'_>) -> Result<Next> {
-    let (session, vm) = checked_session(step).await?;
-    let name = recorded_snapshot(step)?.name;
-    // A crash between the call and its record left it made: take it, do not make another.
-    if let Some(found) = snapshot::named(&session, &vm, &name)
-        .await?
-        .into_iter()
-        .next()
-    {
-        let moref = found.snapshot.value;
-        set_snapshot(step, |s| s.moref = Some(moref.clone()));
-        return Ok(Next::persist(
-            "SnapshotCreated",
-            format!("snapshot {name} is {moref}"),
-        ));
-    }
-    let description = format!(
-        "Ferry's warm migration {}/{}: removed after its round",
-        step.vmm.metadata.namespace.as_deref().unwrap_or_default(),
-        step.vmm.metadata.name.as_deref().unwrap_or_default()
-    );
-    let task = snapshot::start_create(&session, &vm, &name, &description).await?;
-    set_snapshot(step, |s| s.task = Some(task.value.clone()));
-    Ok(Next::persist(
-        "CreatingSnapshot",
-        format!("creating snapshot {name} (task {})", task.value),
-    ))
-}
-
-async fn follow_create(step: &mut Step<'_>, task: String) -> Result<Next> {
-    let (session, _) = checked_session(step).await?;
-    match power::task_state(&session, &MoRef::new("Task", task.clone())).await? {
-        TaskState::Running { progress } => Ok(Next::wait(
-            "CreatingSnapshot",
-            format!("snapshot task {task} running ({}%)", progress.unwrap_or(0)),
-            POLL,
-        )),
-        TaskState::Succeeded {
-            result: Some(moref),
-        } => {
-            set_snapshot(step, |s| {
-                s.task = None;
-                s.moref = Some(moref.value.clone());
-            });
-            Ok(Next::persist(
-                "SnapshotCreated",
-                format!("snapshot {} created", moref.value),
-            ))
-        }
-        // Looked up by name on the next pass.
-        TaskState::Succeeded { result: None } => {
-            set_snapshot(step, |s| s.task = None);
-            Ok(Next::persist(
-                "CreatingSnapshot",
-                format!("snapshot task {task} named no snapshot: looking it up by name"),
-            ))
-        }
-        TaskState::Failed { fault, message } => {
-            // Nothing was made: the next attempt names it afresh.
-            set_snapshot(step, |s| s.task = None);
-            Err(Failure::from(ferry_vsphere::Error::TaskFailed {
-                task,
-                fault,
-                message,
-            }))
-        }
-    }
-}
-
 async fn copy_round(step: &mut Step<'_>) -> Result<Next> {
     let taken = recorded_snapshot(step)?;
     let attempt = match jobs::attempt(step, &PRECOPY).await {
@@ -370,41 +299,26 @@ fn record_round(
     taken: &WarmSnapshot,
     summary: RoundSummary,
 ) -> Result<Next> {
-    let disks = step.status.disks.len();
-    if summary.disks.len() != disks {
-        return Err(Failure::bounded(
-            Reason::DiskNotConverted,
-            format!(
-                "Job {job} copied {} disk(s), the VM has {disks}",
-                summary.disks.len()
-            ),
-        ));
-    }
-    let mut round = WarmRound {
-        round: taken.round,
-        // The round's reads began once its slot was granted.
-        started: step
-            .status
-            .host_slot
-            .as_ref()
-            .map(|slot| Time(slot.granted.0)),
-        finished: Some(step.now.clone()),
-        ..Default::default()
-    };
+    let round = warm_round::tally(
+        WarmRound {
+            round: taken.round,
+            // The round's reads began once its slot was granted.
+            started: step
+                .status
+                .host_slot
+                .as_ref()
+                .map(|slot| Time(slot.granted.0)),
+            finished: Some(step.now.clone()),
+            ..Default::default()
+        },
+        job,
+        &summary,
+        step.status.disks.len(),
+    )?;
     let warm = warm_mut(step);
     for disk in &summary.disks {
-        let slot = warm.change_ids.get_mut(disk.index as usize);
-        if let Some(slot) = slot {
+        if let Some(slot) = warm.change_ids.get_mut(disk.index as usize) {
             *slot = disk.change_id.clone();
-        }
-        round.areas += disk.areas as i64;
-        round.bytes_read += disk.bytes_read as i64;
-        round.bytes_written += disk.bytes_written as i64;
-        if disk.kind != RoundKind::Delta {
-            round.full_disks += 1;
-        }
-        if let Some(reason) = &disk.reason {
-            round.reasons.push(format!("disk {}: {reason}", disk.index));
         }
     }
     let message = format!(
@@ -430,98 +344,6 @@ fn record_round(
     Ok(Next::persist("PrecopyRoundCopied", message))
 }
 
-async fn remove_snapshot(step: &mut Step<'_>, moref: Option<String>) -> Result<Next> {
-    let (session, vm) = checked_session(step).await?;
-    let taken = recorded_snapshot(step)?;
-    // This round's Jobs are done with: the next round's have names of their own.
-    let job = children::precopy_job(
-        step.vmm,
-        taken.round,
-        status::budget_used(step.status, Phase::Precopying) + 1,
-    );
-    jobs::delete(step.ctx, step.vmm, &job).await?;
-    // Every snapshot of this round's name: one made by a create that raced a crash too.
-    let mut found: Vec<MoRef> = snapshot::named(&session, &vm, &taken.name)
-        .await?
-        .into_iter()
-        .map(|n| n.snapshot)
-        .collect();
-    // Renamed since, it is still ours; one gone is not asked for again (that would be a change vSphere logs).
-    if let Some(moref) = moref.filter(|m| !found.iter().any(|f| &f.value == m)) {
-        let recorded = MoRef::new("VirtualMachineSnapshot", moref);
-        if snapshot::exists(&session, &recorded).await? {
-            found.push(recorded);
-        }
-    }
-    for snapshot in &found {
-        if let Some(task) = snapshot::start_remove(&session, snapshot).await? {
-            set_snapshot(step, |s| s.task = Some(task.value.clone()));
-            return Ok(Next::persist(
-                "RemovingSnapshot",
-                format!("removing snapshot {} (task {})", taken.name, task.value),
-            ));
-        }
-    }
-    Ok(snapshot_gone(step, &taken))
-}
-
-async fn follow_remove(step: &mut Step<'_>, task: String) -> Result<Next> {
-    let (session, _) = checked_session(step).await?;
-    let taken = recorded_snapshot(step)?;
-    match power::task_state(&session, &MoRef::new("Task", task.clone())).await? {
-        TaskState::Running { progress } => Ok(Next::wait(
-            "RemovingSnapshot",
-            format!(
-                "removing snapshot {} ({}%)",
-                taken.name,
-                progress.unwrap_or(0)
-            ),
-            POLL,
-        )),
-        // Looked for again by name: another of the same name may remain.
-        TaskState::Succeeded { .. } => {
-            set_snapshot(step, |s| {
-                s.task = None;
-                s.moref = None;
-            });
-            Ok(Next::persist(
-                "RemovingSnapshot",
-                format!("snapshot {} removed", taken.name),
-            ))
-        }
-        TaskState::Failed { fault, message } => {
-            set_snapshot(step, |s| s.task = None);
-            Err(Failure::from(ferry_vsphere::Error::TaskFailed {
-                task,
-                fault,
-                message,
-            }))
-        }
-    }
-}
-
-/// No snapshot of the round remains: the next round is due after the interval.
-fn snapshot_gone(step: &mut Step<'_>, taken: &WarmSnapshot) -> Next {
-    let interval = step
-        .vmm
-        .spec
-        .warm
-        .as_ref()
-        .map_or(3600, |w| w.precopy_interval_seconds)
-        .max(1);
-    let next = step.now.0 + std::time::Duration::from_secs(interval as u64);
-    let warm = warm_mut(step);
-    warm.snapshot = None;
-    warm.next_round_at = Some(Time(next));
-    Next::persist(
-        "PrecopyRoundDone",
-        format!(
-            "snapshot {} removed; the next round starts in {interval}s unless the cutover comes first",
-            taken.name
-        ),
-    )
-}
-
 fn recorded_snapshot(step: &mut Step<'_>) -> Result<WarmSnapshot> {
     warm_mut(step).snapshot.clone().ok_or_else(|| {
         Failure::bounded(
@@ -529,12 +351,6 @@ fn recorded_snapshot(step: &mut Step<'_>) -> Result<WarmSnapshot> {
             "no precopy snapshot on record",
         )
     })
-}
-
-fn set_snapshot(step: &mut Step<'_>, edit: impl FnOnce(&mut WarmSnapshot)) {
-    if let Some(s) = &mut warm_mut(step).snapshot {
-        edit(s);
-    }
 }
 
 #[cfg(test)]
