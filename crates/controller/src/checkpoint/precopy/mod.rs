@@ -21,6 +21,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use super::step::{Next, Step};
 use super::support::jobs::{self, Attempt, JobAttempt};
+use super::support::vsphere_task::TASK_TIMEOUT;
 use super::support::{conversion, credentials, host_slot, one_per_vm, source, warm_round};
 use crate::children;
 use crate::error::{Failure, Result};
@@ -29,7 +30,6 @@ mod snapshot;
 
 /// Long enough to stay quiet: the Job's own changes wake the migration up.
 const WAIT: Duration = Duration::from_secs(60);
-const TASK_TIMEOUT: Duration = Duration::from_secs(600);
 
 /// What a pass of Precopying does, from the spec and what is recorded. Pure.
 #[derive(Debug, PartialEq)]

@@ -124,11 +124,12 @@ pub(super) async fn follow_remove(step: &mut Step<'_>, task: String) -> Result<N
     }
 }
 
-/// The snapshots of the source whose names start with the round's.
+/// The snapshots of the source named as the round's: exactly, since round 1's name is a prefix of round 10's.
 async fn by_name(session: &Session, vm: &MoRef, name: &str) -> Result<Vec<MoRef>> {
     Ok(snapshot::named(session, vm, name)
         .await?
         .into_iter()
+        .filter(|n| n.name == name)
         .map(|n| n.snapshot)
         .collect())
 }

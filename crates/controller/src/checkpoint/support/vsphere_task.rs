@@ -10,6 +10,8 @@ use crate::checkpoint::step::Next;
 use crate::error::Result;
 
 const POLL: Duration = Duration::from_secs(2);
+/// How long a task run to its end within one pass may take (a snapshot's removal, a change-tracking switch).
+pub const TASK_TIMEOUT: Duration = Duration::from_secs(600);
 
 /// Where the recorded task stands. Once it ended, either way, its record goes.
 pub enum Followed {

@@ -1,17 +1,14 @@
 //! What a warm migration changes on its source besides power, undone: the snapshots it took (found by their
 //! name, so one a crash left unrecorded goes too) and Changed Block Tracking when Ferry turned it on.
 
-use std::time::Duration;
-
 use ferry_api::{ChangeTrackingChange, WarmStatus};
 use ferry_vsphere::{MoRef, Session, cbt, snapshot};
 
 use super::source;
 use crate::checkpoint::step::Step;
+use crate::checkpoint::support::vsphere_task::TASK_TIMEOUT;
 use crate::children;
 use crate::error::Result;
-
-const TASK_TIMEOUT: Duration = Duration::from_secs(600);
 
 /// One pass of cleanup (cancel, failure, deletion); true once no snapshot of the migration remains and tracking is
 /// as it was.
