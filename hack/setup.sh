@@ -11,13 +11,13 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 # adaptation: virt-v2v, nbdkit for its input, guestfish (which keeps a Linux guest's interface names), and a kernel
 # for libguestfs's appliance (supermin builds it from /boot); then what the phony Windows guests are built and read
 # back with (crates/lab/src/windows): guestfish again, hivex's shell and hivexregedit, and xorriso for the fake
-# virtio-win ISO.
+# virtio-win ISO. Chromium, headless, is the browser `ferry ui`'s test reads the dashboard with.
 declare -A need=(
   [qemu-img]=qemu-utils [qemu-system-x86_64]=qemu-system-x86 [bwrap]=bubblewrap [flock]=util-linux [curl]=curl
   [mmdebstrap]=mmdebstrap [/usr/sbin/mkfs.ext4]=e2fsprogs [/usr/sbin/mkfs.vfat]=dosfstools [/usr/sbin/sfdisk]=fdisk
   [mcopy]=mtools [openssl]=openssl [/usr/share/OVMF/OVMF_CODE_4M.secboot.fd]=ovmf
   [/usr/sbin/qemu-ga]=qemu-guest-agent
-  [jq]=jq
+  [jq]=jq [chromium]=chromium
   [virt-v2v-in-place]=virt-v2v [nbdkit]=nbdkit
   [guestfish]=guestfish [hivexsh]=libhivex-bin [hivexregedit]=libwin-hivex-perl [xorriso]=xorriso
 )

@@ -8,6 +8,7 @@ mod inventory;
 mod lab;
 mod plan_create;
 mod rbac;
+mod ui;
 mod views;
 mod worker;
 
@@ -62,6 +63,9 @@ enum Command {
     Inventory(inventory::InventoryArgs),
     /// Write MigrationPlans from a Provider's inventory.
     Plan(plan_create::PlanArgs),
+    /// Serve a live web dashboard on this machine: plans, migrations, hosts' disk slots and Events (read-only, with
+    /// your kubeconfig).
+    Ui(ui::UiArgs),
     /// Print a shell completion script: `source <(ferry completion bash)`, or save it where your shell loads
     /// completions from (`ferry completion zsh > "${fpath[1]}/_ferry"`).
     Completion {
@@ -155,6 +159,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Get(args) => views::get::run(args).await,
         Command::Describe(args) => views::describe::run(args).await,
         Command::Watch(args) => views::watch::run(args).await,
+        Command::Ui(args) => ui::run(args).await,
         Command::Convert(args) => worker::convert(args).await,
         Command::Verify(args) => worker::verify(args).await,
         Command::Adapt(args) => worker::adapt(args).await,

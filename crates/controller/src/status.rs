@@ -209,26 +209,12 @@ pub fn exhausted(failure: &Failure, budget: i32) -> Failure {
 
 /// How far one disk is, from 0 to 1: converted counts half, imported (and verified) the other half.
 pub fn disk_fraction(d: &ferry_api::DiskStatus) -> f64 {
-    let converted = if d.sha256.is_some() { 0.5 } else { 0.0 };
-    let imported = d
-        .progress
-        .as_deref()
-        .and_then(|p| p.trim_end_matches('%').parse::<f64>().ok())
-        .unwrap_or(0.0)
-        / 200.0;
-    let imported = if d.verified { 0.5 } else { imported.min(0.5) };
-    converted + imported
+    d.done_fraction()
 }
 
 /// Bytes done (by [`disk_fraction`]) and the total capacity of the disks.
 pub fn progress_bytes(status: &Status) -> (f64, i64) {
-    let total: i64 = status.disks.iter().map(|d| d.capacity_bytes).sum();
-    let done = status
-        .disks
-        .iter()
-        .map(|d| disk_fraction(d) * d.capacity_bytes as f64)
-        .sum();
-    (done, total)
+    status.bytes_done()
 }
 
 /// `after` differs from `before` only in how far the work went: progress, and a message with the same reason.

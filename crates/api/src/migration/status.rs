@@ -530,6 +530,39 @@ pub struct DiskStatus {
     pub verify_failures: i32,
 }
 
+impl DiskStatus {
+    /// How far this disk is, from 0 to 1: converted counts half, imported (and verified) the other half. The
+    /// controller's plan totals, `ferry watch` and `ferry ui` all count progress this way.
+    pub fn done_fraction(&self) -> f64 {
+        let converted = if self.sha256.is_some() { 0.5 } else { 0.0 };
+        let imported = self
+            .progress
+            .as_deref()
+            .and_then(|p| p.trim_end_matches('%').parse::<f64>().ok())
+            .unwrap_or(0.0)
+            / 200.0;
+        let imported = if self.verified {
+            0.5
+        } else {
+            imported.clamp(0.0, 0.5)
+        };
+        converted + imported
+    }
+}
+
+impl VirtualMachineMigrationStatus {
+    /// Bytes done (by [`DiskStatus::done_fraction`]) and the total capacity of the disks.
+    pub fn bytes_done(&self) -> (f64, i64) {
+        let total: i64 = self.disks.iter().map(|d| d.capacity_bytes).sum();
+        let done = self
+            .disks
+            .iter()
+            .map(|d| d.done_fraction() * d.capacity_bytes as f64)
+            .sum();
+        (done, total)
+    }
+}
+
 /// A disk's volume: its StorageClass (none: the cluster's default), volume mode and access mode.
 #[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
