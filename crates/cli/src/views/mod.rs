@@ -71,20 +71,8 @@ pub fn age(since: Timestamp, now: Timestamp) -> String {
     }
 }
 
-pub fn bytes(n: f64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut value = n.max(0.0);
-    let mut unit = 0;
-    while value >= 1024.0 && unit < UNITS.len() - 1 {
-        value /= 1024.0;
-        unit += 1;
-    }
-    if unit == 0 {
-        format!("{value:.0} B")
-    } else {
-        format!("{value:.1} {}", UNITS[unit])
-    }
-}
+/// `64.0 MiB`: as `ferry ui` shows sizes.
+pub use ferry_ui::format::bytes;
 
 /// A table with columns padded to their widest cell.
 pub fn table(rows: &[Vec<String>]) -> String {
