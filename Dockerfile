@@ -1,8 +1,9 @@
 # The `ferry` image: the controller (`ferry controller`) and the conversion, verification and adaptation Jobs
 # (`ferry convert`, `ferry verify`, `ferry adapt`) run the same binary. Build: docker build -t REGISTRY/ferry:0.1.0 .
-# Without Docker Hub, name a mirror's copies of the two bases: --build-arg BUILDER=mirror.example/rust:1-trixie
-# --build-arg BASE=mirror.example/debian:trixie-slim. (`ferry lab up --node real` builds the runtime stage from
-# Debian's archive instead: crates/lab/src/real_node/image.rs.)
+# (or buildah build, podman build). Without Docker Hub, name a mirror's copies of the two bases:
+# --build-arg BUILDER=mirror.example/rust:1-trixie --build-arg BASE=mirror.example/debian:trixie-slim. Without any
+# registry, hack/image.sh makes both bases from Debian's archive and builds this file with buildah; the lab's real
+# node (`ferry lab up --node real`) runs the image it builds.
 ARG BUILDER=rust:1-trixie
 ARG BASE=debian:trixie-slim
 FROM ${BUILDER} AS build
@@ -10,6 +11,11 @@ WORKDIR /src
 COPY . .
 # Without the default `lab` feature: no lab, benchmarks or vSphere provisioning in what users run (`make lint`).
 RUN cargo build --release --locked --no-default-features --bin ferry
+
+# The binary alone. A directory holding a `ferry` built elsewhere by the same cargo command replaces this stage (and
+# the build stage is then skipped): --build-context binary=DIR (docker buildx, buildah, podman).
+FROM scratch AS binary
+COPY --from=build /src/target/release/ferry /ferry
 
 FROM ${BASE}
 # CA certificates for S3 and vCenter endpoints signed by public CAs. Ferry writes qcow2 itself; qemu-img is for
@@ -22,6 +28,6 @@ RUN apt-get update \
     && chmod a+r /boot/vmlinuz-* \
     && rm -rf /var/lib/apt/lists/*
 ENV LIBGUESTFS_BACKEND=direct
-COPY --from=build /src/target/release/ferry /usr/local/bin/ferry
+COPY --from=binary /ferry /usr/local/bin/ferry
 USER 65532:65532
 ENTRYPOINT ["ferry"]

@@ -2,7 +2,8 @@
 # Installs what Ferry's lab and tests need on a fresh Debian machine, then builds the Go tools.
 # Idempotent: a machine that has everything spends a second here. Prints the tools' bin directory.
 # With --node: also what a real node needs (`ferry lab up --node real`: runc, ip, a C compiler for the pause
-# process), and prints the real node's tools' bin directory instead (hack/tools.sh --node).
+# process, buildah for the `ferry` image: hack/image.sh), and prints the real node's tools' bin directory instead
+# (hack/tools.sh --node).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 
@@ -22,7 +23,7 @@ declare -A need=(
   [guestfish]=guestfish [hivexsh]=libhivex-bin [hivexregedit]=libwin-hivex-perl [xorriso]=xorriso
 )
 if [ "${1:-}" = --node ]; then
-  need+=([/usr/sbin/runc]=runc [/usr/sbin/ip]=iproute2 [gcc]=gcc [/usr/include/stdio.h]=libc6-dev)
+  need+=([/usr/sbin/runc]=runc [/usr/sbin/ip]=iproute2 [gcc]=gcc [/usr/include/stdio.h]=libc6-dev [buildah]=buildah)
 fi
 missing=()
 for bin in "${!need[@]}"; do

@@ -1,6 +1,8 @@
-//! The `ferry` image without a registry: the Dockerfile's runtime stage, built from the same Debian packages with
-//! mmdebstrap (cached: a tree of about 1 GiB, built once per package list), and the `ferry` binary built as the
-//! Dockerfile builds it (without the lab) as a layer on top; same user, entrypoint and environment as the Dockerfile.
+//! Images without a registry. The `ferry` image is the repository's `Dockerfile` built by buildah (`hack/image.sh`:
+//! its bases made from Debian's archive, the `ferry` binary built as the Dockerfile builds it, without the lab,
+//! given as the `binary` build context), an OCI archive cached by its inputs. CDI's and KubeVirt's images, which no
+//! Dockerfile here describes, are trees of Debian packages built with mmdebstrap (cached, built once per package
+//! list) with their binaries as a layer on top, written by the lab's own OCI writer ([`oci`]).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -22,7 +24,8 @@ pub struct Base {
     pub probe: &'static str,
 }
 
-/// The Dockerfile's runtime stage: `FROM debian:trixie-slim` and its `apt-get install` line. The kernel must be
+/// The Dockerfile's runtime stage as a tree (`FROM debian:trixie-slim` and its `apt-get install` line): the base of
+/// CDI's images on the real node, which run `qemu-img` and `nbdkit` as the `ferry` image does. The kernel must be
 /// readable by the Jobs' users (libguestfs's supermin builds its appliance from it).
 pub const FERRY_BASE: Base = Base {
     label: "ferry",
@@ -106,7 +109,7 @@ pub fn shipped_binary() -> Result<PathBuf> {
     if let Some(binary) = std::env::var_os("FERRY_SHIPPED_BIN") {
         return Ok(binary.into());
     }
-    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let workspace = workspace();
     let target = workspace.join("target/shipped");
     tracing::info!(
         "building the shipped ferry binary (--no-default-features) into {}",
@@ -135,26 +138,47 @@ pub fn shipped_binary() -> Result<PathBuf> {
     Ok(target.join("debug/ferry"))
 }
 
-/// Writes the `ferry` image (`name`) to `dir` as an OCI archive: the cached base and `ferry` at
-/// `/usr/local/bin/ferry`. Returns the archive's path.
-pub fn build_ferry_image(cache: &Path, dir: &Path, ferry: &Path, name: &str) -> Result<PathBuf> {
-    let image = ImageConfig {
-        name: name.into(),
-        user: USER.into(),
-        entrypoint: vec!["ferry".into()],
-        env: vec![
-            "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".into(),
-            "LIBGUESTFS_BACKEND=direct".into(),
-        ],
-    };
-    build_on_base(
-        cache,
-        &FERRY_BASE,
-        dir,
-        &[(ferry, "usr/local/bin/ferry")],
-        &image,
-        "ferry",
-    )
+/// The workspace this lab was built from: its `Dockerfile` and `hack/` scripts.
+fn workspace() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// The `ferry` image (`name`) as an OCI archive, for `ctr image import`: the `Dockerfile` built by buildah with
+/// `ferry` (`hack/image.sh --binary`), the archive naming it as the kubelet resolves `name`. Cached in `cache` by
+/// the Dockerfile, its base and the binary: a second call with the same binary builds nothing. The first makes the
+/// Debian base (under a minute) and installs the runtime packages (a few minutes); after that a new binary takes
+/// seconds.
+pub fn build_ferry_image(cache: &Path, ferry: &Path, name: &str) -> Result<PathBuf> {
+    let script = workspace().join("hack/image.sh");
+    let out = Command::new("bash")
+        .arg(&script)
+        .arg("--binary")
+        .arg(ferry)
+        .args(["--name", name])
+        .env("FERRY_IMAGE_CACHE", cache)
+        .output()
+        .with_context(|| format!("running {}", script.display()))?;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    if !out.status.success() {
+        let tail: Vec<&str> = stderr.lines().rev().take(20).collect();
+        bail!(
+            "{} could not build the {name} image with buildah (apt-get install buildah, or hack/setup.sh --node):\n{}",
+            script.display(),
+            tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+        );
+    }
+    if let Some(summary) = stderr.lines().last() {
+        tracing::info!("{summary}");
+    }
+    let archive = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+    if !archive.is_file() {
+        bail!(
+            "{} printed no archive: {:?}",
+            script.display(),
+            archive.display()
+        );
+    }
+    Ok(archive)
 }
 
 /// Writes an image of the cached `base` with `files` (each a host file and its path in the image) on top to `dir`
@@ -181,7 +205,7 @@ pub fn build_on_base(
     Ok(archive)
 }
 
-/// Where base trees are cached: `images` beside the guest images' cache.
+/// Where base trees and the `ferry` image's archive are cached: `images` beside the guest images' cache.
 pub fn default_cache() -> Result<PathBuf> {
     let guests = crate::vsphere::guest_image::default_cache_root()?;
     Ok(guests
@@ -207,5 +231,48 @@ mod tests {
         assert!(dockerfile.contains(r#"ENTRYPOINT ["ferry"]"#));
         assert!(dockerfile.contains("ENV LIBGUESTFS_BACKEND=direct"));
         assert!(dockerfile.contains("chmod a+r /boot/vmlinuz-*"));
+    }
+
+    #[test]
+    fn the_dockerfile_takes_a_binary_built_elsewhere_as_the_lab_gives_it() {
+        // hack/image.sh --binary passes a directory holding `ferry` as the build context `binary`, which replaces
+        // the stage of that name; the runtime stage copies from it.
+        let dockerfile = include_str!("../../../../Dockerfile");
+        assert!(dockerfile.contains(
+            "FROM scratch AS binary\nCOPY --from=build /src/target/release/ferry /ferry\n"
+        ));
+        assert!(dockerfile.contains("COPY --from=binary /ferry /usr/local/bin/ferry\n"));
+        assert!(
+            include_str!("../../../../hack/image.sh")
+                .contains("--build-context \"binary=$tmp/binary\"")
+        );
+    }
+
+    #[test]
+    fn the_archive_names_the_image_as_containerd_stores_it() {
+        for name in [
+            FERRY_IMAGE,
+            "ferry",
+            "team/ferry:1",
+            "localhost/ferry:dev",
+            "registry.example:5000/ferry",
+            "registry.example/team/ferry:2",
+        ] {
+            let out = Command::new("bash")
+                .arg(workspace().join("hack/image.sh"))
+                .args(["--reference", name])
+                .output()
+                .unwrap();
+            assert!(
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            assert_eq!(
+                String::from_utf8_lossy(&out.stdout).trim(),
+                oci::full_reference(name),
+                "{name}"
+            );
+        }
     }
 }

@@ -88,8 +88,8 @@ pub fn prepare(state: &mut LabState, tools: &Path) -> Result<()> {
     host::create_bridge()
 }
 
-/// Starts the node [`prepare`]d: containerd (then the pause image and, from `ferry`, the `ferry` image), the
-/// kubelet until its Node is Ready, and kube-scheduler.
+/// Starts the node [`prepare`]d: containerd (then the pause image and, with `ferry`, the `ferry` image: the
+/// `Dockerfile` built by buildah with that binary), the kubelet until its Node is Ready, and kube-scheduler.
 pub async fn start(
     state: &mut LabState,
     lifetime: Lifetime,
@@ -107,17 +107,25 @@ pub async fn start(
     node.import_image(&pause)?;
     if let Some(ferry) = ferry {
         let started = Instant::now();
-        let images = node.dir.join("images");
         let archive = super::image::build_ferry_image(
             &super::image::default_cache()?,
-            &images,
             ferry,
             super::image::FERRY_IMAGE,
         )?;
         node.import_image(&archive)?;
-        std::fs::remove_file(&archive)?;
+        let reference = super::oci::full_reference(super::image::FERRY_IMAGE);
+        if !node
+            .ctr(&["image", "ls", "--quiet"])?
+            .lines()
+            .any(|l| l == reference)
+        {
+            bail!(
+                "{} did not name the image {reference} in containerd",
+                archive.display()
+            );
+        }
         tracing::info!(
-            "image {} built and imported in {:.1}s",
+            "image {} (the Dockerfile's, built by buildah) ready in containerd in {:.1}s",
             super::image::FERRY_IMAGE,
             started.elapsed().as_secs_f64()
         );

@@ -1,5 +1,6 @@
 //! Images without a registry: an OCI image archive of one layer, written from a directory, that
-//! `ctr -n k8s.io image import` takes (the real node's pause and `ferry` images).
+//! `ctr -n k8s.io image import` takes: the real node's pause, CDI and KubeVirt images, which no Dockerfile here
+//! describes. The `ferry` image is not written here: buildah builds it from the `Dockerfile` (`hack/image.sh`).
 
 use std::io::Write;
 use std::path::Path;
